@@ -1,0 +1,33 @@
+# The README's two commands: `make demo` and `make test`. Each sets up .venv first if needed.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+DEMO_LOGS ?= /tmp/memory_logs/demo
+# The CPU wheel of torch that lies on this machine's disk; a torch already importable by python3
+# (a CUDA build on a GPU host) is kept instead.
+TORCH_PIN ?= torch==2.13.0
+
+.PHONY: setup demo test bench clean
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	@if [ ! -x $(PY) ]; then \
+	  if python3 -c "import torch" 2>/dev/null; then python3 -m venv --system-site-packages $(VENV); \
+	  else python3 -m venv $(VENV); fi; fi
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q $(TORCH_PIN)
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $@
+
+demo: setup
+	rm -rf $(DEMO_LOGS)
+	$(PY) -m miles_profile.record --log-dir $(DEMO_LOGS) --exec -- $(PY) examples/phased_allocations.py
+	@echo "log written under $(DEMO_LOGS)"
+
+test: setup
+	$(PY) -m pytest -q
+
+bench: setup
+	$(PY) bench/bench_sampler.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .hypothesis

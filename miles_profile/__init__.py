@@ -1,0 +1,16 @@
+"""miles-profile: phase-tagged GPU and host memory recording for colocated RL training.
+
+The recorder side imports only the standard library, psutil, nvidia-ml-py (and torch if the program
+uses it); `load` imports pandas on first use.
+"""
+from miles_profile.errors import MilesProfileError
+from miles_profile.phases import mark, phase, watch_dir
+from miles_profile.recorder import Recorder
+
+__all__ = ["MilesProfileError", "Recorder", "load", "mark", "phase", "watch_dir"]
+
+
+def load(path):
+    """Read a run directory into a `Run` (samples, phases, events, meta). See logdir.reader."""
+    from miles_profile.logdir.reader import load_run
+    return load_run(path)

@@ -1,0 +1,273 @@
+"""Read a run directory into pandas DataFrames, merging all its processes.
+
+Damage is tolerated and reported, not fatal: a truncated last line (a killed writer), garbage
+rows, undecodable events and out-of-order or NaN timestamps are dropped or fixed, and each is named
+in `Run.warnings`. A missing run, an unknown format version or a run with no meta is an error.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.csv as pacsv
+
+from miles_profile import names
+from miles_profile.errors import MilesProfileError
+from miles_profile.logdir.layout import (
+    EVENTS_SUFFIX, FORMAT_VERSION, PROCESS_META_SUFFIX, RUN_META, SAMPLES_SUFFIX, find_runs,
+)
+
+PHASE_COLUMNS = ["name", "start", "end", "duration", "pid", "id", "parent", "depth", "status", "attrs"]
+EVENT_COLUMNS = ["t", "kind", "name", "pid", "id", "parent", "attrs"]
+
+
+@dataclass
+class Run:
+    path: Path
+    meta: dict[str, Any]
+    processes: list[dict[str, Any]]
+    samples: pd.DataFrame  # t, phase, pid, then byte columns (int64, float64 where a value is absent)
+    events: pd.DataFrame
+    phases: pd.DataFrame  # one row per phase instance
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+    @property
+    def devices(self) -> list[dict[str, Any]]:
+        """GPUs as NVML saw them (index, name, uuid, total bytes), from the first process that saw any."""
+        return next((p["devices"] for p in self.processes if p.get("devices")), [])
+
+    @property
+    def gpu_indices(self) -> list[int]:
+        found = {int(c[3:].split("_")[0]) for c in self.samples.columns if c.startswith("gpu") and "_" in c}
+        return sorted(found)
+
+    @property
+    def interval_ms(self) -> float | None:
+        return self.meta.get("interval_ms")
+
+
+def _read_json(path: Path, what: str) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise MilesProfileError(f"{path}: unreadable {what} ({exc.__class__.__name__})") from None
+    if not isinstance(data, dict):
+        raise MilesProfileError(f"{path}: {what} is not a JSON object")
+    version = data.get("format_version")
+    if version != FORMAT_VERSION:
+        raise MilesProfileError(
+            f"{path}: log format version {version!r}; this miles-profile reads version {FORMAT_VERSION}")
+    return data
+
+
+def resolve_run(path: str | Path) -> Path:
+    path = Path(path)
+    if not path.exists():
+        raise MilesProfileError(f"{path}: no such file or directory")
+    runs = find_runs(path)
+    if not runs:
+        raise MilesProfileError(f"{path}: no miles-profile run here (no {RUN_META} in it or its subdirectories)")
+    if len(runs) > 1:
+        raise MilesProfileError(f"{path} holds {len(runs)} runs; pass one of them, e.g. {runs[-1]}")
+    return runs[0]
+
+
+def load_run(path: str | Path) -> Run:
+    run_dir = resolve_run(path)
+    meta = _read_json(run_dir / RUN_META, "run meta")
+    warnings: list[str] = []
+    processes = [_read_json(p, "process meta") for p in sorted(run_dir.glob(f"*{PROCESS_META_SUFFIX}"))]
+    samples = _read_all_samples(run_dir, warnings)
+    events = _read_all_events(run_dir, warnings)
+    phases = phases_from_events(events, samples)
+    outside = [p["pid"] for p in processes if p.get("role") == "exec_parent"]
+    if outside and len(samples):
+        samples = _fill_phases_from_timeline(samples, events, outside)
+    return Run(run_dir, meta, processes, samples, events, phases, warnings)
+
+
+# -- samples ---------------------------------------------------------------------------------
+def _pid_of(path: Path, suffix: str) -> int:
+    stem = path.name[: -len(suffix)]
+    try:
+        return int(stem.rsplit("-", 1)[1])
+    except (IndexError, ValueError):
+        return -1
+
+
+def _read_samples(path: Path, warnings: list[str]) -> pd.DataFrame | None:
+    with pa.memory_map(str(path)) as source:
+        buffer = source.read_buffer()
+    data = memoryview(buffer)
+    end = bytes(data[-65536:]).rfind(b"\n") if len(data) else -1
+    if end < 0:
+        warnings.append(f"{path.name}: no complete line, skipped")
+        return None
+    end += max(0, len(data) - 65536) + 1
+    if end < len(data):
+        warnings.append(f"{path.name}: dropped a truncated last line")
+    skipped = []
+
+    def on_invalid(row) -> str:
+        skipped.append(row.number)
+        return "skip"
+
+    header = bytes(data[: min(end, 4096)]).split(b"\n", 1)[0].decode(errors="replace").split(",")
+    types = {c: pa.int64() for c in header if c not in ("t", "phase")}
+    types.update(t=pa.float64(), phase=pa.dictionary(pa.int32(), pa.string()))
+    try:
+        table = pacsv.read_csv(
+            pa.py_buffer(data[:end]),
+            parse_options=pacsv.ParseOptions(invalid_row_handler=on_invalid),
+            convert_options=pacsv.ConvertOptions(column_types=types, strings_can_be_null=False),
+        )
+        frame = table.to_pandas()
+    except (pa.ArrowInvalid, pa.ArrowTypeError, KeyError):
+        frame = _read_samples_slowly(data[:end], header, path, warnings)
+    if skipped:
+        warnings.append(f"{path.name}: skipped {len(skipped)} malformed rows")
+    if "t" not in frame.columns or "phase" not in frame.columns:
+        warnings.append(f"{path.name}: no t/phase header, skipped")
+        return None
+    return frame
+
+
+def _read_samples_slowly(data, header: list[str], path: Path, warnings: list[str]) -> pd.DataFrame:
+    """Garbage inside a field: coerce what can't be read to absent, cell by cell."""
+    import io
+    frame = pd.read_csv(io.BytesIO(bytes(data)), dtype=str, on_bad_lines="skip", engine="python",
+                        keep_default_na=False)
+    for column in frame.columns:
+        if column != "phase":
+            frame[column] = pd.to_numeric(frame[column], errors="coerce")
+    frame["phase"] = frame.get("phase", pd.Series(dtype=str)).fillna("").astype("category")
+    warnings.append(f"{path.name}: unreadable values set to absent")
+    return frame
+
+
+def _read_all_samples(run_dir: Path, warnings: list[str]) -> pd.DataFrame:
+    frames = []
+    for path in sorted(run_dir.glob(f"*{SAMPLES_SUFFIX}")):
+        frame = _read_samples(path, warnings)
+        if frame is not None and len(frame):
+            frame = _clean_times(frame, warnings, path.name)
+            frame.insert(2, "pid", np.int64(_pid_of(path, SAMPLES_SUFFIX)))
+            frames.append(frame)
+    if not frames:
+        return pd.DataFrame({"t": pd.Series(dtype=float), "phase": pd.Series(dtype="category"),
+                             "pid": pd.Series(dtype="int64")})
+    if len(frames) == 1:
+        return frames[0]
+    samples = pd.concat(frames, ignore_index=True)  # processes interleave in time
+    samples["phase"] = samples["phase"].astype(str).astype("category")
+    return samples.sort_values("t", kind="stable").reset_index(drop=True)
+
+
+def _clean_times(samples: pd.DataFrame, warnings: list[str], source: str) -> pd.DataFrame:
+    t = samples["t"].to_numpy()
+    bad = ~np.isfinite(t)
+    if bad.any():
+        warnings.append(f"{source}: dropped {int(bad.sum())} samples without a valid time")
+        samples = samples.loc[~bad]
+        t = samples["t"].to_numpy()
+    if len(t) > 1 and (np.diff(t) < 0).any():
+        warnings.append(f"{source}: samples were out of time order; sorted")
+        samples = samples.sort_values("t", kind="stable")
+    return samples.reset_index(drop=True)
+
+
+# -- events and phases -------------------------------------------------------------------------
+def _read_all_events(run_dir: Path, warnings: list[str]) -> pd.DataFrame:
+    rows, bad = [], 0
+    for path in sorted(run_dir.glob(f"*{EVENTS_SUFFIX}")):
+        with open(path, "rb") as file:
+            for line in file:
+                try:
+                    event = json.loads(line)
+                    if not isinstance(event, dict) or not np.isfinite(float(event["t"])):
+                        raise ValueError
+                    event.setdefault("pid", _pid_of(path, EVENTS_SUFFIX))
+                    rows.append(event)
+                except (ValueError, KeyError, TypeError):
+                    bad += 1
+    if bad:
+        warnings.append(f"skipped {bad} unreadable event lines")
+    events = pd.DataFrame(rows, columns=EVENT_COLUMNS)
+    events["attrs"] = events["attrs"].map(lambda a: a if isinstance(a, dict) else {})
+    events["t"] = events["t"].astype(float)
+    return events.sort_values("t", kind="stable").reset_index(drop=True)
+
+
+def phases_from_events(events: pd.DataFrame, samples: pd.DataFrame) -> pd.DataFrame:
+    """One row per phase instance; a phase never ended (a crash) ends at the last sample, status 'open'."""
+    begins = events[events["kind"] == names.BEGIN]
+    if begins.empty:
+        return pd.DataFrame(columns=PHASE_COLUMNS)
+    ends = events[events["kind"] == names.END]
+    end_of = {(p, i): (t, a.get("status", "ok")) for p, i, t, a in
+              zip(ends["pid"], ends["id"], ends["t"], ends["attrs"])}
+    last_t = float(samples["t"].max()) if len(samples) else float(events["t"].max())
+    rows = []
+    for pid, pid_, t, name, parent, attrs in zip(begins["pid"], begins["id"], begins["t"], begins["name"],
+                                                 begins["parent"], begins["attrs"]):
+        end, status = end_of.get((pid, pid_), (max(last_t, t), "open"))
+        row = {"name": name, "start": t, "end": end, "duration": end - t, "pid": int(pid),
+               "id": int(pid_) if pd.notna(pid_) else -1,
+               "parent": int(parent) if pd.notna(parent) else -1, "status": status, "attrs": attrs}
+        rows.append(row)
+    phases = pd.DataFrame(rows)
+    phases["depth"] = _depths(phases)
+    extra = pd.DataFrame([{k: v for k, v in a.items() if k not in PHASE_COLUMNS} for a in phases["attrs"]],
+                         index=phases.index)
+    phases = pd.concat([phases[PHASE_COLUMNS], extra], axis=1)
+    return phases.sort_values(["start", "depth"], kind="stable").reset_index(drop=True)
+
+
+def _depths(phases: pd.DataFrame) -> list[int]:
+    parent_of = {(p, i): par for p, i, par in zip(phases["pid"], phases["id"], phases["parent"])}
+    depths = []
+    for pid, phase_id in zip(phases["pid"], phases["id"]):
+        depth, parent = 0, parent_of.get((pid, phase_id), -1)
+        while parent != -1 and depth < 64:
+            depth, parent = depth + 1, parent_of.get((pid, parent), -1)
+        depths.append(depth)
+    return depths
+
+
+def _fill_phases_from_timeline(samples: pd.DataFrame, events: pd.DataFrame, pids: list[int]) -> pd.DataFrame:
+    """Rows sampled from outside (`record --exec`) get the innermost phase open at their time."""
+    times, labels = phase_timeline(events)
+    if not len(times):
+        return samples
+    mask = samples["pid"].isin(pids).to_numpy()
+    at = np.searchsorted(times, samples["t"].to_numpy()[mask], side="right") - 1
+    filled = np.where(at >= 0, np.asarray(labels, dtype=object)[np.maximum(at, 0)], "")
+    phase = samples["phase"].astype(str).to_numpy(dtype=object)
+    phase[mask] = filled
+    samples["phase"] = pd.Categorical(phase)
+    return samples
+
+
+def phase_timeline(events: pd.DataFrame) -> tuple[np.ndarray, list[str]]:
+    """Step function: from times[k] on, the innermost open phase is labels[k] ('' when none)."""
+    open_phases: dict[tuple, str] = {}
+    times, labels = [], []
+    for kind, pid, phase_id, name, t in zip(events["kind"], events["pid"], events["id"], events["name"], events["t"]):
+        if kind == names.BEGIN:
+            open_phases[(pid, phase_id)] = name
+        elif kind == names.END:
+            open_phases.pop((pid, phase_id), None)
+        else:
+            continue
+        times.append(t)
+        labels.append(next(reversed(open_phases.values()), ""))
+    return np.asarray(times, dtype=float), labels

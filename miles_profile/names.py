@@ -1,0 +1,44 @@
+"""Canonical phase and tag names, shared by the trainer, the checks and Miles' own markers."""
+from __future__ import annotations
+
+from typing import Literal
+
+# Phases of one RL iteration (DESIGN.md). Offload phases all start with "offload_".
+GENERATE = "generate"
+OFFLOAD_ROLLOUT = "offload_rollout"
+OFFLOAD_KV = "offload_kv"
+OFFLOAD_WEIGHTS = "offload_weights"
+ONLOAD_WEIGHTS = "onload_weights"
+ONLOAD_KV = "onload_kv"
+TRAIN = "train"
+OFFLOAD_TRAIN = "offload_train"
+ONLOAD_TRAIN = "onload_train"
+UPDATE_WEIGHTS = "update_weights"
+CLEAR_MEMORY = "clear_memory"
+EVAL = "eval"
+
+PHASES = (
+    GENERATE, OFFLOAD_ROLLOUT, OFFLOAD_KV, OFFLOAD_WEIGHTS, ONLOAD_WEIGHTS, ONLOAD_KV,
+    TRAIN, OFFLOAD_TRAIN, ONLOAD_TRAIN, UPDATE_WEIGHTS, CLEAR_MEMORY, EVAL,
+)
+OFFLOAD_PREFIX = "offload_"
+ONLOAD_PREFIX = "onload_"
+
+# What a rollout engine's memory holds (torch_memory_saver / SGLang tags).
+KV_CACHE = "kv_cache"
+WEIGHTS = "weights"
+CUDA_GRAPH = "cuda_graph"
+Tag = Literal["kv_cache", "weights", "cuda_graph"]
+TAGS = (KV_CACHE, WEIGHTS, CUDA_GRAPH)
+
+# Where offloaded training state goes.
+Target = Literal["cpu", "disk"]
+
+# Event kinds in the log.
+BEGIN, END, MARK, ERROR, OOM = "begin", "end", "mark", "error", "oom"
+
+# Mark names.
+MARK_OOM = "oom"
+
+# Environment variable that hands a run directory to a child process (record --exec).
+RUN_DIR_ENV = "MILES_PROFILE_RUN_DIR"

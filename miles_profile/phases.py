@@ -1,0 +1,98 @@
+"""The phase API the trainer calls: `phase()`, `mark()`, `watch_dir()`.
+
+Without an active recorder each is a function call and nothing more. A child started by
+`record --exec` finds its run directory in MILES_PROFILE_RUN_DIR and starts its own recorder there
+on the first call, so its phases land in the parent's run.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+from miles_profile import names, recorder
+
+_env_run_dir = os.environ.get(names.RUN_DIR_ENV)
+
+
+def _recorder() -> "recorder.Recorder | None":
+    global _env_run_dir
+    rec = recorder._active
+    if rec is None and _env_run_dir:
+        run_dir, _env_run_dir = _env_run_dir, None  # try once
+        rec = recorder.Recorder(run_dir=run_dir).start()
+    return rec
+
+
+class _NoPhase:
+    __slots__ = ()
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc) -> bool:
+        return False
+
+
+_NO_PHASE = _NoPhase()
+
+
+def _is_oom(exc: BaseException) -> bool:
+    if isinstance(exc, MemoryError):
+        return True
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(exc, getattr(torch.cuda, "OutOfMemoryError", ()))
+
+
+def _allocator_state() -> dict[str, Any]:
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_available() or not torch.cuda.is_initialized():
+        return {}
+    return {"allocated": torch.cuda.memory_allocated(), "reserved": torch.cuda.memory_reserved(),
+            "peak": torch.cuda.max_memory_allocated()}
+
+
+class _Phase:
+    __slots__ = ("_rec", "_name", "_attrs", "_id")
+
+    def __init__(self, rec: "recorder.Recorder", name: str, attrs: dict[str, Any]):
+        self._rec, self._name, self._attrs, self._id = rec, name, attrs, 0
+
+    def __enter__(self) -> None:
+        self._id = self._rec.begin(self._name, self._attrs)
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        status = "ok"
+        if exc is not None:
+            status = names.OOM if _is_oom(exc) else names.ERROR
+            if not getattr(exc, "_miles_profile_logged", False):  # log once, in the innermost phase
+                attrs = {"phase": self._name, "type": type(exc).__name__, "message": str(exc)[:500]}
+                if status == names.OOM:
+                    attrs.update(_allocator_state())
+                self._rec.event(status, self._name, attrs)
+                try:
+                    exc._miles_profile_logged = True
+                except AttributeError:
+                    pass
+        self._rec.end(self._id, self._name, status)
+        return False  # never swallow
+
+
+def phase(name: str, **attrs: Any):
+    """`with phase("offload_train", target="disk", expected_bytes=n):` tags samples and logs begin/end."""
+    rec = _recorder()
+    return _NO_PHASE if rec is None else _Phase(rec, name, attrs)
+
+
+def mark(name: str, **attrs: Any) -> None:
+    """An instant event, e.g. `mark("oom")`."""
+    rec = _recorder()
+    if rec is not None:
+        rec.event(names.MARK, name, attrs)
+
+
+def watch_dir(path: str | os.PathLike) -> None:
+    """Sample the bytes in files under `path` (an offload directory) from now on."""
+    rec = _recorder()
+    if rec is not None:
+        rec.watch_dir(os.fspath(path))

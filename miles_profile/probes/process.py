@@ -1,0 +1,128 @@
+"""Resident memory of this process, or of a process tree, with the true peak since the last read.
+
+The peak is Linux `VmHWM`, reset after each read by writing `5` to `/proc/<pid>/clear_refs`, so
+`rss_peak` is the highest RSS between two samples, however short the spike. Where the reset is not
+permitted the peak is since process start, and meta says so.
+"""
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import psutil
+
+from miles_profile.probes.procfs import open_read, read_kib_fields
+
+_RSS, _HWM = b"VmRSS:", b"VmHWM:"
+
+
+class _PidReader:
+    """Reads (rss, hwm) of one pid and resets its hwm."""
+
+    def __init__(self, pid: int | str):
+        self.status_fd = open_read(f"/proc/{pid}/status")
+        try:
+            self.clear_fd: int | None = os.open(f"/proc/{pid}/clear_refs", os.O_WRONLY)
+        except OSError:
+            self.clear_fd = None
+
+    def read(self) -> tuple[int, int]:
+        rss, hwm = read_kib_fields(self.status_fd, _RSS, _HWM)
+        if self.clear_fd is not None:
+            os.write(self.clear_fd, b"5")  # VmHWM := current RSS
+        return rss or 0, max(hwm or 0, rss or 0)
+
+    def close(self) -> None:
+        os.close(self.status_fd)
+        if self.clear_fd is not None:
+            os.close(self.clear_fd)
+
+
+class OwnProcessProbe:
+    """This process (the in-process recorder)."""
+
+    name = "process"
+    columns = ("rss", "rss_peak")
+
+    def __init__(self) -> None:
+        self._reader = _PidReader("self")
+        self.peak_reset = self._reader.clear_fd is not None
+
+    @property
+    def pids(self) -> set[int]:
+        return {os.getpid()}
+
+    def read(self) -> tuple[int, int]:
+        return self._reader.read()
+
+    def describe(self) -> dict[str, Any]:
+        return {"name": self.name, "active": True, "scope": "self", "peak_reset": self.peak_reset,
+                "note": "" if self.peak_reset else "clear_refs not writable: rss_peak is since start"}
+
+    def close(self) -> None:
+        self._reader.close()
+
+
+class ProcessTreeProbe:
+    """A child and all its descendants, seen from outside (`record --exec`).
+
+    `rss` is the sum of their RSS; `rss_peak` the sum of their per-process peaks, an upper bound
+    of the tree's true peak (the peaks of two processes need not coincide).
+    """
+
+    name = "process"
+    columns = ("rss", "rss_peak")
+
+    def __init__(self, root_pid: int, refresh_s: float = 0.5):
+        self.root_pid = root_pid
+        self._refresh_s = refresh_s
+        self._readers: dict[int, _PidReader] = {}
+        self._next_refresh = 0.0
+        self.peak_reset = True
+
+    @property
+    def pids(self) -> set[int]:
+        return set(self._readers)
+
+    def _refresh(self) -> None:
+        try:
+            root = psutil.Process(self.root_pid)
+            live = {self.root_pid} | {c.pid for c in root.children(recursive=True)}
+        except psutil.Error:
+            live = set()
+        for pid in set(self._readers) - live:
+            self._readers.pop(pid).close()
+        for pid in live - set(self._readers):
+            try:
+                reader = _PidReader(pid)
+            except OSError:
+                continue
+            self.peak_reset &= reader.clear_fd is not None
+            self._readers[pid] = reader
+
+    def read(self) -> tuple[int | None, int | None]:
+        now = time.monotonic()
+        if now >= self._next_refresh:
+            self._refresh()
+            self._next_refresh = now + self._refresh_s
+        rss = peak = 0
+        seen = False
+        for pid, reader in list(self._readers.items()):
+            try:
+                r, p = reader.read()
+            except OSError:  # exited since the last refresh
+                self._readers.pop(pid).close()
+                continue
+            rss, peak, seen = rss + r, peak + p, True
+        return (rss, peak) if seen else (None, None)
+
+    def describe(self) -> dict[str, Any]:
+        return {"name": self.name, "active": True, "scope": "tree", "root_pid": self.root_pid,
+                "peak_reset": self.peak_reset,
+                "note": "rss_peak is the sum of per-process peaks (an upper bound)"}
+
+    def close(self) -> None:
+        for reader in self._readers.values():
+            reader.close()
+        self._readers.clear()

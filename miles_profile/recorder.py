@@ -1,0 +1,194 @@
+"""The recorder: opens the probes, writes meta, runs the sampler and owns the phase bookkeeping.
+
+One recorder is active per process at a time (`active()`); `phase()`/`mark()` talk to it.
+"""
+from __future__ import annotations
+
+import atexit
+import itertools
+import os
+import socket
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, Iterable
+
+from miles_profile import names
+from miles_profile.errors import MilesProfileError
+from miles_profile.logdir.layout import new_run_dir, process_stem
+from miles_profile.logdir.writer import EventWriter, SampleWriter, write_process_meta, write_run_meta
+from miles_profile.probes.disk import DiskProbe
+from miles_profile.probes.host import HostProbe
+from miles_profile.probes.nvml import open_nvml
+from miles_profile.probes.process import OwnProcessProbe, ProcessTreeProbe
+from miles_profile.probes.torch_allocator import open_torch_allocator
+from miles_profile.sampler import Sampler
+
+# 20 ms: the overhead benchmark (docs/benchmarks.md) measured it within 1% of step time on a
+# launch-bound loop; true peaks per sample make a higher rate unnecessary.
+DEFAULT_INTERVAL_MS = 20.0
+DEFAULT_LOG_DIR = "/tmp/memory_logs"
+
+_active: "Recorder | None" = None
+_active_lock = threading.Lock()
+
+
+def active() -> "Recorder | None":
+    return _active
+
+
+def create_run(log_dir: str | os.PathLike, command: list[str], interval_ms: float) -> Path:
+    """A new run directory under `log_dir`, with its run meta."""
+    try:
+        run_dir = new_run_dir(Path(log_dir))
+    except OSError as exc:
+        raise MilesProfileError(f"cannot create a run under {log_dir}: {exc.strerror or exc}") from None
+    write_run_meta(run_dir, {"command": command, "host": socket.gethostname(), "pid": os.getpid(),
+                             "start_time": time.time(), "interval_ms": float(interval_ms)})
+    return run_dir
+
+
+class Recorder:
+    """Records this process (or, with `child_pid`, a child's process tree) into a run directory.
+
+    `log_dir`: a new run directory is created under it. `run_dir`: join an existing run (a child
+    handed one by `record --exec`).
+    """
+
+    def __init__(self, log_dir: str | os.PathLike | None = None, *, run_dir: str | os.PathLike | None = None,
+                 interval_ms: float = DEFAULT_INTERVAL_MS, watch_dirs: Iterable[str] = (),
+                 child_pid: int | None = None, command: list[str] | None = None,
+                 flush_interval_s: float = 0.5):
+        if interval_ms <= 0:
+            raise MilesProfileError(f"interval must be positive, got {interval_ms} ms")
+        self._log_dir = Path(log_dir or DEFAULT_LOG_DIR)
+        self.run_dir: Path | None = Path(run_dir) if run_dir else None
+        self.interval_ms = float(interval_ms)
+        self._watch_dirs = tuple(watch_dirs)
+        self._child_pid = child_pid
+        self._command = command if command is not None else list(sys.argv)
+        self._flush_interval_s = flush_interval_s
+        self._ids = itertools.count(1)
+        self._open: dict[int, str] = {}  # open phases by id, in begin order
+        self._phase_lock = threading.Lock()
+        self._local = threading.local()  # per-thread stack of phase ids, for parents
+        self._sampler: Sampler | None = None
+        self._events: EventWriter | None = None
+        self._disk: DiskProbe | None = None
+        self._meta: dict[str, Any] = {}
+        self._stem = process_stem()
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def start(self) -> "Recorder":
+        global _active
+        if self._sampler is not None:
+            return self
+        run_dir = self._prepare_run_dir()
+        probes, probe_meta = self._open_probes()
+        self._meta = self._process_meta(probes, probe_meta)
+        write_process_meta(run_dir, self._stem, self._meta)
+        self._events = EventWriter(run_dir, self._stem)
+        writer = SampleWriter(run_dir, self._stem, Sampler.columns_of(probes), self._flush_interval_s)
+        self._sampler = Sampler(probes, writer, self.interval_ms / 1000.0, self.current_phase)
+        self._sampler.start()
+        with _active_lock:
+            if self._child_pid is None and _active is None:
+                _active = self
+        atexit.register(self.stop)
+        return self
+
+    def stop(self) -> None:
+        global _active
+        sampler, self._sampler = self._sampler, None
+        if sampler is None:
+            return
+        sampler.stop()
+        if self._events is not None:
+            self._events.close()
+        with _active_lock:
+            if _active is self:
+                _active = None
+        self._meta["end_time"] = time.time()
+        write_process_meta(self.run_dir, self._stem, self._meta)
+        atexit.unregister(self.stop)
+
+    def __enter__(self) -> "Recorder":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def _prepare_run_dir(self) -> Path:
+        if self.run_dir is None:
+            self.run_dir = create_run(self._log_dir, self._command, self.interval_ms)
+        elif not self.run_dir.is_dir():
+            raise MilesProfileError(f"run directory {self.run_dir} does not exist")
+        return self.run_dir
+
+    def _open_probes(self) -> tuple[list, list[dict[str, Any]]]:
+        process = ProcessTreeProbe(self._child_pid) if self._child_pid else OwnProcessProbe()
+        host = HostProbe()
+        self._disk = DiskProbe(self._watch_dirs)
+        probes: list = [process, host]
+        meta = [process.describe(), host.describe()]
+        nvml, nvml_meta = open_nvml(lambda: process.pids)
+        meta.append(nvml_meta)
+        if nvml:
+            probes.append(nvml)
+        if self._child_pid is None:  # another process's allocator can't be read from here
+            allocator, allocator_meta = open_torch_allocator()
+            meta.append(allocator_meta)
+            if allocator:
+                probes.append(allocator)
+        probes.append(self._disk)
+        meta.append(self._disk.describe())
+        return probes, meta
+
+    def _process_meta(self, probes: list, probe_meta: list[dict[str, Any]]) -> dict[str, Any]:
+        devices = next((m.get("devices", []) for m in probe_meta if m["name"] == "nvml"), [])
+        return {
+            "host": socket.gethostname(), "pid": os.getpid(), "stem": self._stem,
+            "rank": int(os.environ.get("RANK", 0)), "role": "exec_parent" if self._child_pid else "in_process",
+            "child_pid": self._child_pid, "command": list(sys.argv), "start_time": time.time(),
+            "interval_ms": self.interval_ms, "devices": devices, "probes": probe_meta,
+            "columns": Sampler.columns_of(probes),
+        }
+
+    # -- phases ------------------------------------------------------------------------------
+    def current_phase(self) -> str:
+        open_phases = self._open
+        return next(reversed(open_phases.values()), "") if open_phases else ""
+
+    def begin(self, name: str, attrs: dict[str, Any]) -> int:
+        self._sampler.sample()  # the "before" row, in the enclosing phase
+        stack = self._stack()
+        phase_id = next(self._ids)
+        self._events.write(names.BEGIN, name, attrs, id=phase_id, parent=stack[-1] if stack else None)
+        with self._phase_lock:
+            self._open[phase_id] = name
+        stack.append(phase_id)
+        return phase_id
+
+    def end(self, phase_id: int, name: str, status: str = "ok") -> None:
+        self._sampler.sample(phase=name)  # the "after" row: its peak covers the phase's last stretch
+        self._events.write(names.END, name, {"status": status}, id=phase_id)
+        with self._phase_lock:
+            self._open.pop(phase_id, None)
+        stack = self._stack()
+        if phase_id in stack:
+            stack.remove(phase_id)
+
+    def event(self, kind: str, name: str, attrs: dict[str, Any]) -> None:
+        self._events.write(kind, name, attrs)
+
+    def watch_dir(self, path: str) -> None:
+        self._disk.watch(path)
+        self._meta["probes"] = [p if p["name"] != "disk" else self._disk.describe() for p in self._meta["probes"]]
+        write_process_meta(self.run_dir, self._stem, self._meta)
+
+    def _stack(self) -> list[int]:
+        stack = getattr(self._local, "stack", None)
+        if stack is None:
+            stack = self._local.stack = []
+        return stack

@@ -1,0 +1,79 @@
+"""One background thread that reads every probe at a fixed interval and appends a row.
+
+A row's peaks cover the whole time since the previous row (the probes reset them), so the rate only
+sets the time resolution, never whether a spike is seen. Keep each sample cheap: the thread takes the
+GIL from the training loop for as long as it reads.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Callable, Sequence
+
+from miles_profile.logdir.writer import SampleWriter
+from miles_profile.probes import Probe
+
+log = logging.getLogger("miles_profile")
+
+
+class Sampler:
+    def __init__(self, probes: Sequence[Probe], writer: SampleWriter, interval_s: float,
+                 current_phase: Callable[[], str]):
+        self._probes = list(probes)
+        self._widths = [len(p.columns) for p in self._probes]
+        self._failed: set[str] = set()
+        self._writer = writer
+        self._interval_s = interval_s
+        self._current_phase = current_phase
+        self._lock = threading.Lock()  # a row's reads and peak resets happen together
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="miles_profile-sampler", daemon=True)
+
+    @staticmethod
+    def columns_of(probes: Sequence[Probe]) -> list[str]:
+        return [c for p in probes for c in p.columns]
+
+    def start(self) -> None:
+        self.sample()
+        self._thread.start()
+
+    def sample(self, phase: str | None = None) -> None:
+        """Take one row now; `phase` overrides the current phase (a phase's closing sample)."""
+        with self._lock:
+            values: list[int | None] = []
+            for probe, width in zip(self._probes, self._widths):
+                values.extend(self._read(probe, width))
+            self._writer.append(time.time(), self._current_phase() if phase is None else phase, values)
+
+    def _read(self, probe: Probe, width: int) -> Sequence[int | None]:
+        if probe.name in self._failed:
+            return [None] * width
+        try:
+            return probe.read()
+        except Exception as exc:  # a source that broke mid-run goes absent, the run goes on
+            self._failed.add(probe.name)
+            log.warning("miles_profile: probe %s failed and is now absent: %s", probe.name, exc)
+            return [None] * width
+
+    def _run(self) -> None:
+        next_due = time.monotonic()
+        while True:
+            next_due += self._interval_s
+            delay = next_due - time.monotonic()
+            if delay < 0:  # fell behind (a long GIL hold): skip, don't burst
+                next_due, delay = time.monotonic(), 0.0
+            if self._stop.wait(delay):
+                return
+            self.sample()
+
+    def stop(self) -> None:
+        """Stop the thread, take the final row and flush everything."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+        self.sample()
+        with self._lock:
+            self._writer.close()
+        for probe in self._probes:
+            probe.close()
