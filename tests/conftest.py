@@ -1,0 +1,49 @@
+"""Shared fixtures. Browser tests use Debian's Chromium through Playwright (no browser download)."""
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+CHROMIUM = os.environ.get("MILES_PROFILE_CHROMIUM", "/usr/bin/chromium")
+ARTIFACTS = REPO / "artifacts"  # screenshots saved by browser tests (git-ignored)
+
+
+def python_env() -> dict[str, str]:
+    """Environment for subprocesses that run the project from source."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+@pytest.fixture
+def py() -> str:
+    return sys.executable
+
+
+@pytest.fixture(scope="session")
+def browser():
+    """A headless Chromium. In CI (.ci/run installs chromium) a missing browser is a failure, not a skip."""
+    if not (os.path.exists(CHROMIUM) or shutil.which("chromium")):
+        if os.environ.get("CI"):
+            pytest.fail(f"Chromium not found at {CHROMIUM}")
+        pytest.skip(f"Chromium not found at {CHROMIUM}")
+    from playwright.sync_api import sync_playwright
+    with sync_playwright() as pw:
+        chromium = pw.chromium.launch(
+            executable_path=CHROMIUM if os.path.exists(CHROMIUM) else shutil.which("chromium"),
+            args=["--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                  "--disable-component-update", "--disable-sync", "--no-first-run"])
+        yield chromium
+        chromium.close()
+
+
+@pytest.fixture
+def artifacts() -> Path:
+    ARTIFACTS.mkdir(exist_ok=True)
+    return ARTIFACTS
