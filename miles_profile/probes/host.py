@@ -5,7 +5,7 @@ from typing import Any
 
 import psutil
 
-from miles_profile.probes.procfs import open_read, read_kib_fields
+from miles_profile.probes.procfs import ProcFile, kib_fields
 
 
 class HostProbe:
@@ -14,20 +14,19 @@ class HostProbe:
 
     def __init__(self) -> None:
         try:
-            self._fd: int | None = open_read("/proc/meminfo")
+            self._meminfo: ProcFile | None = ProcFile("/proc/meminfo")
         except OSError:  # not Linux: psutil is slower but portable
-            self._fd = None
+            self._meminfo = None
         self.total = psutil.virtual_memory().total
 
     def read(self) -> tuple[int | None]:
-        if self._fd is None:
+        if self._meminfo is None:
             return (psutil.virtual_memory().available,)
-        return tuple(read_kib_fields(self._fd, b"MemAvailable:"))  # type: ignore[return-value]
+        return tuple(kib_fields(self._meminfo.read(), b"MemAvailable:"))  # type: ignore[return-value]
 
     def describe(self) -> dict[str, Any]:
         return {"name": self.name, "active": True, "total": self.total}
 
     def close(self) -> None:
-        if self._fd is not None:
-            import os
-            os.close(self._fd)
+        if self._meminfo is not None:
+            self._meminfo.close()

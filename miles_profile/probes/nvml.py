@@ -5,6 +5,7 @@ of the torch allocator describe the same device.
 """
 from __future__ import annotations
 
+import ctypes
 import os
 from typing import Any, Callable
 
@@ -28,6 +29,49 @@ def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
+class _GilHeldCalls:
+    """The two NVML entry points the sampler calls, bound through `ctypes.PyDLL` so they keep the GIL.
+
+    pynvml binds through `ctypes.CDLL`, which releases the GIL on every call, and its process query
+    calls NVML twice and builds Python objects per process. In the sampler thread each release
+    forces a thread switch with the training loop (see probes/procfs.py); these calls take
+    microseconds, so holding the GIL through them is cheaper. Structs come from pynvml.
+    """
+
+    _INSUFFICIENT_SIZE = 7
+
+    def __init__(self, pynvml):
+        lib = ctypes.PyDLL(pynvml.nvmlLib._name)
+        self._nvml = pynvml
+        self._memory_info = lib.nvmlDeviceGetMemoryInfo
+        self._processes = lib.nvmlDeviceGetComputeRunningProcesses_v3
+        self._memory = pynvml.c_nvmlMemory_t()
+        self._count = ctypes.c_uint(0)
+        self._array = (pynvml.c_nvmlProcessInfo_v3_t * 64)()
+        self._not_available = pynvml.NVML_VALUE_NOT_AVAILABLE_ulonglong.value
+
+    def used(self, handle) -> int:
+        ret = self._memory_info(handle, ctypes.byref(self._memory))
+        if ret:
+            raise self._nvml.NVMLError(ret)
+        return int(self._memory.used)
+
+    def process_bytes(self, handle, pids: set[int]) -> int | None:
+        self._count.value = len(self._array)
+        ret = self._processes(handle, ctypes.byref(self._count), self._array)
+        if ret == self._INSUFFICIENT_SIZE:  # more processes than slots: grow once, ask again
+            self._array = (self._nvml.c_nvmlProcessInfo_v3_t * (2 * self._count.value + 8))()
+            return self.process_bytes(handle, pids)
+        if ret:
+            return None
+        total, found = 0, False
+        for i in range(self._count.value):
+            entry = self._array[i]
+            if entry.pid in pids and entry.usedGpuMemory != self._not_available:
+                total, found = total + entry.usedGpuMemory, True
+        return int(total) if found else None
+
+
 class NvmlProbe:
     name = "nvml"
 
@@ -35,6 +79,10 @@ class NvmlProbe:
         self._nvml = pynvml
         self._handles = handles
         self._pids = pids
+        try:
+            self._direct: _GilHeldCalls | None = _GilHeldCalls(pynvml)
+        except (AttributeError, OSError, TypeError):  # an nvidia-ml-py without these names
+            self._direct = None
         self.devices = [
             {"index": i, "name": _text(pynvml.nvmlDeviceGetName(h)), "uuid": _text(pynvml.nvmlDeviceGetUUID(h)),
              "total": int(pynvml.nvmlDeviceGetMemoryInfo(h).total)}
@@ -43,10 +91,12 @@ class NvmlProbe:
         self.columns = tuple(c for i in range(len(handles)) for c in (f"gpu{i}_used", f"gpu{i}_proc"))
 
     def read(self) -> list[int | None]:
-        nvml, pids, values = self._nvml, self._pids(), []
+        pids, values, direct = self._pids(), [], self._direct
         for handle in self._handles:
-            values.append(int(nvml.nvmlDeviceGetMemoryInfo(handle).used))
-            values.append(self._process_bytes(handle, pids))
+            if direct is not None:
+                values += [direct.used(handle), direct.process_bytes(handle, pids)]
+            else:
+                values += [int(self._nvml.nvmlDeviceGetMemoryInfo(handle).used), self._process_bytes(handle, pids)]
         return values
 
     def _process_bytes(self, handle, pids: set[int]) -> int | None:
@@ -59,7 +109,8 @@ class NvmlProbe:
         return int(sum(mine)) if mine else None
 
     def describe(self) -> dict[str, Any]:
-        return {"name": self.name, "active": True, "devices": self.devices}
+        return {"name": self.name, "active": True, "devices": self.devices,
+                "gil_held_calls": self._direct is not None}
 
     def close(self) -> None:
         try:

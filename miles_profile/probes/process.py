@@ -12,7 +12,7 @@ from typing import Any
 
 import psutil
 
-from miles_profile.probes.procfs import open_read, read_kib_fields
+from miles_profile.probes.procfs import ProcFile, kib_fields
 
 _RSS, _HWM = b"VmRSS:", b"VmHWM:"
 
@@ -21,22 +21,22 @@ class _PidReader:
     """Reads (rss, hwm) of one pid and resets its hwm."""
 
     def __init__(self, pid: int | str):
-        self.status_fd = open_read(f"/proc/{pid}/status")
+        self.status = ProcFile(f"/proc/{pid}/status")
         try:
-            self.clear_fd: int | None = os.open(f"/proc/{pid}/clear_refs", os.O_WRONLY)
+            self.clear_refs: ProcFile | None = ProcFile(f"/proc/{pid}/clear_refs", writable=True)
         except OSError:
-            self.clear_fd = None
+            self.clear_refs = None
 
     def read(self) -> tuple[int, int]:
-        rss, hwm = read_kib_fields(self.status_fd, _RSS, _HWM)
-        if self.clear_fd is not None:
-            os.write(self.clear_fd, b"5")  # VmHWM := current RSS
+        rss, hwm = kib_fields(self.status.read(), _RSS, _HWM)
+        if self.clear_refs is not None:
+            self.clear_refs.write(b"5")  # VmHWM := current RSS
         return rss or 0, max(hwm or 0, rss or 0)
 
     def close(self) -> None:
-        os.close(self.status_fd)
-        if self.clear_fd is not None:
-            os.close(self.clear_fd)
+        self.status.close()
+        if self.clear_refs is not None:
+            self.clear_refs.close()
 
 
 class OwnProcessProbe:
@@ -47,7 +47,7 @@ class OwnProcessProbe:
 
     def __init__(self) -> None:
         self._reader = _PidReader("self")
-        self.peak_reset = self._reader.clear_fd is not None
+        self.peak_reset = self._reader.clear_refs is not None
 
     @property
     def pids(self) -> set[int]:
@@ -98,7 +98,7 @@ class ProcessTreeProbe:
                 reader = _PidReader(pid)
             except OSError:
                 continue
-            self.peak_reset &= reader.clear_fd is not None
+            self.peak_reset &= reader.clear_refs is not None
             self._readers[pid] = reader
 
     def read(self) -> tuple[int | None, int | None]:

@@ -1,0 +1,173 @@
+"""Follow a run that a recorder is still writing: read only what was appended since the last look.
+
+A live view re-reads nothing: each `SamplesTail` / `EventsTail` keeps a byte offset into one file and
+parses the complete lines after it (a line being written stays for the next call). Column types are
+those of `reader.py`, so appended rows concatenate with a frame that `load_run` returned.
+"""
+from __future__ import annotations
+
+import io
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.csv as pacsv
+
+from miles_profile.logdir.reader import EVENT_COLUMNS, phase_timeline
+
+_CHUNK = 64 * 1024 * 1024  # at most this much per call: a huge backlog is read over several calls
+
+
+def _pread(path: Path, offset: int, limit: int) -> bytes:
+    """Up to `limit` bytes from `offset`. Never follows a link."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    try:
+        size = os.fstat(fd).st_size
+        return os.pread(fd, min(size - offset, limit), offset) if size > offset else b""
+    finally:
+        os.close(fd)
+
+
+def _read_lines_from(path: Path, offset: int) -> bytes:
+    """Bytes from `offset` up to the last complete line (b"" when nothing new)."""
+    data = _pread(path, offset, _CHUNK)
+    end = data.rfind(b"\n")
+    return data[: end + 1] if end >= 0 else b""
+
+
+def sample_column_types(header: list[str]) -> dict[str, pa.DataType]:
+    types = {c: pa.int64() for c in header if c not in ("t", "phase")}
+    types.update(t=pa.float64(), phase=pa.string())
+    return types
+
+
+def parse_sample_rows(data: bytes, header: list[str]) -> tuple[pd.DataFrame, int]:
+    """CSV rows without a header line -> (frame, number of malformed rows skipped)."""
+    skipped = []
+
+    def on_invalid(row) -> str:
+        skipped.append(row.number)
+        return "skip"
+
+    try:
+        table = pacsv.read_csv(
+            pa.py_buffer(data),
+            read_options=pacsv.ReadOptions(column_names=header),
+            parse_options=pacsv.ParseOptions(invalid_row_handler=on_invalid),
+            convert_options=pacsv.ConvertOptions(column_types=sample_column_types(header),
+                                                 strings_can_be_null=False))
+        frame = table.to_pandas()
+    except (pa.ArrowInvalid, pa.ArrowTypeError):
+        # Garbage inside a field: what can't be read becomes absent, cell by cell.
+        frame = pd.read_csv(io.BytesIO(data), names=header, dtype=str, on_bad_lines="skip",
+                            engine="python", keep_default_na=False)
+        for column in frame.columns:
+            if column != "phase":
+                frame[column] = pd.to_numeric(frame[column], errors="coerce")
+        skipped.append(-1)
+    frame["phase"] = frame["phase"].fillna("").astype(str)
+    finite = np.isfinite(frame["t"].to_numpy(dtype=float))
+    return frame.loc[finite].reset_index(drop=True), len(skipped) + int((~finite).sum())
+
+
+class SamplesTail:
+    """The rows appended to one `*.samples.csv` since the previous `read()`.
+
+    `offset` may start past a file's beginning (where a full load ended): the partial line there is
+    skipped, and rows at or before `after_t` (already loaded) are dropped.
+    """
+
+    def __init__(self, path: Path, offset: int = 0, after_t: float = -np.inf):
+        self.path = Path(path)
+        self.offset = offset
+        self.after_t = after_t
+        self.header: list[str] | None = None
+        self.skipped_rows = 0
+
+    def _read_header(self) -> bool:
+        head = _pread(self.path, 0, 65536)
+        if b"\n" not in head:
+            return False
+        first = head.split(b"\n", 1)[0]
+        if not first:
+            return False
+        self.header = first.decode(errors="replace").split(",")
+        if self.offset == 0:
+            self.offset = len(first) + 1
+        return True
+
+    def read(self) -> pd.DataFrame | None:
+        """New complete rows (columns as in the header), or None when there are none."""
+        if self.header is None and not self._read_header():
+            return None
+        data = _read_lines_from(self.path, self.offset)
+        if not data:
+            return None
+        start = 0
+        if self.offset > 0 and _pread(self.path, self.offset - 1, 1) != b"\n":
+            start = data.find(b"\n") + 1  # resume mid-line: that line was loaded already
+        self.offset += len(data)
+        frame, skipped = parse_sample_rows(data[start:], self.header) if data[start:] else (None, 0)
+        self.skipped_rows += skipped
+        if frame is None:
+            return None
+        frame = frame.loc[frame["t"].to_numpy() > self.after_t]
+        if frame.empty:
+            return None
+        self.after_t = float(frame["t"].max())
+        return frame.reset_index(drop=True)
+
+
+class EventsTail:
+    """The events appended to one `*.events.jsonl` since the previous `read()`."""
+
+    def __init__(self, path: Path, pid: int, offset: int = 0):
+        self.path = Path(path)
+        self.pid = pid
+        self.offset = offset
+        self.skipped_lines = 0
+
+    def read(self) -> pd.DataFrame | None:
+        data = _read_lines_from(self.path, self.offset)
+        if not data:
+            return None
+        self.offset += len(data)
+        rows = []
+        for line in data.splitlines():
+            try:
+                event = json.loads(line)
+                if not isinstance(event, dict) or not np.isfinite(float(event["t"])):
+                    raise ValueError
+            except (ValueError, KeyError, TypeError):
+                self.skipped_lines += 1
+                continue
+            event.setdefault("pid", self.pid)
+            rows.append(event)
+        if not rows:
+            return None
+        events = pd.DataFrame(rows, columns=EVENT_COLUMNS)
+        events["attrs"] = events["attrs"].map(lambda a: a if isinstance(a, dict) else {})
+        events["t"] = events["t"].astype(float)
+        return events
+
+
+def label_outside_samples(samples: pd.DataFrame, events: pd.DataFrame, pids: list[int],
+                          since_t: float = -np.inf) -> pd.DataFrame:
+    """Give rows sampled from outside (`record --exec`) at or after `since_t` the innermost open phase."""
+    times, labels = phase_timeline(events)
+    if not len(times) or not pids or samples.empty:
+        return samples
+    t = samples["t"].to_numpy()
+    mask = samples["pid"].isin(pids).to_numpy() & (t >= since_t)
+    if not mask.any():
+        return samples
+    at = np.searchsorted(times, t[mask], side="right") - 1
+    filled = np.where(at >= 0, np.asarray(labels, dtype=object)[np.maximum(at, 0)], "")
+    phase = samples["phase"].astype(str).to_numpy(dtype=object)
+    phase[mask] = filled
+    samples = samples.copy(deep=False)
+    samples["phase"] = pd.Categorical(phase)
+    return samples

@@ -1,0 +1,180 @@
+"""Plotly figure builders, shared by the static report and the Dash dashboard (neither builds its own).
+
+Public API (stable):
+
+    timeline_figure(run, *, max_points=100_000, t_range=None, height=None) -> go.Figure
+        One subplot per GPU (NVML used, allocator reserved/allocated, true-peak envelope), one for
+        the host (RSS, its true-peak envelope, available, pinned, offload files on disk) and a phase
+        lane under them whose bars are named (labels show where they fit; zoom in for more).
+        x is seconds since the run started; y is GiB; hover shows GiB and exact bytes.
+        At most about `max_points` points in all, reduced by reduce.reduce_series so the global
+        peak and every phase's peak are drawn exactly. `t_range=(t0, t1)` (seconds since start)
+        draws only that window, at full budget: the dashboard calls it again on zoom.
+    comparison_figure(runs, *, max_points=100_000) -> go.Figure   (in compare.py)
+    PHASE_COLORS, phase_color(name) -> str
+
+Plotly is imported only here and in html/export/compare: the recorder never needs it.
+"""
+from __future__ import annotations
+
+import numpy as np
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from miles_profile.report.reduce import phase_ranges, reduce_series
+from miles_profile.report.series import GiB, Series, main_pid, series_arrays, timeline_series
+
+PHASE_COLORS = {
+    "generate": "#4C78A8", "offload_rollout": "#F58518", "offload_kv": "#F58518", "offload_weights": "#E45756",
+    "onload_weights": "#72B7B2", "onload_kv": "#54A24B", "train": "#B279A2", "offload_train": "#FF9DA6",
+    "onload_train": "#9D755D", "update_weights": "#EECA3B", "clear_memory": "#BAB0AC", "eval": "#79706E",
+}
+_EXTRA = ("#8CD17D", "#B6992D", "#499894", "#D37295", "#FABFD2", "#A0CBE8", "#FFBE7D", "#D4A6C8")
+_LINE = {  # kind -> (color, dash, width)
+    "used": ("#1f1f1f", "solid", 1.5), "proc": ("#7f7f7f", "dot", 1.2), "reserved": ("#2ca02c", "solid", 1.2),
+    "alloc": ("#1f77b4", "solid", 1.2), "alloc_peak": ("#d62728", "solid", 1.0),
+    "rss": ("#1f77b4", "solid", 1.4), "rss_peak": ("#d62728", "solid", 1.0),
+    "host_available": ("#2ca02c", "dash", 1.2), "pinned": ("#9467bd", "solid", 1.0), "disk": ("#8c564b", "dot", 1.2),
+}
+LANE_LABEL_LIMIT = 400  # phase bars also shaded behind the memory plots up to this many
+
+
+def phase_color(name: str) -> str:
+    if name in PHASE_COLORS:
+        return PHASE_COLORS[name]
+    return _EXTRA[sum(map(ord, name)) % len(_EXTRA)]
+
+
+def run_start(run) -> float:
+    """Time zero of the run's plots: its meta start time, else its first sample or event."""
+    start = run.meta.get("start_time")
+    candidates = [float(start)] if isinstance(start, (int, float)) and np.isfinite(start) else []
+    if len(run.samples):
+        candidates.append(float(run.samples["t"].iloc[0]))
+    if len(run.phases):
+        candidates.append(float(run.phases["start"].min()))
+    return min(candidates) if candidates else 0.0
+
+
+def _groups(series: list[Series]) -> list[str]:
+    return list(dict.fromkeys(s.group for s in series))
+
+
+def _group_title(group: str, run) -> str:
+    if group == "host":
+        return "Host memory (GiB)"
+    index = int(group[3:])
+    device = next((d for d in run.devices if int(d.get("index", -1)) == index), {})
+    name = device.get("name", "")
+    total = device.get("total")
+    total_text = f", {total / GiB:.1f} GiB total" if isinstance(total, (int, float)) else ""
+    return f"GPU {index}{' ' + name if name else ''}{total_text} (GiB)"
+
+
+def _budget(series: list[Series], n_phases: int, max_points: int) -> int:
+    # Each series also keeps one point per phase (its peak) and a few gap markers.
+    per = max_points // max(1, len(series)) - n_phases
+    return max(200, per)
+
+
+def _reduced_trace(run, s: Series, t0: float, t_range, n_out: int, phase_bounds) -> go.Scattergl | go.Scatter:
+    t, y = series_arrays(run, s.pid, s.column)
+    if t_range is not None:
+        a, b = np.searchsorted(t, t0 + t_range[0], "left"), np.searchsorted(t, t0 + t_range[1], "right")
+        t, y = t[a:b], y[a:b]
+    ranges = phase_ranges(t, *phase_bounds) if phase_bounds is not None else None
+    keep = reduce_series(t, y, n_out, ranges)
+    x = t[keep] - t0
+    yy = y[keep]
+    color, dash, width = _LINE.get(s.kind, ("#333333", "solid", 1.0))
+    return go.Scatter(
+        x=x, y=yy / GiB, customdata=yy, name=s.label, mode="lines",
+        line=dict(color=color, dash=dash, width=width, shape="hv" if s.kind.endswith("peak") else "linear"),
+        connectgaps=False, legendgroup=s.group,
+        hovertemplate="%{y:.3f} GiB (%{customdata:,.0f} B)<extra>" + s.label + "</extra>",
+    )
+
+
+def _lane_traces(run, t0: float, t_range) -> list[go.Bar]:
+    phases = run.phases
+    if phases.empty:
+        return []
+    if t_range is not None:
+        keep = (phases["end"] >= t0 + t_range[0]) & (phases["start"] <= t0 + t_range[1])
+        phases = phases[keep]
+    many_pids = phases["pid"].nunique() > 1
+    lanes = [f"pid {p} · " if many_pids else "" for p in phases["pid"]]
+    lanes = [f"{lane}{'phases' if d == 0 else f'nested {d}'}" for lane, d in zip(lanes, phases["depth"])]
+    phases = phases.assign(_lane=lanes)
+    traces = []
+    for name, group in phases.groupby("name", sort=False):
+        duration = np.maximum(group["duration"].to_numpy(float), 1e-9)
+        iteration = group["rollout_id"] if "rollout_id" in group else None
+        hover = [f"{name}<br>{s - t0:.3f} s → {e - t0:.3f} s ({d:.3f} s)" +
+                 (f"<br>rollout {int(i)}" if iteration is not None and np.isfinite(i) else "") +
+                 ("" if st == "ok" else f"<br>status: {st}")
+                 for s, e, d, st, i in zip(group["start"], group["end"], duration, group["status"],
+                                           iteration if iteration is not None else [np.nan] * len(group))]
+        traces.append(go.Bar(
+            y=group["_lane"], x=duration, base=group["start"].to_numpy(float) - t0, orientation="h",
+            name=str(name), text=[str(name)] * len(group), textposition="inside", insidetextanchor="middle",
+            textfont=dict(color="white", size=11), marker=dict(color=phase_color(str(name)), line=dict(width=0)),
+            hovertext=hover, hoverinfo="text", legendgroup="phases", legendgrouptitle_text="phases",
+            showlegend=True,
+        ))
+    return traces
+
+
+def timeline_figure(run, *, max_points: int = 100_000, t_range: tuple[float, float] | None = None,
+                    height: int | None = None) -> go.Figure:
+    series = timeline_series(run)
+    groups = _groups(series)
+    t0 = run_start(run)
+    has_phases = not run.phases.empty
+    rows = len(groups) + (1 if has_phases else 0)
+    if rows == 0:
+        fig = go.Figure()
+        fig.update_layout(title="no samples and no phases to plot")
+        return fig
+    lane_rows = 1 if has_phases else 0
+    n_lanes = run.phases[["pid", "depth"]].drop_duplicates().shape[0] if has_phases else 0
+    lane_share = min(0.3, 0.06 + 0.04 * n_lanes) if has_phases else 0
+    memory_share = (1 - lane_share) / max(1, len(groups))
+    fig = make_subplots(
+        rows=rows, cols=1, shared_xaxes=True, vertical_spacing=0.06 if rows > 1 else 0.02,
+        subplot_titles=[_group_title(g, run) for g in groups] + (["Phases"] if has_phases else []),
+        row_heights=[memory_share] * len(groups) + ([lane_share] if has_phases else []),
+    )
+    bounds = None
+    if has_phases:
+        bounds = (run.phases["start"].to_numpy(float), run.phases["end"].to_numpy(float))
+    n_out = _budget(series, len(run.phases), max_points)
+    for row, group in enumerate(groups, start=1):
+        for s in (s for s in series if s.group == group):
+            fig.add_trace(_reduced_trace(run, s, t0, t_range, n_out, bounds), row=row, col=1)
+        fig.update_yaxes(title_text="GiB", rangemode="tozero", row=row, col=1)
+    if has_phases:
+        for trace in _lane_traces(run, t0, t_range):
+            fig.add_trace(trace, row=rows, col=1)
+        fig.update_yaxes(autorange="reversed", row=rows, col=1, fixedrange=True)
+        _shade_phases(fig, run, t0, len(groups))
+    fig.update_xaxes(title_text="seconds since the run started", row=rows, col=1)
+    fig.update_layout(
+        height=height or (330 * len(groups) + (140 + 30 * n_lanes if has_phases else 0) + 80),
+        barmode="overlay", bargap=0.25, hovermode="closest", template="plotly_white",
+        uniformtext=dict(minsize=9, mode="hide"), margin=dict(l=70, r=20, t=50, b=50),
+        legend=dict(groupclick="toggleitem", tracegroupgap=12),
+    )
+    return fig
+
+
+def _shade_phases(fig: go.Figure, run, t0: float, memory_rows: int) -> None:
+    """Light bands behind the memory plots for the top-level phases of the main process."""
+    pid = main_pid(run)
+    top = run.phases[(run.phases["depth"] == 0) & (run.phases["pid"] == pid)]
+    if memory_rows == 0 or len(top) > LANE_LABEL_LIMIT:
+        return
+    for start, end, name in zip(top["start"], top["end"], top["name"]):
+        for row in range(1, memory_rows + 1):
+            fig.add_vrect(x0=start - t0, x1=end - t0, fillcolor=phase_color(str(name)), opacity=0.10,
+                          line_width=0, layer="below", row=row, col=1)

@@ -1,0 +1,199 @@
+"""Which memory series a run has, and their values as numpy arrays (no plotly).
+
+A run's samples hold one row per process per sample; most columns belong to the process that wrote
+the row (`rss`, `gpu{i}_alloc`, ...), a few describe the whole device or host (`gpu{i}_used`,
+`host_available`) and are taken from the one process that recorded most of them.
+
+Public API (stable; shared with the Dash dashboard):
+
+    GiB                                   # 1024**3: the only unit on screen
+    Series(column, pid, label, group, kind, peak_of)
+    timeline_series(run) -> list[Series]  # what the timeline plots, grouped "gpu0", ..., "host"
+    series_arrays(run, pid, column) -> (t, y)   # float64 arrays, t sorted
+    process_label(run, pid) -> str
+    Track(name, label, pid, t, value, peak)     # one memory level and its true-peak envelope
+    host_track(run, pid) / device_track(run, pid) -> Track | None
+    main_pid(run) -> int | None           # the process whose phases drive the report
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+GiB = 1024 ** 3
+
+# Per GPU, the columns in the order they are drawn, with their legend text.
+GPU_KINDS = (
+    ("used", "NVML used (device)"),
+    ("proc", "NVML this process"),
+    ("reserved", "allocator reserved"),
+    ("alloc", "allocator allocated"),
+    ("alloc_peak", "allocated, true peak"),
+)
+DEVICE_WIDE = ("host_available",)  # plus gpu{i}_used
+
+
+@dataclass(frozen=True)
+class Series:
+    column: str       # column in run.samples
+    pid: int          # whose rows hold it
+    label: str        # legend text
+    group: str        # subplot: "gpu0", "gpu1", ..., "host"
+    kind: str         # "used", "proc", "reserved", "alloc", "alloc_peak", "rss", "rss_peak", ...
+    peak_of: str | None = None  # for a true-peak envelope, the column it bounds
+
+
+@dataclass
+class Track:
+    """One memory level of one process (or device) and its true-peak envelope, for the checks."""
+    name: str         # "host" or "device"
+    label: str        # what it measures, for messages
+    pid: int
+    t: np.ndarray
+    value: np.ndarray
+    peak: np.ndarray
+
+    def at_or_before(self, when: float) -> float:
+        """The last level recorded at or before `when` (NaN if none)."""
+        k = int(np.searchsorted(self.t, when, side="right")) - 1
+        return float(self.value[k]) if k >= 0 else float("nan")
+
+
+def _cache(run) -> dict[str, Any]:
+    return run.__dict__.setdefault("_report_cache", {})
+
+
+def _rows_of(run, pid: int) -> np.ndarray | None:
+    """Row positions of one process, or None when the run has only that process."""
+    cache = _cache(run).setdefault("rows", {})
+    if pid not in cache:
+        pids = run.samples["pid"].to_numpy()
+        cache[pid] = None if len(pids) and (pids[0] == pid and (pids == pid).all()) else np.flatnonzero(pids == pid)
+    return cache[pid]
+
+
+def series_arrays(run, pid: int, column: str) -> tuple[np.ndarray, np.ndarray]:
+    """(t, y) of one column of one process, float64, sorted by t."""
+    cache = _cache(run).setdefault("arrays", {})
+    key = (pid, column)
+    if key not in cache:
+        rows = _rows_of(run, pid)
+        samples = run.samples
+        t = samples["t"].to_numpy(dtype=np.float64)
+        y = samples[column].to_numpy(dtype=np.float64, na_value=np.nan) if column in samples else np.full(len(t), np.nan)
+        cache[key] = (t, y) if rows is None else (t[rows], y[rows])
+    return cache[key]
+
+
+def pids(run) -> list[int]:
+    cache = _cache(run)
+    if "pids" not in cache:
+        cache["pids"] = sorted(int(p) for p in run.samples["pid"].unique()) if len(run.samples) else []
+    return cache["pids"]
+
+
+def pids_with(run, column: str) -> list[int]:
+    """Processes with at least one value in `column`, most values first."""
+    if column not in run.samples:
+        return []
+    counts = [(int(np.isfinite(series_arrays(run, p, column)[1]).sum()), p) for p in pids(run)]
+    return [p for n, p in sorted(counts, key=lambda c: (-c[0], c[1])) if n > 0]
+
+
+def _role(run, pid: int) -> str | None:
+    return next((p.get("role") for p in run.processes if p.get("pid") == pid), None)
+
+
+def process_label(run, pid: int) -> str:
+    if _role(run, pid) == "exec_parent":
+        return f"process tree (pid {pid}, sampled from outside)"
+    return f"pid {pid}"
+
+
+def main_pid(run) -> int | None:
+    """The process that recorded the most phases (else the one with the most samples)."""
+    if len(run.phases):
+        return int(run.phases["pid"].value_counts().idxmax())
+    found = pids_with(run, "rss")
+    return found[0] if found else (pids(run)[0] if pids(run) else None)
+
+
+def timeline_series(run) -> list[Series]:
+    """Every series the timeline draws: per GPU, then the host."""
+    out: list[Series] = []
+    many = len(pids(run)) > 1
+    for i in run.gpu_indices:
+        for kind, text in GPU_KINDS:
+            column = f"gpu{i}_{kind}"
+            owners = pids_with(run, column)
+            if kind == "used":
+                owners = owners[:1]  # the device's own number: one copy is enough
+            for pid in owners:
+                label = text if not many or kind == "used" else f"{text}, {process_label(run, pid)}"
+                out.append(Series(column, pid, label, f"gpu{i}", kind,
+                                  f"gpu{i}_alloc" if kind == "alloc_peak" else None))
+    for pid in pids_with(run, "rss"):
+        suffix = f", {process_label(run, pid)}" if many else ""
+        out.append(Series("rss", pid, f"RSS{suffix}", "host", "rss"))
+        if pid in pids_with(run, "rss_peak"):
+            out.append(Series("rss_peak", pid, f"RSS, true peak{suffix}", "host", "rss_peak", "rss"))
+    for column, text in (("pinned", "pinned host memory"), ("disk", "offload files on disk")):
+        for pid in pids_with(run, column):
+            out.append(Series(column, pid, text + (f", {process_label(run, pid)}" if many else ""), "host", column))
+    for pid in pids_with(run, "host_available")[:1]:
+        out.append(Series("host_available", pid, "host available", "host", "host_available"))
+    return out
+
+
+# -- tracks for the checks -------------------------------------------------------------------
+def host_track(run, pid: int | None) -> Track | None:
+    """RSS of `pid` (falling back to the outside sampler, then any process) and its true peak."""
+    candidates = pids_with(run, "rss")
+    if not candidates:
+        return None
+    if pid not in candidates:
+        outside = [p for p in candidates if _role(run, p) == "exec_parent"]
+        pid = (outside or candidates)[0]
+    t, value = series_arrays(run, pid, "rss")
+    peak = series_arrays(run, pid, "rss_peak")[1] if "rss_peak" in run.samples else value
+    peak = np.fmax(peak, value)
+    return Track("host", f"host RSS of {process_label(run, pid)}", pid, t, value, peak)
+
+
+def _device_columns(run, pid: int) -> list[tuple[str, str | None]]:
+    """Per GPU this process uses: (level column, peak column) in order of preference."""
+    chosen = []
+    for i in run.gpu_indices:
+        for kind in ("proc", "reserved", "alloc", "used"):
+            column = f"gpu{i}_{kind}"
+            y = series_arrays(run, pid, column)[1] if column in run.samples else None
+            if y is not None and np.isfinite(y).any() and np.nanmax(y) > 0:
+                peak = f"gpu{i}_alloc_peak" if f"gpu{i}_alloc_peak" in run.samples else None
+                chosen.append((column, peak))
+                break
+    return chosen
+
+
+def device_track(run, pid: int | None) -> Track | None:
+    """GPU memory of `pid` summed over the GPUs it uses (NVML per process, else allocator), or None."""
+    if not run.gpu_indices:
+        return None
+    order = ([pid] if pid is not None else []) + [p for p in pids(run) if p != pid]
+    for candidate in order:
+        columns = _device_columns(run, candidate)
+        if columns:
+            break
+    else:
+        return None
+    t = series_arrays(run, candidate, columns[0][0])[0]
+    value = np.zeros(len(t))
+    peak = np.zeros(len(t))
+    for column, peak_column in columns:
+        y = series_arrays(run, candidate, column)[1]
+        p = series_arrays(run, candidate, peak_column)[1] if peak_column else y
+        value += y
+        peak += np.fmax(y, p)
+    names = "+".join(c for c, _ in columns)
+    return Track("device", f"GPU memory ({names}) of {process_label(run, candidate)}", candidate, t, value, peak)
