@@ -1,0 +1,195 @@
+"""The actor: the policy (and, with --use-critic, a value model), each trained by AdamW, with all
+training state in flat buffers that `offload` moves to host memory or disk and `onload` brings back.
+
+With `optimizer_on_host` (--optimizer-cpu-offload) the AdamW state and an fp32 master copy of the
+weights live in host memory and the step runs there: gradients go down, updated weights come back.
+The element-wise AdamW arithmetic is the same, so on a CPU run it matches the on-device optimizer bit
+for bit; on CUDA the host and device kernels may round differently: weights agree to within
+rtol 1e-5, atol 1e-7 after each step (tests/unit/test_trainer_actor.py checks this on CPU).
+"""
+from __future__ import annotations
+
+import contextlib
+import gc
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import torch
+from torch import nn
+
+from trainer import algo
+from trainer.config import ModelConfig
+from trainer.flat import FlatParams, trim_host_heap
+from trainer.model import GPT, init_weights
+from trainer.offload import DiskOffloader, HostOffloader, StateTensor, host_buffer
+
+BETAS, WEIGHT_DECAY, MAX_GRAD_NORM = (0.9, 0.95), 0.01, 1.0
+
+
+@dataclass(frozen=True)
+class Batch:
+    prompts: torch.Tensor    # (N, P) int64, groups of `group_size` consecutive rows share a prompt
+    responses: torch.Tensor  # (N, R) int64
+    rewards: torch.Tensor    # (N,) float32
+    group_size: int
+
+
+@dataclass(frozen=True)
+class TrainStats:
+    loss: float
+    grad_norm: float
+
+
+class TrainModel:
+    """One network with its AdamW; parameters, gradients and optimizer state each one flat buffer."""
+
+    def __init__(self, name: str, cfg: ModelConfig, out_dim: int | None, device: torch.device,
+                 lr: float, optimizer_on_host: bool, seed: int):
+        self.name = name
+        with torch.device("meta"):
+            self.module = GPT(cfg, out_dim)
+        self.params = FlatParams(self.module, device, torch.float32, requires_grad=True)
+        init_weights(self.module, torch.Generator(device).manual_seed(seed))
+        self.grads = torch.zeros_like(self.params.flat)
+        for p, (_, g) in zip(self.module.parameters(), self.params.views(self.grads)):
+            p.grad = g  # backward accumulates into the flat gradient buffer in place
+        self.on_host = optimizer_on_host
+        if optimizer_on_host:
+            self.master = nn.Parameter(host_buffer(self.params.flat).copy_(self.params.flat))
+            self.master.grad = host_buffer(self.grads).zero_()
+        else:
+            self.master = nn.Parameter(self.params.flat)  # shares the storage of the model's views
+            self.master.grad = self.grads
+        self.optimizer = torch.optim.AdamW([self.master], lr=lr, betas=BETAS, weight_decay=WEIGHT_DECAY)
+        _init_adamw_state(self.optimizer, self.master)
+
+    @torch.no_grad()
+    def step(self) -> float:
+        norm = self.grads.norm()
+        self.grads.mul_(torch.clamp(MAX_GRAD_NORM / (norm + 1e-6), max=1.0))
+        if self.on_host:
+            self.master.grad.copy_(self.grads)
+            self.optimizer.step()
+            self.params.flat.copy_(self.master, non_blocking=True)
+        else:
+            self.optimizer.step()
+        self.grads.zero_()
+        return float(norm)
+
+    def state_tensors(self, chunk_bytes: int) -> list[StateTensor]:
+        chunks = self.params.chunk_ranges(chunk_bytes, self.params.flat.element_size())
+        opt = self.optimizer.state[self.master]
+        master = self.master.data  # one object: the disk offloader finds a mirror by identity
+        mirror = master if self.on_host else None
+        state = [StateTensor(f"{self.name}.params", self.params.flat, chunks, mirror),
+                 StateTensor(f"{self.name}.grads", self.grads, chunks),
+                 StateTensor(f"{self.name}.exp_avg", opt["exp_avg"], chunks),
+                 StateTensor(f"{self.name}.exp_avg_sq", opt["exp_avg_sq"], chunks)]
+        if self.on_host:
+            state += [StateTensor(f"{self.name}.master", master, chunks),
+                      StateTensor(f"{self.name}.master_grad", self.master.grad, chunks)]
+        return state
+
+
+def _init_adamw_state(optimizer: torch.optim.AdamW, p: nn.Parameter) -> None:
+    """Allocate AdamW's moments now rather than at the first step (as AdamW itself would), so the
+    footprint is constant from the start and every offload moves the same bytes."""
+    optimizer.state[p] = {"step": torch.tensor(0.0, dtype=torch.float32),
+                          "exp_avg": torch.zeros_like(p, memory_format=torch.preserve_format),
+                          "exp_avg_sq": torch.zeros_like(p, memory_format=torch.preserve_format)}
+
+
+class Actor:
+    def __init__(self, cfg: ModelConfig, device: torch.device, *, lr: float, seed: int, use_critic: bool,
+                 optimizer_cpu_offload: bool, micro_batch_size: int, offload_target: str = "cpu",
+                 disk_dir: Path | None = None, chunk_bytes: int):
+        self.device, self.micro_batch_size, self.chunk_bytes = device, micro_batch_size, chunk_bytes
+        self.policy = TrainModel("policy", cfg, None, device, lr, optimizer_cpu_offload, seed)
+        self.critic = (TrainModel("critic", cfg, 1, device, lr, optimizer_cpu_offload, seed + 1)
+                       if use_critic else None)
+        state = [t for m in self.models for t in m.state_tensors(chunk_bytes)]
+        self.state = state
+        self.offloader = (DiskOffloader(state, disk_dir) if offload_target == "disk"
+                          else HostOffloader(state))
+
+    @property
+    def models(self) -> list[TrainModel]:
+        return [self.policy] + ([self.critic] if self.critic else [])
+
+    # --- training -------------------------------------------------------------------------------
+
+    def train(self, batch: Batch) -> TrainStats:
+        """One optimizer step on a rollout batch (gradients accumulated over micro-batches)."""
+        tokens = torch.cat([batch.prompts, batch.responses], dim=1).to(self.device)
+        prompt_len, n = batch.prompts.shape[1], len(tokens)
+        adv, returns = self._advantages(batch, tokens)
+        total = 0.0
+        for i in range(0, n, self.micro_batch_size):
+            part = slice(i, i + self.micro_batch_size)
+            with self._autocast():
+                logits = self.policy.module(tokens[part, :-1])
+                logp = algo.response_logprobs(logits, tokens[part], prompt_len)
+                loss = algo.policy_loss(logp, logp.detach(), adv[part])
+                if self.critic is not None:
+                    loss = loss + algo.value_loss(self._values(tokens[part], prompt_len), returns[part])
+            (loss * (len(tokens[part]) / n)).backward()
+            total += loss.item() * len(tokens[part]) / n
+        norms = [m.step() for m in self.models]
+        return TrainStats(loss=total, grad_norm=norms[0])
+
+    def _advantages(self, batch: Batch, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        rewards = batch.rewards.to(self.device)
+        if self.critic is None:
+            return algo.grpo_advantages(rewards, batch.group_size, batch.responses.shape[1]), None
+        with torch.no_grad(), self._autocast():
+            values = torch.cat([self._values(tokens[i:i + self.micro_batch_size], batch.prompts.shape[1])
+                                for i in range(0, len(tokens), self.micro_batch_size)]).float()
+        adv, returns = algo.gae_advantages(rewards, values)
+        return algo.whiten(adv), returns
+
+    def _values(self, tokens: torch.Tensor, prompt_len: int) -> torch.Tensor:
+        """(B, R) values of the states before each response token."""
+        return self.critic.module(tokens[:, :-1])[:, prompt_len - 1:, 0]
+
+    def _autocast(self):
+        if self.device.type == "cuda":
+            return torch.autocast("cuda", dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+    # --- memory ---------------------------------------------------------------------------------
+
+    def offload(self) -> None:
+        if not self.offloader.offloaded:
+            self.offloader.offload()
+
+    def onload(self) -> None:
+        if self.offloader.offloaded:
+            self.offloader.onload()
+
+    def clear_memory(self) -> None:
+        gc.collect()
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            torch.cuda.empty_cache()
+        trim_host_heap()
+
+    def state_bytes(self) -> int:
+        return sum(t.nbytes for t in self.state)
+
+    def weight_chunks(self) -> Iterator[list[tuple[str, torch.Tensor]]]:
+        """The policy's weights as lists of (name, tensor), about chunk_bytes each, read from wherever
+        they are now (device, host buffer, or verified disk chunks), never as one full extra copy."""
+        flat, name = self.policy.params, "policy.params"
+        if isinstance(self.offloader, DiskOffloader) and self.offloader.offloaded:
+            for start, buf in self.offloader.iter_chunks(name):
+                yield list(flat.views(buf, start, start + buf.numel(), buffer_start=start))
+            return
+        source = self.offloader.host_copy(name) if isinstance(self.offloader, HostOffloader) else None
+        source = flat.flat if source is None else source
+        for start, end in flat.chunk_ranges(self.chunk_bytes, flat.flat.element_size()):
+            yield list(flat.views(source, start, end))
+
+    def close(self) -> None:
+        if isinstance(self.offloader, DiskOffloader):
+            self.offloader.close()

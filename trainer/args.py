@@ -1,0 +1,231 @@
+"""Command-line flags, grouped as in Miles, and every rule across flags in one function.
+
+`parse_args(argv)` returns a frozen `RunConfig` with every default resolved; the argparse namespace is
+never mutated after validation. Each invalid combination is one line on stderr and exit code 2.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from miles_profile.names import KV_CACHE, WEIGHTS
+from trainer.config import PRESETS, Preset, model_config
+
+LEVELS = {"kv_cache": KV_CACHE, "weight": WEIGHTS}  # --offload-rollout-level value -> engine tag
+_UNITS = {"": 1, "k": 1024, "kib": 1024, "m": 1024**2, "mib": 1024**2, "g": 1024**3, "gib": 1024**3}
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    preset_name: str
+    preset: Preset
+    device: str                 # "cpu" or "cuda", resolved from auto
+    seed: int
+    num_rollout: int
+    digits: int
+    rollout_batch_size: int
+    n_samples_per_prompt: int
+    micro_batch_size: int
+    kv_cache_bytes: int
+    cuda_graph: bool
+    lr: float
+    use_critic: bool
+    optimizer_cpu_offload: bool
+    offload_train: bool
+    offload_rollout: bool
+    offload_rollout_tags: tuple[str, ...]  # engine tags from --offload-rollout-level
+    offload_train_target: str
+    offload_train_disk_dir: Path | None
+    chunk_bytes: int
+    colocate_memory_peak_device: str
+
+
+def parse_bytes(text: str) -> int:
+    """'1048576', '64MiB', '12GiB' (powers of 1024) -> bytes."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", text)
+    if not m or m.group(2).lower() not in _UNITS:
+        raise argparse.ArgumentTypeError(f"invalid size {text!r} (examples: 1048576, 64MiB, 12GiB)")
+    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+
+
+def parse_levels(values: list[str]) -> tuple[str, ...]:
+    """['kv_cache', 'weight'] or ['kv_cache,weight'] -> engine tags; raises ValueError on unknown."""
+    names = [v for item in values for v in item.split(",") if v]
+    unknown = [n for n in names if n not in LEVELS]
+    if unknown or not names:
+        raise ValueError(f"--offload-rollout-level: unknown level(s) {unknown or values}; "
+                         f"choose from {', '.join(LEVELS)}")
+    return tuple(dict.fromkeys(LEVELS[n] for n in names))
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # one line, no usage block: the mistake is the whole message
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="python -m trainer.train",
+        description="Train a small decoder-only policy with GRPO (or PPO with --use-critic) on a "
+                    "digit-reversal task, applying Miles' colocation and offload strategies. Sizes "
+                    "accept suffixes: 64MiB, 12GiB.")
+    _add_run_arguments(parser.add_argument_group("run"))
+    _add_rollout_arguments(parser.add_argument_group("rollout"))
+    _add_train_arguments(parser.add_argument_group("train"))
+    _add_offload_arguments(parser.add_argument_group("offload and colocation"))
+    return parser
+
+
+def _add_run_arguments(g) -> None:
+    g.add_argument("--preset", choices=sorted(PRESETS), default="cpu",
+                   help="model and batch sizes: tiny (tests), cpu (~8M params, ~126 MB training state), "
+                        "gpu (~1.1B params, 12 GiB KV pool) (default: %(default)s)")
+    g.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
+                   help="auto picks cuda when available (default: %(default)s)")
+    g.add_argument("--num-rollout", type=int, default=2, help="RL iterations (default: %(default)s)")
+    g.add_argument("--seed", type=int, default=1234, help="seeds init, prompts and sampling")
+    g.add_argument("--digits", type=int, help="task: length of the digit string to reverse (preset)")
+
+
+def _add_rollout_arguments(g) -> None:
+    g.add_argument("--rollout-batch-size", type=int, help="prompts per rollout (preset)")
+    g.add_argument("--n-samples-per-prompt", type=int, help="responses per prompt, the GRPO group (preset)")
+    g.add_argument("--kv-cache-bytes", type=parse_bytes,
+                   help="rollout engine KV pool, allocated up front (preset: 64MiB cpu, 12GiB gpu)")
+    g.add_argument("--cuda-graph", action=argparse.BooleanOptionalAction, default=None,
+                   help="capture decode steps as CUDA graphs (default: on with cuda; cuda only)")
+
+
+def _add_train_arguments(g) -> None:
+    g.add_argument("--lr", type=float, help="AdamW learning rate (preset)")
+    g.add_argument("--micro-batch-size", type=int, help="sequences per forward/backward (preset)")
+    g.add_argument("--use-critic", action="store_true",
+                   help="add a value model and use PPO advantages (GAE) instead of GRPO")
+    g.add_argument("--optimizer-cpu-offload", action="store_true",
+                   help="keep AdamW state and fp32 master weights in host memory; step there")
+
+
+def _add_offload_arguments(g) -> None:
+    g.add_argument("--offload-train", action=argparse.BooleanOptionalAction, default=False,
+                   help="move parameters, gradients and optimizer state off the device between trains")
+    g.add_argument("--offload-rollout", action=argparse.BooleanOptionalAction, default=False,
+                   help="release the rollout engine's memory while training")
+    g.add_argument("--offload-rollout-level", nargs="+", metavar="LEVEL",
+                   help="what --offload-rollout releases: kv_cache, weight; space- or comma-separated "
+                        "(default: kv_cache weight)")
+    g.add_argument("--offload-train-target", choices=["cpu", "disk"], default="cpu",
+                   help="where --offload-train puts the state (default: %(default)s)")
+    g.add_argument("--offload-train-disk-dir", type=Path,
+                   help="directory for --offload-train-target disk (a fast local disk)")
+    g.add_argument("--offload-chunk-bytes", type=parse_bytes,
+                   help="chunk size of disk files and weight updates (preset: 16MiB cpu, 256MiB gpu)")
+    g.add_argument("--colocate-memory-peak-device", choices=["cpu", "gpu"], default="cpu",
+                   help="cpu: release all rollout memory before training; gpu: interleave so the "
+                        "device peak stays low (needs --offload-train --offload-rollout) "
+                        "(default: %(default)s)")
+
+
+def validate(args: argparse.Namespace, cuda_available: bool) -> str | None:
+    """Every rule across flags; returns the first violation as one line, or None."""
+    preset = PRESETS[args.preset]
+    for flag in ("num_rollout", "digits", "rollout_batch_size", "micro_batch_size",
+                 "kv_cache_bytes", "offload_chunk_bytes"):
+        if getattr(args, flag) is not None and getattr(args, flag) < 1:
+            return f"--{flag.replace('_', '-')} must be at least 1"
+    if args.lr is not None and args.lr <= 0:
+        return "--lr must be positive"
+    group = args.n_samples_per_prompt or preset.n_samples_per_prompt
+    if group < (1 if args.use_critic else 2):
+        return "--n-samples-per-prompt must be at least 2 for GRPO (1 is allowed with --use-critic)"
+    if args.device == "cuda" and not cuda_available:
+        return "--device cuda: no CUDA device is available"
+    device = _device(args.device, cuda_available)
+    if args.cuda_graph and device != "cuda":
+        return "--cuda-graph needs --device cuda"
+    if args.offload_rollout_level is not None:
+        if not args.offload_rollout:
+            return "--offload-rollout-level needs --offload-rollout"
+        try:
+            parse_levels(args.offload_rollout_level)
+        except ValueError as exc:
+            return str(exc)
+    if args.offload_train_target == "disk":
+        if not args.offload_train:
+            return "--offload-train-target disk needs --offload-train"
+        if args.offload_train_disk_dir is None:
+            return "--offload-train-target disk needs --offload-train-disk-dir"
+        problem = _unwritable(args.offload_train_disk_dir)
+        if problem:
+            return f"--offload-train-disk-dir {args.offload_train_disk_dir} is not writable: {problem}"
+    elif args.offload_train_disk_dir is not None:
+        return "--offload-train-disk-dir needs --offload-train-target disk"
+    if args.colocate_memory_peak_device == "gpu":
+        if not (args.offload_train and args.offload_rollout):
+            return "--colocate-memory-peak-device gpu needs --offload-train and --offload-rollout"
+        if args.use_critic:
+            return "--colocate-memory-peak-device gpu does not support --use-critic"
+    return _kv_problem(args, preset, device)
+
+
+def _kv_problem(args: argparse.Namespace, preset: Preset, device: str) -> str | None:
+    cfg = model_config(preset, args.digits or preset.digits)
+    kv_bytes = args.kv_cache_bytes or preset.kv_cache_bytes
+    itemsize = 2 if device == "cuda" else 4
+    if kv_bytes < cfg.max_seq_len * cfg.kv_bytes_per_token(itemsize):
+        need = cfg.max_seq_len * cfg.kv_bytes_per_token(itemsize)
+        return f"--kv-cache-bytes {kv_bytes} holds less than one sequence ({need} bytes needed)"
+    return None
+
+
+def _unwritable(directory: Path) -> str | None:
+    """Why files cannot be created in `directory` (made if missing), or None."""
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=directory, prefix=".probe-") as f:
+            f.write(b"x")
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    return None
+
+
+def _device(flag: str, cuda_available: bool) -> str:
+    return ("cuda" if cuda_available else "cpu") if flag == "auto" else flag
+
+
+def resolve(args: argparse.Namespace, cuda_available: bool) -> RunConfig:
+    """A validated namespace -> RunConfig, preset values filling what the flags left out."""
+    p = PRESETS[args.preset]
+    device = _device(args.device, cuda_available)
+    levels = parse_levels(args.offload_rollout_level or ["kv_cache", "weight"])
+    return RunConfig(
+        preset_name=args.preset, preset=p, device=device, seed=args.seed, num_rollout=args.num_rollout,
+        digits=args.digits or p.digits, rollout_batch_size=args.rollout_batch_size or p.rollout_batch_size,
+        n_samples_per_prompt=args.n_samples_per_prompt or p.n_samples_per_prompt,
+        micro_batch_size=args.micro_batch_size or p.micro_batch_size,
+        kv_cache_bytes=args.kv_cache_bytes or p.kv_cache_bytes,
+        cuda_graph=device == "cuda" if args.cuda_graph is None else args.cuda_graph,
+        lr=args.lr or p.lr, use_critic=args.use_critic, optimizer_cpu_offload=args.optimizer_cpu_offload,
+        offload_train=args.offload_train, offload_rollout=args.offload_rollout,
+        offload_rollout_tags=levels, offload_train_target=args.offload_train_target,
+        offload_train_disk_dir=args.offload_train_disk_dir,
+        chunk_bytes=args.offload_chunk_bytes or p.chunk_bytes,
+        colocate_memory_peak_device=args.colocate_memory_peak_device)
+
+
+def parse_args(argv: list[str] | None, cuda_available: bool | None = None) -> RunConfig:
+    """Parse, validate and resolve; exits with status 2 and one line on any invalid input."""
+    if cuda_available is None:
+        import torch
+        cuda_available = torch.cuda.is_available()
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    problem = validate(args, cuda_available)
+    if problem:
+        parser.error(problem)
+    return resolve(args, cuda_available)

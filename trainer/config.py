@@ -1,0 +1,73 @@
+"""Model shapes and size presets. Bytes are ints everywhere; GiB appears only in printed lines."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+MiB = 1024**2
+GiB = 1024**3
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    vocab_size: int
+    d_model: int
+    n_layer: int
+    n_head: int
+    max_seq_len: int
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_head
+
+    def num_params(self, out_dim: int | None = None) -> int:
+        """Parameters of `model.GPT` with an output head of `out_dim` (vocab by default)."""
+        d, out = self.d_model, self.vocab_size if out_dim is None else out_dim
+        block = 12 * d * d + 13 * d  # qkv, proj, fc, out weights and biases, two LayerNorms
+        return (self.vocab_size + self.max_seq_len) * d + self.n_layer * block + 2 * d + d * out + out
+
+    def kv_bytes_per_token(self, itemsize: int) -> int:
+        return self.n_layer * 2 * self.d_model * itemsize
+
+
+@dataclass(frozen=True)
+class Preset:
+    d_model: int
+    n_layer: int
+    n_head: int
+    digits: int                # task: reverse a string of this many digits
+    rollout_batch_size: int    # prompts per rollout
+    n_samples_per_prompt: int  # GRPO group size
+    micro_batch_size: int      # sequences per forward/backward
+    kv_cache_bytes: int        # rollout engine KV pool, allocated up front
+    chunk_bytes: int           # offload / weight-update chunk
+    lr: float
+
+
+PRESETS: dict[str, Preset] = {
+    # Seconds per rollout; for tests and the learning check.
+    "tiny": Preset(d_model=64, n_layer=2, n_head=4, digits=4, rollout_batch_size=32,
+                   n_samples_per_prompt=8, micro_batch_size=256, kv_cache_bytes=2 * MiB,
+                   chunk_bytes=256 * 1024, lr=3e-3),
+    # ~8M params: weights+grads+AdamW ~ 126 MB, so every drop stands above allocator noise on CPU.
+    "cpu": Preset(d_model=256, n_layer=10, n_head=8, digits=6, rollout_batch_size=16,
+                  n_samples_per_prompt=8, micro_batch_size=128, kv_cache_bytes=64 * MiB,
+                  chunk_bytes=16 * MiB, lr=1e-3),
+    # ~1.1B params: ~17.7 GB of fp32 training state and a 12 GiB KV pool on one H200.
+    "gpu": Preset(d_model=2048, n_layer=22, n_head=16, digits=12, rollout_batch_size=64,
+                  n_samples_per_prompt=8, micro_batch_size=128, kv_cache_bytes=12 * GiB,
+                  chunk_bytes=256 * MiB, lr=2e-5),
+}
+
+VOCAB_SIZE = 16  # digits 0-9, BOS, SEP, and padding to a round size
+
+
+def model_config(preset: Preset, digits: int) -> ModelConfig:
+    from trainer.task import sequence_lengths
+    prompt_len, response_len = sequence_lengths(digits)
+    return ModelConfig(VOCAB_SIZE, preset.d_model, preset.n_layer, preset.n_head,
+                       max_seq_len=prompt_len + response_len)
+
+
+def gib(nbytes: int) -> str:
+    """Bytes as GiB, for the screen only."""
+    return f"{nbytes / GiB:.3f} GiB"

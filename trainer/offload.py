@@ -1,0 +1,277 @@
+"""Where training state goes when it leaves the device: host memory or disk.
+
+The state is a list of `StateTensor`s, each a flat buffer that owns its storage (see `flat`). Offload
+frees the storage (`resize_(0)`), so every view, parameter and optimizer reference survives; onload
+gives it back and restores the bytes. A tensor with a `mirror` (the host copy of the weights kept by a
+host-side optimizer, identical after every step) is freed without being saved and restored from it.
+
+- `HostOffloader` (target cpu): one host buffer per device tensor, allocated and pinned once (CUDA),
+  reused every cycle. Host tensors stay where they are, so on a CPU run nothing moves.
+- `DiskOffloader` (target disk): every tensor, host ones included (disk offload exists to free host
+  memory), goes to chunk files (`disk_store`) written by a small thread pool; device tensors pass
+  through reused pinned staging buffers. Memory is freed only once every chunk and the manifest are on
+  disk, so any write error leaves the state intact.
+"""
+from __future__ import annotations
+
+import errno
+import shutil
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import torch
+
+from trainer import disk_store
+from trainer.disk_store import ChunkEntry
+from trainer.errors import OffloadError
+from trainer.flat import alloc_storage, check_flat, free_storage, is_allocated, trim_host_heap
+
+
+@dataclass(frozen=True)
+class StateTensor:
+    name: str
+    tensor: torch.Tensor
+    chunks: list[tuple[int, int]]  # element ranges, cut at parameter boundaries
+    mirror: torch.Tensor | None = None
+
+    @property
+    def nbytes(self) -> int:
+        return self.tensor.numel() * self.tensor.element_size()
+
+
+def host_buffer(like: torch.Tensor) -> torch.Tensor:
+    """A host tensor shaped like `like`; page-locked when `like` is on CUDA. Allocated by torch and
+    registered with CUDA, rather than taken from the pinned caching allocator, which rounds every
+    request up to a power of two (a 4.4 GB buffer would pin 8 GiB)."""
+    buf = torch.empty(like.shape, dtype=like.dtype)
+    if like.device.type == "cuda":
+        buf = _pin(buf)
+    return buf
+
+
+def _pin(buf: torch.Tensor) -> torch.Tensor:
+    try:
+        err = torch.cuda.cudart().cudaHostRegister(buf.data_ptr(), buf.numel() * buf.element_size(), 0)
+        if int(err) == 0 and buf.is_pinned():
+            return buf
+    except (AttributeError, RuntimeError):
+        pass
+    return buf.pin_memory()
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _return_memory(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.empty_cache()
+    trim_host_heap()
+
+
+class HostOffloader:
+    target = "cpu"
+
+    def __init__(self, state: list[StateTensor]):
+        for s in state:
+            check_flat(s.tensor)
+        self.state = [s for s in state if s.tensor.device.type != "cpu"]
+        self._host: dict[str, torch.Tensor] = {}
+        self.offloaded = False
+
+    def expected_bytes(self) -> int:
+        return sum(s.nbytes for s in self.state)
+
+    def offload(self) -> None:
+        for s in self.state:
+            if s.mirror is None:
+                if s.name not in self._host:
+                    self._host[s.name] = host_buffer(s.tensor)
+                self._host[s.name].copy_(s.tensor, non_blocking=True)
+        for s in self.state:
+            _sync(s.tensor.device)
+            free_storage(s.tensor)
+        self.offloaded = True
+        if self.state:
+            _return_memory(self.state[0].tensor.device)
+
+    def onload(self) -> None:
+        for s in self.state:
+            alloc_storage(s.tensor)
+            s.tensor.copy_(s.mirror if s.mirror is not None else self._host[s.name], non_blocking=True)
+        for s in self.state:
+            _sync(s.tensor.device)
+        self.offloaded = False
+
+    def host_copy(self, name: str) -> torch.Tensor | None:
+        """The host tensor holding `name`'s bytes while offloaded (None: read the tensor itself)."""
+        s = next((s for s in self.state if s.name == name), None)
+        if not self.offloaded or s is None:
+            return None
+        return s.mirror if s.mirror is not None else self._host[s.name]
+
+
+class DiskOffloader:
+    target = "disk"
+
+    def __init__(self, state: list[StateTensor], directory: Path, workers: int = 4):
+        for s in state:
+            check_flat(s.tensor)
+        self.state, self.directory, self.workers = state, Path(directory), workers
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self._staging: list[torch.Tensor | None] = []  # pinned on CUDA, allocated once, reused
+        self._pool = ThreadPoolExecutor(workers, thread_name_prefix="offload-io")
+        self.offloaded = False
+
+    def expected_bytes(self) -> int:
+        device = next((s.tensor.device for s in self.state if s.tensor.device.type != "cpu"), None)
+        return sum(s.nbytes for s in self.state if device is None or s.tensor.device == device)
+
+    def disk_bytes(self) -> int:
+        return sum(s.nbytes for s in self.state if s.mirror is None)
+
+    # --- offload --------------------------------------------------------------------------------
+
+    def offload(self) -> None:
+        self._remove_files()  # the state in memory is newer than any copy on disk
+        self._check_space()
+        entries = self._write_all()
+        disk_store.write_manifest(self.directory, entries)
+        for s in self.state:
+            free_storage(s.tensor)
+        self.offloaded = True
+        _return_memory(self.state[0].tensor.device)
+
+    def _write_all(self) -> list[ChunkEntry]:
+        jobs: list[Future] = []
+        slots: dict[int, Future] = {}  # staging slot -> the write that last used it
+        try:
+            for i, (s, start, end) in enumerate(self._chunks()):
+                path = self.directory / f"{s.name}.{i:05d}.safetensors"
+                src, slot = s.tensor[start:end], len(jobs) % self.workers
+                if src.device.type != "cpu":  # through a pinned staging buffer, once it is free again
+                    if slot in slots:
+                        slots[slot].result()
+                    staged = self._stage(slot, src.numel(), src.dtype)
+                    staged.copy_(src)
+                    src = staged
+                jobs.append(self._pool.submit(disk_store.write_chunk, path, src, s.name, start))
+                if s.tensor.device.type != "cpu":
+                    slots[slot] = jobs[-1]
+            return [job.result() for job in jobs]
+        except OSError as exc:
+            wait(jobs)  # every writer must be done before its files are deleted
+            self._remove_files()
+            raise OffloadError(self._describe(exc)) from None
+        except BaseException:
+            wait(jobs)
+            self._remove_files()
+            raise
+
+    def _check_space(self) -> None:
+        need = self.disk_bytes()
+        free = shutil.disk_usage(self.directory).free
+        if free < need:
+            raise OffloadError(f"offload dir {self.directory} is full: the training state needs {need} "
+                               f"bytes, {free} are free; nothing was moved")
+
+    def _describe(self, exc: OSError) -> str:
+        where = f"offload dir {self.directory}"
+        if exc.errno == errno.ENOSPC:
+            return f"{where} is full ({exc.filename}: {exc.strerror}); the state stays in memory"
+        if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+            return f"{where} is not writable ({exc.strerror}); the state stays in memory"
+        return f"writing to {where} failed ({exc.filename}: {exc.strerror}); the state stays in memory"
+
+    # --- onload ---------------------------------------------------------------------------------
+
+    def onload(self) -> None:
+        entries = disk_store.read_manifest(self.directory)
+        by_name = {s.name: s for s in self.state}
+        for s in self.state:
+            alloc_storage(s.tensor)
+        try:
+            self._read_all(entries, by_name)
+        except BaseException:
+            for s in self.state:  # the state is still offloaded: the disk copy is the only copy
+                free_storage(s.tensor)
+            raise
+        for s in self.state:
+            if s.mirror is not None:
+                s.tensor.copy_(s.mirror)
+        _sync(self.state[0].tensor.device)
+        self.offloaded = False
+        self._remove_files()
+
+    def _read_all(self, entries: list[ChunkEntry], by_name: dict[str, StateTensor]) -> None:
+        jobs: list[Future] = []
+        staged: dict[int, tuple[Future, torch.Tensor, torch.Tensor]] = {}  # slot -> read, buffer, dest
+        try:
+            for e in entries:
+                dst = by_name[e.tensor].tensor[e.start:e.start + e.numel]
+                path = self.directory / e.file
+                if dst.device.type == "cpu":
+                    jobs.append(self._pool.submit(disk_store.read_chunk, path, e, dst))
+                    continue
+                slot = len(jobs) % self.workers
+                if slot in staged:
+                    _finish_read(*staged.pop(slot))
+                buf = self._stage(slot, dst.numel(), dst.dtype)
+                jobs.append(self._pool.submit(disk_store.read_chunk, path, e, buf))
+                staged[slot] = (jobs[-1], buf, dst)
+            for item in staged.values():
+                _finish_read(*item)
+            for job in jobs:
+                job.result()
+        finally:
+            wait(jobs)  # no reader may still be writing into memory the caller is about to free
+
+    def iter_chunks(self, name: str) -> Iterator[tuple[int, torch.Tensor]]:
+        """(start element, verified host tensor) for each chunk of `name` (or of its mirror) while
+        offloaded; the tensor is a reused buffer, valid until the next item."""
+        s = next(s for s in self.state if s.name == name)
+        source = name if s.mirror is None else next(m.name for m in self.state if m.tensor is s.mirror)
+        for e in disk_store.read_manifest(self.directory):
+            if e.tensor == source:
+                buf = self._stage(0, e.numel, s.tensor.dtype)
+                disk_store.read_chunk(self.directory / e.file, e, buf)
+                yield e.start, buf
+
+    # --- helpers --------------------------------------------------------------------------------
+
+    def _chunks(self) -> Iterator[tuple[StateTensor, int, int]]:
+        for s in self.state:
+            if s.mirror is None:
+                for start, end in s.chunks:
+                    yield s, start, end
+
+    def _stage(self, slot: int, numel: int, dtype: torch.dtype) -> torch.Tensor:
+        """A reused host buffer (pinned on a CUDA run) of the largest chunk's size, as `numel` x `dtype`."""
+        while len(self._staging) <= slot:
+            self._staging.append(None)
+        if self._staging[slot] is None:
+            size = max((e - b) * s.tensor.element_size() for s in self.state for b, e in s.chunks)
+            device = next((s.tensor for s in self.state if s.tensor.device.type != "cpu"), None)
+            buf = torch.empty(size, dtype=torch.uint8)
+            self._staging[slot] = _pin(buf) if device is not None else buf
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        return self._staging[slot][:numel * itemsize].view(dtype)
+
+    def _remove_files(self) -> None:
+        for path in self.directory.glob("*.safetensors"):
+            path.unlink(missing_ok=True)
+        (self.directory / disk_store.MANIFEST).unlink(missing_ok=True)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
+        if not self.offloaded:
+            self._remove_files()
+
+
+def _finish_read(job: Future, buf: torch.Tensor, dst: torch.Tensor) -> None:
+    job.result()
+    dst.copy_(buf)  # staging (pinned host) -> device

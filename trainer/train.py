@@ -1,0 +1,189 @@
+"""python -m trainer.train [flags]: the RL loop. Each step runs inside a `miles_profile.phase` whose
+attributes say what moved (`tags`, `target`, `expected_bytes`, `rollout_id`); without a recorder a
+phase costs one function call. The two orders follow Miles (see docs/trainer.md).
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+import miles_profile as mp
+from miles_profile.names import (CLEAR_MEMORY, CUDA_GRAPH, GENERATE, KV_CACHE, OFFLOAD_KV, OFFLOAD_ROLLOUT,
+                                 OFFLOAD_TRAIN, OFFLOAD_WEIGHTS, ONLOAD_KV, ONLOAD_TRAIN, ONLOAD_WEIGHTS,
+                                 TRAIN, UPDATE_WEIGHTS, WEIGHTS)
+from trainer import task
+from trainer.actor import Actor, Batch, TrainStats
+from trainer.args import RunConfig, parse_args
+from trainer.config import gib, model_config
+from trainer.errors import TrainerError
+from trainer.progress import Progress
+from trainer.rollout_engine import RolloutEngine
+
+
+def rollout_cpu_peak(i: int, cfg: RunConfig, actor: Actor, engine: RolloutEngine) -> tuple[Batch, TrainStats]:
+    """generate -> offload_rollout -> train -> offload_train -> onload_weights -> update_weights -> onload_kv"""
+    batch = generate(i, cfg, engine)
+    if cfg.offload_rollout:
+        release(engine, OFFLOAD_ROLLOUT, (*cfg.offload_rollout_tags, CUDA_GRAPH), i)
+    if cfg.offload_train:
+        onload_train(actor, i)
+    stats = train(actor, batch, i)
+    if cfg.offload_train:
+        offload_train(actor, i)
+    else:
+        clear_memory(actor, i)
+    if cfg.offload_rollout and WEIGHTS in cfg.offload_rollout_tags:
+        resume(engine, ONLOAD_WEIGHTS, (WEIGHTS,), i)
+    update_weights(actor, engine, i)
+    if cfg.offload_rollout:
+        resume(engine, ONLOAD_KV, (KV_CACHE, CUDA_GRAPH), i)
+    return batch, stats
+
+
+def rollout_gpu_peak(i: int, cfg: RunConfig, actor: Actor, engine: RolloutEngine) -> tuple[Batch, TrainStats]:
+    """generate -> offload_kv -> onload_train -> offload_weights -> train -> clear_memory
+    -> onload_weights -> offload_train -> update_weights -> onload_kv (the device never holds the
+    KV pool and the training state at once, nor two copies of the weights longer than a copy)"""
+    levels = cfg.offload_rollout_tags
+    batch = generate(i, cfg, engine)
+    if KV_CACHE in levels:
+        release(engine, OFFLOAD_KV, (KV_CACHE, CUDA_GRAPH), i)
+    onload_train(actor, i)
+    if WEIGHTS in levels:
+        release(engine, OFFLOAD_WEIGHTS, (WEIGHTS,), i)
+    stats = train(actor, batch, i)
+    clear_memory(actor, i)
+    if WEIGHTS in levels:
+        resume(engine, ONLOAD_WEIGHTS, (WEIGHTS,), i)
+    offload_train(actor, i)
+    update_weights(actor, engine, i)
+    resume(engine, ONLOAD_KV, (KV_CACHE, CUDA_GRAPH), i)
+    return batch, stats
+
+
+# --- one phase each ------------------------------------------------------------------------------
+
+def generate(i: int, cfg: RunConfig, engine: RolloutEngine) -> Batch:
+    with mp.phase(GENERATE, rollout_id=i):
+        prompts = task.sample_prompts(cfg.rollout_batch_size, cfg.digits, _generator(cfg.seed, i, 0))
+        prompts = prompts.repeat_interleave(cfg.n_samples_per_prompt, dim=0)  # groups of identical prompts
+        responses = engine.generate(prompts, cfg.digits, seed=_seed(cfg.seed, i, 1))
+        return Batch(prompts, responses, task.reward(prompts, responses), cfg.n_samples_per_prompt)
+
+
+def release(engine: RolloutEngine, name: str, tags: tuple[str, ...], i: int) -> None:
+    with mp.phase(name, rollout_id=i, tags=list(tags), expected_bytes=engine.occupied_bytes(tags)):
+        engine.release_memory_occupation(tags)
+
+
+def resume(engine: RolloutEngine, name: str, tags: tuple[str, ...], i: int) -> None:
+    with mp.phase(name, rollout_id=i, tags=list(tags), expected_bytes=engine.released_bytes(tags)):
+        engine.resume_memory_occupation(tags)
+
+
+def onload_train(actor: Actor, i: int | None) -> None:
+    with mp.phase(ONLOAD_TRAIN, **_ids(i), target=actor.offloader.target,
+                  expected_bytes=actor.offloader.expected_bytes()):
+        actor.onload()
+
+
+def train(actor: Actor, batch: Batch, i: int) -> TrainStats:
+    with mp.phase(TRAIN, rollout_id=i):
+        return actor.train(batch)
+
+
+def offload_train(actor: Actor, i: int | None) -> None:
+    with mp.phase(OFFLOAD_TRAIN, **_ids(i), target=actor.offloader.target,
+                  expected_bytes=actor.offloader.expected_bytes()):
+        actor.offload()
+
+
+def clear_memory(actor: Actor, i: int) -> None:
+    with mp.phase(CLEAR_MEMORY, rollout_id=i):
+        actor.clear_memory()
+
+
+def update_weights(actor: Actor, engine: RolloutEngine, i: int | None) -> None:
+    with mp.phase(UPDATE_WEIGHTS, **_ids(i), weights_bytes=engine.weights_bytes):
+        for chunk in actor.weight_chunks():
+            engine.update_weights_from_tensor(chunk)
+
+
+# --- setup ---------------------------------------------------------------------------------------
+
+def run(cfg: RunConfig) -> int:
+    torch.manual_seed(cfg.seed)
+    device = torch.device(cfg.device)
+    model_cfg = model_config(cfg.preset, cfg.digits)
+    disk_dir = _own_disk_dir(cfg)
+    actor = Actor(model_cfg, device, lr=cfg.lr, seed=cfg.seed, use_critic=cfg.use_critic,
+                  optimizer_cpu_offload=cfg.optimizer_cpu_offload, micro_batch_size=cfg.micro_batch_size,
+                  offload_target=cfg.offload_train_target, disk_dir=disk_dir, chunk_bytes=cfg.chunk_bytes)
+    try:
+        engine = RolloutEngine(model_cfg, device, cfg.kv_cache_bytes, cuda_graph=cfg.cuda_graph)
+        _print_setup(cfg, actor, engine)
+        update_weights(actor, engine, None)  # the engine starts empty
+        if cfg.offload_train:
+            offload_train(actor, None)  # both orders expect the state off the device at generate
+        _loop(cfg, actor, engine)
+    finally:
+        actor.close()
+        if disk_dir is not None:
+            shutil.rmtree(disk_dir, ignore_errors=True)
+    return 0
+
+
+def _loop(cfg: RunConfig, actor: Actor, engine: RolloutEngine) -> None:
+    step = rollout_gpu_peak if cfg.colocate_memory_peak_device == "gpu" else rollout_cpu_peak
+    progress = Progress(cfg.num_rollout)
+    try:
+        for i in range(cfg.num_rollout):
+            start = time.monotonic()
+            batch, stats = step(i, cfg, actor, engine)
+            progress.update(i, float(batch.rewards.mean()), stats.loss, time.monotonic() - start)
+    finally:
+        progress.close()
+
+
+def _own_disk_dir(cfg: RunConfig) -> Path | None:
+    """A subdirectory of --offload-train-disk-dir that this process alone writes and removes."""
+    if cfg.offload_train_target != "disk":
+        return None
+    mp.watch_dir(cfg.offload_train_disk_dir)
+    return cfg.offload_train_disk_dir / f"trainer-{os.getpid()}"
+
+
+def _print_setup(cfg: RunConfig, actor: Actor, engine: RolloutEngine) -> None:
+    print(f"trainer: preset {cfg.preset_name} on {cfg.device}: policy {actor.policy.params.numel / 1e6:.2f}M "
+          f"params, training state {gib(actor.state_bytes())}, engine weights {gib(engine.weights_bytes)}, "
+          f"KV pool {gib(engine.kv.nbytes)} ({engine.kv.capacity_tokens} tokens)", flush=True)
+
+
+def _seed(seed: int, rollout_id: int, stream: int) -> int:
+    return (seed * 1_000_003 + rollout_id * 101 + stream) % 2**63
+
+
+def _generator(seed: int, rollout_id: int, stream: int) -> torch.Generator:
+    return torch.Generator().manual_seed(_seed(seed, rollout_id, stream))
+
+
+def _ids(i: int | None) -> dict:
+    return {} if i is None else {"rollout_id": i}
+
+
+def main(argv: list[str] | None = None) -> int:
+    cfg = parse_args(sys.argv[1:] if argv is None else argv)  # exits 2 with one line on bad flags
+    try:
+        return run(cfg)
+    except TrainerError as exc:
+        print(f"trainer: error: {exc}", file=sys.stderr, flush=True)
+        return exc.exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
