@@ -1,0 +1,48 @@
+"""python -m dashboards LOG_DIR [--host 127.0.0.1] [--port 8050]: the live dashboard over a log directory."""
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from miles_profile.errors import MilesProfileError
+
+DEFAULT_HOST = "127.0.0.1"  # local only: the page shows command lines and paths
+DEFAULT_PORT = 8050
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m dashboards",
+        description="Serve a live dashboard of the miles-profile runs under LOG_DIR (a run directory or a "
+                    "directory of runs). Runs being recorded update while they are written.")
+    parser.add_argument("log_dir", metavar="LOG_DIR", help="e.g. /tmp/memory_logs")
+    parser.add_argument("--host", default=DEFAULT_HOST, help="address to listen on (default: %(default)s)")
+    parser.add_argument("--port", type=int, default=DEFAULT_PORT, help="port (default: %(default)s)")
+    parser.add_argument("--poll-ms", type=int, default=1000,
+                        help="how often the page looks for new runs and samples (default: %(default)s)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        from dashboards.app import create_app
+        app = create_app(args.log_dir, poll_ms=args.poll_ms)
+    except MilesProfileError as exc:
+        print(f"dashboards: {exc}", file=sys.stderr)
+        return exc.exit_code
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)  # no line per poll request
+    print(f"miles-profile dashboard: http://{args.host}:{args.port}/  (runs under {args.log_dir})", flush=True)
+    try:
+        app.run(host=args.host, port=args.port, debug=False)
+    except OSError as exc:  # port taken, address not available
+        print(f"dashboards: cannot listen on {args.host}:{args.port}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,58 @@
+"""The Dash app: one page, a run list on the left, the chosen run's timeline and panels on the right.
+
+Every panel is a module under `dashboards/panels/` with a `layout()` and a `register(app, state)`.
+The figures, the per-phase table and the checks come from `miles_profile.report` through
+`dashboards/report_bridge.py`; nothing here draws or computes a memory statistic of its own.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import dash
+from dash import dcc, html
+
+from dashboards.live_run import RunCache
+from dashboards.panels import checks, compare, phases, runs, timeline
+from dashboards.paths import LogRoot
+
+log = logging.getLogger("dashboards")
+
+
+@dataclass
+class State:
+    """What callbacks share: the log root (the only source of paths) and the loaded runs."""
+    root: LogRoot
+    cache: RunCache
+    poll_ms: int
+
+
+def create_app(log_dir: str | Path, poll_ms: int = 1000) -> dash.Dash:
+    state = State(root=(root := LogRoot(log_dir)), cache=RunCache(root), poll_ms=poll_ms)
+    app = dash.Dash(__name__, title="miles-profile", update_title=None,
+                    assets_folder=str(Path(__file__).with_name("assets")),
+                    suppress_callback_exceptions=True, on_error=_on_error)
+    app.layout = html.Div(className="page", children=[
+        dcc.Interval(id="page-poll", interval=poll_ms),
+        html.Header(className="page-header", children=[
+            html.Span("miles-profile", className="page-title"),
+            html.Span(f"runs under {root.path}", className="page-root"),
+        ]),
+        html.Div(className="page-body", children=[
+            html.Aside(className="page-side", children=[runs.layout(), compare.picker_layout()]),
+            html.Main(className="page-main", children=[
+                timeline.layout(),
+                html.Div(className="page-panels", children=[checks.layout(), phases.layout()]),
+                compare.layout(),
+            ]),
+        ]),
+    ])
+    for panel in (runs, timeline, checks, phases, compare):
+        panel.register(app, state)
+    return app
+
+
+def _on_error(exc: Exception) -> None:
+    """Last resort for an error a panel did not turn into a message: one log line, never a traceback."""
+    log.warning("callback failed: %s: %s", exc.__class__.__name__, exc)

@@ -1,0 +1,139 @@
+"""A run held in memory and kept current while its recorder writes.
+
+The first look reads the run with the project's reader (`miles_profile.load`); later looks append
+only the rows and events written since (`miles_profile.logdir.tail`), so following a long run costs
+what it wrote in the last second, not its whole history. Each change makes a new `Run` object and
+bumps `version`; readers take `current` and never see a half-updated run.
+"""
+from __future__ import annotations
+
+import dataclasses
+import threading
+from collections import OrderedDict
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+import miles_profile
+from miles_profile.logdir.layout import EVENTS_SUFFIX, SAMPLES_SUFFIX
+from miles_profile.logdir.reader import Run, phases_from_events
+from miles_profile.logdir.tail import EventsTail, SamplesTail, label_outside_samples
+from dashboards.paths import LogRoot
+
+
+def _pid_of(path: Path, suffix: str) -> int:
+    try:
+        return int(path.name[: -len(suffix)].rsplit("-", 1)[1])
+    except (IndexError, ValueError):
+        return -1
+
+
+def _merge_sorted(old: pd.DataFrame, new: pd.DataFrame) -> pd.DataFrame:
+    """Append `new` to time-sorted `old`, re-sorting only the overlap (processes flush at different times)."""
+    if old.empty:
+        return new.sort_values("t", kind="stable").reset_index(drop=True)
+    new = new.sort_values("t", kind="stable")
+    cut = int(np.searchsorted(old["t"].to_numpy(), new["t"].iloc[0], side="right"))
+    if cut == len(old):
+        merged = pd.concat([old, new], ignore_index=True)
+    else:
+        overlap = pd.concat([old.iloc[cut:], new], ignore_index=True).sort_values("t", kind="stable")
+        merged = pd.concat([old.iloc[:cut], overlap], ignore_index=True)
+    if not isinstance(merged["phase"].dtype, pd.CategoricalDtype):
+        merged["phase"] = merged["phase"].astype(str).astype("category")
+    return merged
+
+
+class LiveRun:
+    """One run, loaded once, then refreshed from what its files gained."""
+
+    def __init__(self, run_dir: Path):
+        self.run_dir = run_dir
+        self._lock = threading.Lock()
+        sizes = {p: p.stat().st_size for p in self._files(SAMPLES_SUFFIX) + self._files(EVENTS_SUFFIX)}
+        run = miles_profile.load(run_dir)  # the reader: damage handling and warnings as everywhere
+        self._samples_tails: dict[Path, SamplesTail] = {}
+        last_t = run.samples.groupby("pid")["t"].max().to_dict() if len(run.samples) else {}
+        for path in self._files(SAMPLES_SUFFIX):
+            pid = _pid_of(path, SAMPLES_SUFFIX)
+            self._samples_tails[path] = SamplesTail(path, sizes.get(path, 0), last_t.get(pid, -np.inf))
+        self._events_tails = {p: EventsTail(p, _pid_of(p, EVENTS_SUFFIX), sizes.get(p, 0))
+                              for p in self._files(EVENTS_SUFFIX)}
+        self._outside_pids = [int(p["pid"]) for p in run.processes if p.get("role") == "exec_parent"]
+        self.current: Run = run
+        self.version = 0
+
+    def _files(self, suffix: str) -> list[Path]:
+        return sorted(p for p in self.run_dir.glob(f"*{suffix}") if not p.is_symlink())
+
+    def refresh(self) -> bool:
+        """Read what was appended since the last call; True when the run changed."""
+        with self._lock:
+            for path in self._files(SAMPLES_SUFFIX):
+                self._samples_tails.setdefault(path, SamplesTail(path))
+            for path in self._files(EVENTS_SUFFIX):
+                self._events_tails.setdefault(path, EventsTail(path, _pid_of(path, EVENTS_SUFFIX)))
+            new_rows = [self._with_pid(tail) for tail in self._samples_tails.values()]
+            new_rows = [f for f in new_rows if f is not None]
+            new_events = [f for f in (tail.read() for tail in self._events_tails.values()) if f is not None]
+            if not new_rows and not new_events:
+                return False
+            self.current = self._updated(self.current, new_rows, new_events)
+            self.version += 1
+            return True
+
+    def _with_pid(self, tail: SamplesTail) -> pd.DataFrame | None:
+        frame = tail.read()
+        if frame is not None:
+            frame.insert(2, "pid", np.int64(_pid_of(tail.path, SAMPLES_SUFFIX)))
+        return frame
+
+    def _updated(self, run: Run, new_rows: list[pd.DataFrame], new_events: list[pd.DataFrame]) -> Run:
+        samples, events = run.samples, run.events
+        since = np.inf
+        if new_rows:
+            rows = pd.concat(new_rows, ignore_index=True)
+            since = float(rows["t"].min())
+            samples = _merge_sorted(samples, rows)
+        if new_events:
+            added = pd.concat(new_events, ignore_index=True)
+            since = min(since, float(added["t"].min()))
+            # The tail started where the first load began; events written during that load come twice.
+            events = pd.concat([events, added], ignore_index=True)
+            events = events.loc[~events.duplicated(["t", "kind", "name", "pid", "id"])]
+            events = events.sort_values("t", kind="stable").reset_index(drop=True)
+        samples = label_outside_samples(samples, events, self._outside_pids, since)
+        phases = phases_from_events(events, samples)
+        return dataclasses.replace(run, samples=samples, events=events, phases=phases)
+
+
+class RunCache:
+    """Loaded runs by id, the least recently used dropped past `capacity` (a 10M-sample run is ~1 GB)."""
+
+    def __init__(self, root: LogRoot, capacity: int = 4):
+        self.root = root
+        self.capacity = capacity
+        self._runs: OrderedDict[str, LiveRun] = OrderedDict()
+        self._lock = threading.Lock()
+        self._loading: dict[str, threading.Lock] = {}
+
+    def get(self, run_id: object) -> LiveRun:
+        """The loaded run (resolving `run_id` through the allow-list); raises MilesProfileError."""
+        run_dir = self.root.resolve(run_id)
+        with self._lock:
+            if run_id in self._runs:
+                self._runs.move_to_end(run_id)
+                return self._runs[run_id]
+            loading = self._loading.setdefault(run_id, threading.Lock())
+        with loading:  # two callbacks asking for one run load it once
+            with self._lock:
+                if run_id in self._runs:
+                    return self._runs[run_id]
+            live = LiveRun(run_dir)
+            with self._lock:
+                self._runs[run_id] = live
+                while len(self._runs) > self.capacity:
+                    self._runs.popitem(last=False)
+                self._loading.pop(run_id, None)
+            return live

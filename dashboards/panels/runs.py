@@ -1,0 +1,61 @@
+"""Runs panel: the runs under the log directory, newest first, live ones marked; polled, so new runs appear."""
+from __future__ import annotations
+
+import time
+
+from dash import ALL, Input, Output, State, ctx, dcc, html, no_update
+
+from dashboards.runs import RunSummary, list_runs
+
+
+def layout() -> html.Section:
+    return html.Section(className="panel runs", children=[
+        html.H2("Runs"),
+        html.Div(id="runs-list", className="runs-list"),
+        dcc.Store(id="runs-selected"),
+        dcc.Store(id="runs-signature"),
+    ])
+
+
+def _when(t: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
+
+
+def _item(run: RunSummary, selected: bool) -> html.Button:
+    badges = [html.Span("● live", className="badge badge-live")] if run.live else []
+    if run.problem:
+        badges.append(html.Span("damaged", className="badge badge-fail"))
+    return html.Button(
+        id={"type": "runs-item", "run": run.run_id},
+        className="runs-item" + (" runs-item-selected" if selected else "") + (" runs-item-live" if run.live else ""),
+        title=run.command or run.run_id,
+        children=[
+            html.Div([html.Span(_when(run.start_time), className="runs-when"), *badges], className="runs-line"),
+            html.Div(run.run_id, className="runs-id"),
+            html.Div(run.command, className="runs-command"),
+        ])
+
+
+def register(app, state) -> None:
+    @app.callback(
+        Output("runs-list", "children"), Output("runs-selected", "data"), Output("runs-signature", "data"),
+        Input("page-poll", "n_intervals"), Input({"type": "runs-item", "run": ALL}, "n_clicks"),
+        State("runs-selected", "data"), State("runs-signature", "data"))
+    def show_runs(_tick, _clicks, selected, signature):
+        runs = list_runs(state.root)
+        previous, clicked = selected, ctx.triggered_id
+        if isinstance(clicked, dict) and clicked.get("type") == "runs-item" and ctx.triggered[0]["value"]:
+            selected = clicked.get("run")
+        ids = [r.run_id for r in runs]
+        if selected not in ids:
+            selected = ids[0] if ids else None
+        new_signature = [selected, [(r.run_id, r.live, r.problem) for r in runs]]
+        if new_signature == signature:
+            return no_update, no_update, no_update
+        if not runs:
+            empty = html.Div(f"No runs yet under {state.root.path}. Start one with "
+                             "python -m miles_profile.record --log-dir DIR ...", className="runs-empty")
+            return empty, None if previous is not None else no_update, new_signature
+        # Re-sending an unchanged selection would reset the timeline's zoom.
+        chosen = selected if selected != previous else no_update
+        return [_item(r, r.run_id == selected) for r in runs], chosen, new_signature

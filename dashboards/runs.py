@@ -1,0 +1,75 @@
+"""The run list: what is under the log directory, newest first, and which runs are still being written.
+
+A run is live when one of its processes has not written `end_time` into its meta (the recorder
+does on a clean stop) and one of its files changed within `LIVE_WINDOW_S`: a recorder killed
+without a clean stop leaves no `end_time`, but its files stop changing.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from miles_profile.logdir.layout import PROCESS_META_SUFFIX, RUN_META
+from dashboards.paths import LogRoot
+
+LIVE_WINDOW_S = 10.0
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    run_id: str
+    start_time: float  # Unix seconds (the run meta's, else the directory's mtime)
+    modified: float  # newest mtime among the run's files
+    live: bool
+    command: str
+    processes: int
+    problem: str = ""  # why the run can't be read, when its meta already says so
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _command_text(command: object) -> str:
+    if isinstance(command, list):
+        return " ".join(str(part) for part in command)
+    return str(command or "")
+
+
+def summarize(run_id: str, run_dir: Path, now: float | None = None) -> RunSummary:
+    now = time.time() if now is None else now
+    meta = _read_json(run_dir / RUN_META)
+    mtimes, ended = [], []
+    try:
+        entries = list(os.scandir(run_dir))
+    except OSError:
+        entries = []
+    for entry in entries:
+        try:
+            if entry.is_symlink():
+                continue
+            mtimes.append(entry.stat().st_mtime)
+        except OSError:
+            continue
+        if entry.name.endswith(PROCESS_META_SUFFIX) and entry.name != RUN_META:
+            ended.append("end_time" in _read_json(Path(entry.path)))
+    modified = max(mtimes, default=0.0)
+    start = meta.get("start_time")
+    start = float(start) if isinstance(start, (int, float)) else modified
+    live = bool(ended) and not all(ended) and now - modified <= LIVE_WINDOW_S
+    problem = "" if meta else "damaged: run meta.json unreadable"
+    return RunSummary(run_id, start, modified, live, _command_text(meta.get("command")), len(ended), problem)
+
+
+def list_runs(root: LogRoot) -> list[RunSummary]:
+    """Every run under the root, newest first."""
+    now = time.time()
+    runs = [summarize(run_id, path, now) for run_id, path in root.run_dirs().items()]
+    return sorted(runs, key=lambda r: (r.start_time, r.run_id), reverse=True)
