@@ -18,9 +18,13 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q -e '.[dev]'
 	touch $@
 
+# A short CPU training run with every offload flag, recorded.
+DEMO_ARGS ?= --preset cpu --num-rollout 2 --offload-train --offload-rollout \
+	--offload-rollout-level kv_cache weight --offload-train-target disk --offload-train-disk-dir /tmp/miles_offload
+
 demo: setup
 	rm -rf $(DEMO_LOGS)
-	$(PY) -m miles_profile.record --log-dir $(DEMO_LOGS) --exec -- $(PY) examples/phased_allocations.py
+	$(PY) -m miles_profile.record --log-dir $(DEMO_LOGS) -- $(DEMO_ARGS)
 	@echo "log written under $(DEMO_LOGS)"
 
 test: setup
