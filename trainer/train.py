@@ -116,7 +116,8 @@ def update_weights(actor: Actor, engine: RolloutEngine, i: int | None) -> None:
 
 # --- setup ---------------------------------------------------------------------------------------
 
-def run(cfg: RunConfig) -> int:
+def run(cfg: RunConfig) -> list[tuple[float, TrainStats]]:
+    """Train; returns (mean reward, stats) per rollout."""
     torch.manual_seed(cfg.seed)
     device = torch.device(cfg.device)
     model_cfg = model_config(cfg.preset, cfg.digits)
@@ -130,24 +131,25 @@ def run(cfg: RunConfig) -> int:
         update_weights(actor, engine, None)  # the engine starts empty
         if cfg.offload_train:
             offload_train(actor, None)  # both orders expect the state off the device at generate
-        _loop(cfg, actor, engine)
+        return _loop(cfg, actor, engine)
     finally:
         actor.close()
         if disk_dir is not None:
             shutil.rmtree(disk_dir, ignore_errors=True)
-    return 0
 
 
-def _loop(cfg: RunConfig, actor: Actor, engine: RolloutEngine) -> None:
+def _loop(cfg: RunConfig, actor: Actor, engine: RolloutEngine) -> list[tuple[float, TrainStats]]:
     step = rollout_gpu_peak if cfg.colocate_memory_peak_device == "gpu" else rollout_cpu_peak
-    progress = Progress(cfg.num_rollout)
+    progress, history = Progress(cfg.num_rollout), []
     try:
         for i in range(cfg.num_rollout):
             start = time.monotonic()
             batch, stats = step(i, cfg, actor, engine)
-            progress.update(i, float(batch.rewards.mean()), stats.loss, time.monotonic() - start)
+            history.append((float(batch.rewards.mean()), stats))
+            progress.update(i, history[-1][0], stats.loss, time.monotonic() - start)
     finally:
         progress.close()
+    return history
 
 
 def _own_disk_dir(cfg: RunConfig) -> Path | None:
@@ -179,10 +181,11 @@ def _ids(i: int | None) -> dict:
 def main(argv: list[str] | None = None) -> int:
     cfg = parse_args(sys.argv[1:] if argv is None else argv)  # exits 2 with one line on bad flags
     try:
-        return run(cfg)
+        run(cfg)
     except TrainerError as exc:
         print(f"trainer: error: {exc}", file=sys.stderr, flush=True)
         return exc.exit_code
+    return 0
 
 
 if __name__ == "__main__":
