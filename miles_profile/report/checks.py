@@ -119,7 +119,8 @@ def _verdict(name: str, title: str, explanation: str, findings: list[Finding], s
     if failed:
         summary = f"{len(failed)} of {len(judged)} {bad}; first: {failed[0].message}"
         return CheckResult(name, title, "fail", summary, explanation, _span(judged), findings, series)
-    return CheckResult(name, title, "pass", f"{len(judged)} {ok}", explanation, _span(judged), findings, series)
+    summary = judged[0].message if len(judged) == 1 else f"{len(judged)} {ok}"
+    return CheckResult(name, title, "pass", summary, explanation, _span(judged), findings, series)
 
 
 def _na(name: str, title: str, explanation: str, why: str) -> CheckResult:
@@ -455,7 +456,7 @@ def check_headroom(run, th: Thresholds) -> CheckResult:
     for f in findings:
         f.span = span
     return _verdict(name, title, explanation, findings, "GPU" if run.gpu_indices else "host RSS (no GPU columns)",
-                    "devices with headroom", "devices near their total")
+                    "of the memories checked kept headroom", "memories near their total")
 
 
 def _headroom_finding(what: str, peak: float, total: float, th: Thresholds) -> Finding:

@@ -77,7 +77,11 @@ def _budget(series: list[Series], n_phases: int, max_points: int) -> int:
     return max(200, per)
 
 
-def _reduced_trace(run, s: Series, t0: float, t_range, n_out: int, phase_bounds) -> go.Scattergl | go.Scatter:
+def _is_outside(run, pid: int) -> bool:
+    return any(p.get("pid") == pid and p.get("role") == "exec_parent" for p in run.processes)
+
+
+def _reduced_trace(run, s: Series, t0: float, t_range, n_out: int, phase_bounds, outside: bool = False) -> go.Scatter:
     t, y = series_arrays(run, s.pid, s.column)
     if t_range is not None:
         a, b = np.searchsorted(t, t0 + t_range[0], "left"), np.searchsorted(t, t0 + t_range[1], "right")
@@ -87,9 +91,13 @@ def _reduced_trace(run, s: Series, t0: float, t_range, n_out: int, phase_bounds)
     x = t[keep] - t0
     yy = y[keep]
     color, dash, width = _LINE.get(s.kind, ("#333333", "solid", 1.0))
+    if outside:  # the whole process tree, sampled from outside: same colour, lighter and dashed
+        dash, width = "dash", width * 0.9
+        color = {"#1f77b4": "#7fb2dc", "#d62728": "#ec9a9a"}.get(color, color)
     return go.Scatter(
         x=x, y=yy / GiB, customdata=yy, name=s.label, mode="lines",
-        line=dict(color=color, dash=dash, width=width, shape="hv" if s.kind.endswith("peak") else "linear"),
+        # A true peak covers the time since the previous sample: draw it over that interval (vh).
+        line=dict(color=color, dash=dash, width=width, shape="vh" if s.kind.endswith("peak") else "linear"),
         connectgaps=False, legendgroup=s.group,
         hovertemplate="%{y:.3f} GiB (%{customdata:,.0f} B)<extra>" + s.label + "</extra>",
     )
@@ -140,8 +148,9 @@ def timeline_figure(run, *, max_points: int = 100_000, t_range: tuple[float, flo
     n_lanes = run.phases[["pid", "depth"]].drop_duplicates().shape[0] if has_phases else 0
     lane_share = min(0.3, 0.06 + 0.04 * n_lanes) if has_phases else 0
     memory_share = (1 - lane_share) / max(1, len(groups))
+    specs = [[{"secondary_y": g == "host"}] for g in groups] + ([[{}]] if has_phases else [])
     fig = make_subplots(
-        rows=rows, cols=1, shared_xaxes=True, vertical_spacing=0.06 if rows > 1 else 0.02,
+        rows=rows, cols=1, shared_xaxes=True, vertical_spacing=0.06 if rows > 1 else 0.02, specs=specs,
         subplot_titles=[_group_title(g, run) for g in groups] + (["Phases"] if has_phases else []),
         row_heights=[memory_share] * len(groups) + ([lane_share] if has_phases else []),
     )
@@ -151,8 +160,16 @@ def timeline_figure(run, *, max_points: int = 100_000, t_range: tuple[float, flo
     n_out = _budget(series, len(run.phases), max_points)
     for row, group in enumerate(groups, start=1):
         for s in (s for s in series if s.group == group):
-            fig.add_trace(_reduced_trace(run, s, t0, t_range, n_out, bounds), row=row, col=1)
+            trace = _reduced_trace(run, s, t0, t_range, n_out, bounds, outside=_is_outside(run, s.pid))
+            if group == "host":  # available memory is a different scale: its own axis on the right
+                fig.add_trace(trace, row=row, col=1, secondary_y=s.kind == "host_available")
+            else:
+                fig.add_trace(trace, row=row, col=1)
         fig.update_yaxes(title_text="GiB", rangemode="tozero", row=row, col=1)
+        if group == "host" and any(s.kind == "host_available" for s in series):
+            fig.update_yaxes(title_text="available GiB", rangemode="tozero", showgrid=False,
+                             title_font=dict(color=_LINE["host_available"][0]),
+                             tickfont=dict(color=_LINE["host_available"][0]), row=row, col=1, secondary_y=True)
     if has_phases:
         for trace in _lane_traces(run, t0, t_range):
             fig.add_trace(trace, row=rows, col=1)

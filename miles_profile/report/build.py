@@ -1,0 +1,145 @@
+"""What `python -m miles_profile.visualize` does, as one library call: load, check, render, export.
+
+Public API:
+
+    VisualizeOptions(paths, output=None, png=None, trace=None, json=None, csv=None, check=True,
+                     thresholds=Thresholds(), max_points=100_000)
+    load_inputs(paths) -> (runs, notes)      # run dirs, dirs of runs, Miles CPU-profiler CSVs
+    visualize(options, echo=print) -> int    # exit code: 0 pass/n-a, 1 a check failed, 2 bad input
+    default_output(paths) -> Path
+"""
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from miles_profile.errors import MilesProfileError
+from miles_profile.logdir.layout import RUN_META, find_runs
+from miles_profile.report.checks import Thresholds, overall_status
+
+
+@dataclass
+class VisualizeOptions:
+    paths: list[str]
+    output: str | None = None
+    png: str | None = None
+    trace: str | None = None
+    json: str | None = None
+    csv: str | None = None
+    check: bool = True
+    thresholds: Thresholds = field(default_factory=Thresholds)
+    max_points: int = 100_000
+
+
+def _progress(total: int, desc: str):
+    from tqdm import tqdm
+    # Shown only when the work takes more than a moment (delay), on stderr.
+    return tqdm(total=total, desc=desc, delay=1.0, file=sys.stderr, leave=False, unit="step")
+
+
+def _expand(path: Path) -> list[Path]:
+    if path.is_file():
+        return [path]
+    if not path.exists():
+        raise MilesProfileError(f"{path}: no such file or directory")
+    runs = find_runs(path)
+    if not runs:
+        csvs = sorted(path.glob("*.csv")) if path.is_dir() else []
+        if csvs and not any(path.glob("*.samples.csv")):
+            return csvs
+        what = "an empty directory" if path.is_dir() and not any(path.iterdir()) else "no miles-profile run"
+        raise MilesProfileError(f"{path}: {what} (no {RUN_META} in it or its subdirectories)")
+    return runs
+
+
+def _load_one(path: Path):
+    if path.is_file():
+        from miles_profile.importers.miles_csv import load_miles_csv
+        return load_miles_csv(path)
+    from miles_profile.logdir.reader import load_run
+    return load_run(path)
+
+
+def load_inputs(paths: list[str]) -> tuple[list, list[str]]:
+    """Every run under `paths`. A damaged run among several is skipped and named in `notes`."""
+    targets = [p for path in paths for p in _expand(Path(path))]
+    runs, notes = [], []
+    with _progress(len(targets), "reading") as bar:
+        for target in targets:
+            try:
+                run = _load_one(target)
+                if run.samples.empty:
+                    raise MilesProfileError(f"{target}: the run has no samples")
+                runs.append(run)
+            except MilesProfileError as exc:
+                if len(targets) == 1:
+                    raise
+                notes.append(f"skipped {target}: {exc}")
+            bar.update()
+    if not runs:
+        raise MilesProfileError("; ".join(notes) or "nothing to report")
+    return runs, notes
+
+
+def default_output(paths: list[str]) -> Path:
+    first = Path(paths[0])
+    if first.is_file():
+        return first.with_suffix(".report.html")
+    return first / "report.html"
+
+
+def _verdict_table(reports) -> list[str]:
+    lines = []
+    for report in reports:
+        lines.append(f"{report.run.name}:")
+        if not report.checks:
+            lines.append("  checks not run (--no-check)")
+        width = max((len(r.name) for r in report.checks), default=0)
+        for r in report.checks:
+            lines.append(f"  {r.status.upper():4}  {r.name:{width}}  {r.summary}")
+    return lines
+
+
+def visualize(options: VisualizeOptions, echo: Callable[[str], None] = print) -> int:
+    from miles_profile.report import export
+    from miles_profile.report.compare import comparison_html
+    from miles_profile.report.html import build_run_report, write_html
+
+    started = time.perf_counter()
+    runs, notes = load_inputs(options.paths)
+    reports = []
+    with _progress(len(runs), "reducing and checking") as bar:
+        for run in runs:
+            reports.append(build_run_report(run, thresholds=options.thresholds, check=options.check,
+                                            max_points=options.max_points))
+            bar.update()
+    comparison = comparison_html(runs, max_points=options.max_points) if len(runs) > 1 else None
+    output = Path(options.output) if options.output else default_output(options.paths)
+    try:
+        write_html(output, reports, comparison=comparison, notes=tuple(notes))
+        if options.png:
+            export.write_png(reports[0].figure, options.png)
+        if options.trace:
+            export.write_trace(runs, options.trace, max_points=options.max_points)
+        if options.csv:
+            export.write_phase_csv(runs, options.csv)
+        if options.json:
+            export.write_json(reports, options.json)
+    except OSError as exc:
+        raise MilesProfileError(f"cannot write {exc.filename or output}: {exc.strerror or exc}") from None
+    for note in notes:
+        echo(f"warning: {note}")
+    for report in reports:
+        for warning in report.skipped:
+            echo(f"warning: {report.run.name}: {warning}")
+    echo(f"report written to {output} ({output.stat().st_size / 1e6:.1f} MB, {time.perf_counter() - started:.1f} s)")
+    for extra in (options.png, options.trace, options.csv, options.json):
+        if extra:
+            echo(f"also wrote {extra}")
+    for line in _verdict_table(reports):
+        echo(line)
+    statuses = [overall_status(r.checks) for r in reports if r.checks]
+    return 1 if "fail" in statuses else 0

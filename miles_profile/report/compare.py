@@ -1,0 +1,153 @@
+"""Several runs side by side, aligned by phase (iteration k, phase p) rather than by wall clock.
+
+Each top-level phase instance of a run's main process gets a slot keyed by (iteration, phase name,
+occurrence within the iteration); slots are ordered by iteration, then by when each phase first
+appeared. A sample at time t inside slot j is drawn at x = j + (t - start) / (end - start), so the
+same phase of every run lines up, whatever its duration.
+
+Public API (stable; shared with the Dash dashboard):
+
+    slot_keys(run) -> DataFrame            # start, end, key per top-level phase of the main process
+    phase_peak_comparison(runs) -> DataFrame
+        # one row per (iteration, phase); per run "<run>: device peak" and "<run>: host peak" (bytes)
+    comparison_figure(runs, *, max_points=100_000) -> go.Figure
+    comparison_html(runs, *, max_points=100_000) -> str   # figure + peak table, for the report
+"""
+from __future__ import annotations
+
+import html
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from miles_profile.report.figures import phase_color
+from miles_profile.report.reduce import phase_ranges, reduce_series
+from miles_profile.report.series import GiB, device_track, host_track, main_pid
+from miles_profile.report.stats import phase_instances, range_stats
+
+_RUN_COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b", "#e377c2")
+
+
+def slot_keys(run) -> pd.DataFrame:
+    inst = phase_instances(run)
+    pid = main_pid(run)
+    top = inst[(inst["depth"] == 0) & (inst["pid"] == pid)].sort_values("start").reset_index(drop=True)
+    occurrence = top.groupby(["iteration", "name"]).cumcount()
+    top = top.assign(occurrence=occurrence.to_numpy())
+    top["key"] = list(zip(top["iteration"], top["name"], top["occurrence"]))
+    return top
+
+
+def _slot_order(runs) -> list[tuple]:
+    seen: dict[tuple, tuple] = {}
+    for r, run in enumerate(runs):
+        for pos, key in enumerate(slot_keys(run)["key"]):
+            seen.setdefault(key, (key[0], pos, r))
+    return sorted(seen, key=lambda k: seen[k])
+
+
+def _run_names(runs) -> list[str]:
+    names = [run.name for run in runs]
+    return [n if names.count(n) == 1 else f"{n} ({k})" for k, n in enumerate(names)]
+
+
+def _tracks(run):
+    pid = main_pid(run)
+    return {"device": device_track(run, pid), "host": host_track(run, pid)}
+
+
+def phase_peak_comparison(runs) -> pd.DataFrame:
+    order = _slot_order(runs)
+    table = pd.DataFrame({"iteration": [k[0] for k in order], "phase": [k[1] for k in order]})
+    names = _run_names(runs)
+    for name, run in zip(names, runs):
+        slots = slot_keys(run)
+        position = {key: j for j, key in enumerate(order)}
+        for kind, track in _tracks(run).items():
+            values = np.full(len(order), np.nan)
+            if track is not None and len(slots):
+                i0, i1 = phase_ranges(track.t, slots["start"], slots["end"])
+                peaks = range_stats(track.value, i0, i1, track.peak)[2]
+                for key, peak in zip(slots["key"], peaks):
+                    values[position[key]] = peak
+            if np.isfinite(values).any():
+                table[f"{name}: {kind} peak"] = pd.array(np.where(np.isfinite(values), np.round(values), np.nan),
+                                                         dtype="Float64").astype("Int64")
+    return table
+
+
+def _aligned(track, slots, position) -> tuple[np.ndarray, np.ndarray]:
+    xs, ys = [], []
+    for key, start, end in zip(slots["key"], slots["start"], slots["end"]):
+        a, b = np.searchsorted(track.t, start, "right"), np.searchsorted(track.t, end, "right")
+        if b <= a:
+            continue
+        span = max(end - start, 1e-9)
+        xs.append(position[key] + np.clip((track.t[a:b] - start) / span, 0, 1))
+        ys.append(track.peak[a:b])
+        xs.append([np.nan])  # a break between phases
+        ys.append([np.nan])
+    if not xs:
+        return np.empty(0), np.empty(0)
+    return np.concatenate(xs), np.concatenate(ys)
+
+
+def comparison_figure(runs, *, max_points: int = 100_000) -> go.Figure:
+    order = _slot_order(runs)
+    position = {key: j for j, key in enumerate(order)}
+    kinds = [k for k in ("device", "host") if any(_tracks(run)[k] is not None for run in runs)]
+    fig = make_subplots(rows=max(1, len(kinds)), cols=1, shared_xaxes=True, vertical_spacing=0.08,
+                        subplot_titles=[f"{'GPU memory' if k == 'device' else 'host RSS'}: true peak (GiB)"
+                                        for k in kinds])
+    names = _run_names(runs)
+    n_out = max(200, max_points // max(1, len(runs) * len(kinds)) - len(order))
+    for row, kind in enumerate(kinds, start=1):
+        for k, (name, run) in enumerate(zip(names, runs)):
+            track = _tracks(run)[kind]
+            if track is None:
+                continue
+            x, y = _aligned(track, slot_keys(run), position)
+            if not len(x):
+                continue
+            sort = np.argsort(np.nan_to_num(x, nan=np.inf), kind="stable")
+            keep = reduce_series(np.arange(len(x), dtype=float), y[sort], n_out,
+                                 (np.searchsorted(x[sort], np.arange(len(order)), "left"),
+                                  np.searchsorted(x[sort], np.arange(1, len(order) + 1), "right")))
+            xx, yy = x[sort][keep], y[sort][keep]
+            fig.add_trace(go.Scatter(x=xx, y=yy / GiB, customdata=yy, mode="lines", name=name, legendgroup=name,
+                                     showlegend=row == 1, connectgaps=False,
+                                     line=dict(color=_RUN_COLORS[k % len(_RUN_COLORS)], width=1.4),
+                                     hovertemplate="%{y:.3f} GiB (%{customdata:,.0f} B)<extra>" + html.escape(name)
+                                                   + "</extra>"), row=row, col=1)
+        fig.update_yaxes(title_text="GiB", rangemode="tozero", row=row, col=1)
+    for j, key in enumerate(order):
+        fig.add_vrect(x0=j, x1=j + 1, fillcolor=phase_color(key[1]), opacity=0.10, line_width=0, layer="below")
+    step = max(1, len(order) // 40)
+    fig.update_xaxes(tickmode="array", tickvals=[j + 0.5 for j in range(0, len(order), step)],
+                     ticktext=[f"{key[0]}:{key[1]}" for key in order[::step]], tickangle=-45,
+                     row=max(1, len(kinds)), col=1)
+    fig.update_layout(height=300 * max(1, len(kinds)) + 160, template="plotly_white", hovermode="closest",
+                      margin=dict(l=70, r=20, t=50, b=120),
+                      title="Runs aligned by (iteration : phase); each phase spans one unit")
+    return fig
+
+
+def comparison_html(runs, *, max_points: int = 100_000) -> str:
+    fig = comparison_figure(runs, max_points=max_points)
+    table = phase_peak_comparison(runs)
+    value_columns = [c for c in table.columns if c not in ("iteration", "phase")]
+    head = "<tr><th>iteration</th><th>phase</th>" + "".join(f"<th>{html.escape(c)} (GiB)</th>" for c in value_columns)
+    rows = []
+    for r in table.to_dict("records"):
+        cells = [f'<td class="num">{r["iteration"]}</td><td>{html.escape(str(r["phase"]))}</td>']
+        for c in value_columns:
+            v = r[c]
+            cells.append('<td class="num muted">–</td>' if v is pd.NA else
+                         f'<td class="num" title="{int(v):,} B">{int(v) / GiB:.3f}</td>')
+        rows.append("<tr>" + "".join(cells) + "</tr>")
+    figure = fig.to_html(full_html=False, include_plotlyjs=False, div_id="comparison-figure",
+                         config={"displaylogo": False, "responsive": True})
+    return (f'<div class="figure">{figure}</div><h3>Peak of each phase, per run</h3>'
+            f'<table id="comparison-table" class="data"><thead>{head}</tr></thead><tbody>{"".join(rows)}</tbody></table>')

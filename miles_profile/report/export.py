@@ -1,0 +1,131 @@
+"""Exports: the timeline as PNG, a Chrome trace / Perfetto JSON, the per-phase table as CSV, JSON.
+
+Public API:
+
+    write_png(figure, path, *, width=1600)          # kaleido, through Debian's Chromium
+    trace_events(run, *, max_points=100_000) -> list[dict]
+    write_trace(runs, path, *, max_points=100_000)  # {"traceEvents": [...]}: open in ui.perfetto.dev
+    phase_csv_frame(runs) -> DataFrame; write_phase_csv(runs, path)
+    write_json(reports, path)
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from miles_profile.errors import MilesProfileError
+from miles_profile.report.figures import run_start
+from miles_profile.report.reduce import phase_ranges, reduce_series
+from miles_profile.report.series import GiB, series_arrays, timeline_series
+from miles_profile.report.stats import phase_table
+
+CHROMIUM_CANDIDATES = ("/usr/bin/chromium", "/usr/bin/chromium-browser", "/usr/bin/google-chrome")
+
+
+def _chromium() -> str | None:
+    configured = os.environ.get("MILES_PROFILE_CHROMIUM") or os.environ.get("BROWSER_PATH")
+    if configured and os.path.exists(configured):
+        return configured
+    return next((c for c in CHROMIUM_CANDIDATES if os.path.exists(c)), None) or shutil.which("chromium")
+
+
+def write_png(figure, path: str | Path, *, width: int = 1600) -> Path:
+    browser = _chromium()
+    if browser:
+        os.environ.setdefault("BROWSER_PATH", browser)  # where kaleido's choreographer looks
+    height = int(figure.layout.height or 800)
+    try:
+        figure.write_image(str(path), format="png", width=width, height=height, scale=1)
+    except Exception as exc:  # kaleido/choreographer raise many types when no browser works
+        raise MilesProfileError(f"PNG export failed ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); "
+                                "it needs kaleido and Chromium (apt install chromium)") from None
+    return Path(path)
+
+
+def _jsonable(value):
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, (np.integer,)):
+        return int(value)
+    if isinstance(value, (float, np.floating)):
+        return float(value) if math.isfinite(value) else None
+    if isinstance(value, (str, int, bool)) or value is None:
+        return value
+    return str(value)
+
+
+def trace_events(run, *, max_points: int = 100_000, pid_offset: int = 0) -> list[dict]:
+    """Phases as complete slices ("X") per process, memory series as counter tracks ("C"), marks as instants."""
+    t0 = run_start(run)
+    us = lambda t: round((float(t) - t0) * 1e6, 3)  # noqa: E731
+    events: list[dict] = []
+    pids = sorted(set(run.samples["pid"].unique().tolist()) | set(run.phases["pid"].unique().tolist()
+                                                                     if len(run.phases) else []))
+    for pid in pids:
+        role = next((p.get("role") for p in run.processes if p.get("pid") == pid), "")
+        events.append({"ph": "M", "name": "process_name", "pid": int(pid) + pid_offset,
+                       "args": {"name": f"{run.name} pid {pid}{' (' + role + ')' if role else ''}"}})
+    for row in run.phases.itertuples():
+        events.append({"ph": "X", "name": str(row.name), "cat": "phase", "ts": us(row.start),
+                       "dur": max(0.0, round(float(row.duration) * 1e6, 3)), "pid": int(row.pid) + pid_offset,
+                       "tid": int(row.pid), "args": _jsonable({**(row.attrs or {}), "status": row.status})})
+    for row in run.events[~run.events["kind"].isin(["begin", "end"])].itertuples():
+        events.append({"ph": "i", "s": "p", "name": f"{row.kind}: {row.name}", "ts": us(row.t),
+                       "pid": int(row.pid) + pid_offset, "tid": int(row.pid), "args": _jsonable(row.attrs)})
+    series = timeline_series(run)
+    bounds = (run.phases["start"].to_numpy(float), run.phases["end"].to_numpy(float)) if len(run.phases) else None
+    n_out = max(200, max_points // max(1, len(series)))
+    for s in series:
+        t, y = series_arrays(run, s.pid, s.column)
+        keep = reduce_series(t, y, n_out, phase_ranges(t, *bounds) if bounds else None)
+        name = f"{s.group}: {s.label} (GiB)"
+        for ts, value in zip(t[keep], y[keep]):
+            if math.isfinite(value):
+                events.append({"ph": "C", "name": name, "ts": us(ts), "pid": s.pid + pid_offset,
+                               "args": {"GiB": round(value / GiB, 6)}})
+    return events
+
+
+def write_trace(runs, path: str | Path, *, max_points: int = 100_000) -> Path:
+    events = []
+    for k, run in enumerate(runs):
+        events += trace_events(run, max_points=max_points, pid_offset=k * 10_000_000 if len(runs) > 1 else 0)
+    Path(path).write_text(json.dumps({"traceEvents": events, "displayTimeUnit": "ms"}, separators=(",", ":")))
+    return Path(path)
+
+
+def phase_csv_frame(runs) -> pd.DataFrame:
+    frames = []
+    for run in runs:
+        overall = phase_table(run).assign(iteration="all")
+        per = phase_table(run, by_iteration=True).astype({"iteration": str}) if True else None
+        frame = pd.concat([overall, per], ignore_index=True)
+        frame.insert(0, "run", run.name)
+        frames.append(frame)
+    table = pd.concat(frames, ignore_index=True)
+    first = ["run", "iteration", "name"]
+    return table[first + [c for c in table.columns if c not in first]]
+
+
+def write_phase_csv(runs, path: str | Path) -> Path:
+    phase_csv_frame(runs).to_csv(path, index=False)
+    return Path(path)
+
+
+def write_json(reports, path: str | Path) -> Path:
+    from dataclasses import asdict
+    data = {"runs": [{
+        "name": r.run.name, "path": str(r.run.path), "warnings": r.skipped,
+        "checks": [_jsonable(asdict(c)) for c in r.checks],
+        "phases": _jsonable(r.phases.astype(object).where(r.phases.notna(), None).to_dict("records")),
+    } for r in reports]}
+    Path(path).write_text(json.dumps(data, indent=1))
+    return Path(path)

@@ -1,0 +1,221 @@
+"""The self-contained HTML report: one file, plotly.js inlined, opens offline.
+
+Public API:
+
+    RunReport(run, checks, instances, phases, phases_by_iteration, figure, skipped)
+    build_run_report(run, *, thresholds=None, check=True, max_points=100_000) -> RunReport
+    render_html(reports, *, comparison=None, notes=()) -> str
+    write_html(path, reports, *, comparison=None, notes=()) -> Path
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import html
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+from plotly.offline import get_plotlyjs
+
+from miles_profile.report import checks as checks_mod
+from miles_profile.report.figures import run_start, timeline_figure
+from miles_profile.report.series import GiB
+from miles_profile.report.stats import phase_instances, phase_table, stat_metrics
+
+_CONFIG = {"displaylogo": False, "responsive": True, "scrollZoom": False}
+
+
+@dataclass
+class RunReport:
+    run: object
+    checks: list[checks_mod.CheckResult]
+    phases: pd.DataFrame
+    phases_by_iteration: pd.DataFrame
+    figure: go.Figure
+    skipped: list[str] = field(default_factory=list)
+
+
+def build_run_report(run, *, thresholds: checks_mod.Thresholds | None = None, check: bool = True,
+                     max_points: int = 100_000) -> RunReport:
+    phase_instances(run)
+    results = checks_mod.run_checks(run, thresholds) if check else []
+    return RunReport(run, results, phase_table(run), phase_table(run, by_iteration=True),
+                     timeline_figure(run, max_points=max_points), list(run.warnings))
+
+
+# -- formatting --------------------------------------------------------------------------------
+def _e(x) -> str:
+    return html.escape(str(x))
+
+
+def _gib_cell(v) -> str:
+    if v is None or v is pd.NA or (isinstance(v, float) and not np.isfinite(v)):
+        return '<td class="num muted">–</td>'
+    return f'<td class="num" title="{int(v):,} B">{int(v) / GiB:.3f}</td>'
+
+
+def _phase_table_html(run, table: pd.DataFrame, by_iteration: bool, table_id: str) -> str:
+    if table.empty:
+        return '<p class="muted">No phases were recorded in this run.</p>'
+    metrics = stat_metrics(run)
+    head1 = ('<tr><th rowspan="2">iteration</th>' if by_iteration else "<tr>") + \
+        '<th rowspan="2">phase</th><th rowspan="2">count</th><th rowspan="2">total s</th><th rowspan="2">mean s</th>' + \
+        "".join(f'<th colspan="3">{_e(m.label)} (GiB)</th>' for m in metrics) + "</tr>"
+    head2 = "<tr>" + "<th>floor</th><th>mean</th><th>peak</th>" * len(metrics) + "</tr>"
+    rows = []
+    for r in table.to_dict("records"):
+        cells = [f'<td class="num">{r["iteration"]}</td>'] if by_iteration else []
+        cells += [f'<td><span class="swatch" style="background:{_color(r["name"])}"></span>{_e(r["name"])}</td>',
+                  f'<td class="num">{r["count"]}</td>', f'<td class="num">{r["total_s"]:.3f}</td>',
+                  f'<td class="num">{r["mean_s"]:.3f}</td>']
+        for m in metrics:
+            cells += [_gib_cell(r[f"{m.name}_floor"]), _gib_cell(r[f"{m.name}_mean"]),
+                      f'<td class="num peak"{_gib_cell(r[f"{m.name}_peak"])[3:]}']
+        rows.append("<tr>" + "".join(cells) + "</tr>")
+    return (f'<table id="{table_id}" class="data"><thead>{head1}{head2}</thead><tbody>' + "".join(rows) +
+            "</tbody></table>")
+
+
+def _color(name: str) -> str:
+    from miles_profile.report.figures import phase_color
+    return phase_color(str(name))
+
+
+_BADGE = {"pass": ("pass", "PASS"), "fail": ("fail", "FAIL"), "n/a": ("na", "n/a")}
+
+
+def _checks_html(results: list[checks_mod.CheckResult], t0: float, table_id: str) -> str:
+    if not results:
+        return '<p class="muted">Checks were not run (--no-check).</p>'
+    rows = []
+    for r in results:
+        cls, text = _BADGE[r.status]
+        span = "–" if r.span is None else f"{r.span[0] - t0:.2f} s – {r.span[1] - t0:.2f} s"
+        details = ""
+        judged = [f for f in r.findings if f.status != "n/a"] or r.findings
+        if len(judged) > 1 or (judged and judged[0].message != r.summary):
+            items = "".join(f'<li class="{_BADGE[f.status][0]}-text">{_e(_BADGE[f.status][1])}: {_e(f.message)}</li>'
+                            for f in judged[:200])
+            more = f"<li>… {len(judged) - 200} more</li>" if len(judged) > 200 else ""
+            details = f"<details><summary>{len(judged)} findings</summary><ul>{items}{more}</ul></details>"
+        rows.append(
+            f'<tr class="check-{cls}" data-check="{_e(r.name)}"><td><b>{_e(r.title)}</b>'
+            f'<div class="muted small">{_e(r.name)}</div></td>'
+            f'<td><span class="badge {cls}">{text}</span></td>'
+            f"<td>{_e(r.summary)}{details}</td><td class=\"nowrap\">{_e(span)}</td>"
+            f'<td class="small">{_e(r.explanation)}<div class="muted">judged on: {_e(r.series or "–")}</div></td></tr>')
+    return (f'<table id="{table_id}" class="checks"><thead><tr><th>check</th><th>verdict</th><th>numbers</th>'
+            f"<th>time span</th><th>what it means</th></tr></thead><tbody>{''.join(rows)}</tbody></table>")
+
+
+def _facts_html(run) -> str:
+    meta = run.meta
+    command = meta.get("command")
+    command = " ".join(map(str, command)) if isinstance(command, list) else (command or "–")
+    start = run_start(run)
+    t = run.samples["t"] if len(run.samples) else pd.Series(dtype=float)
+    duration = (float(t.iloc[-1]) - start) if len(t) else float("nan")
+    devices = ", ".join(f"GPU {d.get('index')}: {d.get('name', '?')} ({d.get('total', 0) / GiB:.1f} GiB)"
+                        for d in run.devices) or "no GPU seen (NVML absent): host memory only"
+    processes = ", ".join(f"pid {p.get('pid')} ({p.get('role', '?')}, rank {p.get('rank', 0)})"
+                          for p in run.processes) or "–"
+    interval = meta.get("interval_ms")
+    when = _dt.datetime.fromtimestamp(start).strftime("%Y-%m-%d %H:%M:%S") if start > 1e8 else "–"
+    rows = [("run", str(run.path)), ("command", command), ("host", meta.get("host", "–")), ("started", when),
+            ("duration", f"{duration:.1f} s" if np.isfinite(duration) else "–"),
+            ("sampling interval", f"{interval:g} ms (true peaks between samples are kept)" if interval else "–"),
+            ("samples", f"{len(run.samples):,}"), ("phases", f"{len(run.phases):,}"),
+            ("devices", devices), ("processes", processes)]
+    return '<table class="facts">' + "".join(f"<tr><th>{_e(k)}</th><td>{_e(v)}</td></tr>" for k, v in rows) + "</table>"
+
+
+def _run_section(report: RunReport, k: int, single: bool) -> str:
+    run = report.run
+    t0 = run_start(run)
+    verdict = checks_mod.overall_status(report.checks) if report.checks else "n/a"
+    cls, text = _BADGE[verdict]
+    skipped = ""
+    if report.skipped:
+        skipped = ('<div class="warn"><b>Read with repairs</b> — these parts of the log were skipped or fixed:<ul>' +
+                   "".join(f"<li>{_e(w)}</li>" for w in report.skipped) + "</ul></div>")
+    figure = report.figure.to_html(full_html=False, include_plotlyjs=False, div_id=f"timeline-{k}", config=_CONFIG)
+    suffix = "" if single else f"-{k}"
+    return f"""
+<section class="run" id="run{suffix}">
+  <h2>{_e(run.name)} <span class="badge {cls}">{text}</span></h2>
+  {_facts_html(run)}
+  {skipped}
+  <h3>Checks</h3>
+  {_checks_html(report.checks, t0, "checks" + suffix)}
+  <h3>Timeline</h3>
+  <p class="muted small">Drag to zoom, double-click to reset. Every phase's peak and the global peak are drawn exactly
+  as recorded; the red envelope is the true peak between samples. Hover shows GiB and exact bytes.</p>
+  <div class="figure">{figure}</div>
+  <h3>Per phase</h3>
+  {_phase_table_html(run, report.phases, False, "phases" + suffix)}
+  <details><summary>Per iteration</summary>
+  {_phase_table_html(run, report.phases_by_iteration, True, "phases-by-iteration" + suffix)}</details>
+</section>"""
+
+
+_CSS = """
+body{font:14px/1.45 -apple-system,BlinkMacSystemFont,"Segoe UI",Roboto,Helvetica,Arial,sans-serif;margin:0;color:#1d2330;background:#f6f7f9}
+main{max-width:1400px;margin:0 auto;padding:20px 28px 60px}
+h1{font-size:22px;margin:6px 0 2px} h2{font-size:19px;margin:28px 0 10px;border-bottom:1px solid #dde1e7;padding-bottom:6px}
+h3{font-size:15px;margin:22px 0 8px;color:#3a4354}
+.muted{color:#6b7385}.small{font-size:12px}.nowrap{white-space:nowrap}
+table{border-collapse:collapse;background:#fff;border:1px solid #dde1e7}
+th,td{padding:5px 9px;border-bottom:1px solid #eceff3;text-align:left;vertical-align:top}
+thead th{background:#eef1f5;font-weight:600;font-size:12px;text-align:center}
+table.facts th{background:#eef1f5;font-weight:600;width:150px} table.facts td{font-family:ui-monospace,Menlo,monospace;font-size:12px;word-break:break-all}
+table.checks{width:100%} table.checks td:nth-child(3){width:38%}
+table.data td.num{text-align:right;font-variant-numeric:tabular-nums;font-family:ui-monospace,Menlo,monospace;font-size:12px}
+td.peak{font-weight:600}
+.badge{display:inline-block;padding:1px 8px;border-radius:10px;font-size:12px;font-weight:700;color:#fff;vertical-align:middle}
+.badge.pass{background:#2e8540}.badge.fail{background:#c62828}.badge.na{background:#8a93a3}
+tr.check-fail{background:#fff4f4} .fail-text{color:#b71c1c} .pass-text{color:#2e7d32} .na-text{color:#6b7385}
+.swatch{display:inline-block;width:10px;height:10px;border-radius:2px;margin-right:6px}
+.figure{background:#fff;border:1px solid #dde1e7;padding:4px}
+.warn{background:#fff8e1;border:1px solid #f3d27a;padding:8px 12px;margin:10px 0}
+details{margin:6px 0} summary{cursor:pointer;color:#33507a}
+.verdict{font-size:15px;margin:8px 0 0}
+"""
+
+
+def render_html(reports: list[RunReport], *, comparison: str | None = None, notes: tuple[str, ...] = ()) -> str:
+    single = len(reports) == 1
+    title = f"miles-profile: {reports[0].run.name}" if single else f"miles-profile: {len(reports)} runs compared"
+    verdicts = [checks_mod.overall_status(r.checks) for r in reports if r.checks]
+    overall = "fail" if "fail" in verdicts else ("pass" if "pass" in verdicts else "n/a")
+    cls, text = _BADGE[overall]
+    note_html = "".join(f'<div class="warn">{_e(n)}</div>' for n in notes)
+    nav = ""
+    if not single:
+        nav = "<p>Runs: " + " · ".join(f'<a href="#run-{k}">{_e(r.run.name)}</a>' for k, r in enumerate(reports)) + "</p>"
+    body = "".join(_run_section(r, k, single) for k, r in enumerate(reports))
+    comparison_html = f'<section id="comparison"><h2>Comparison by phase</h2>{comparison}</section>' if comparison else ""
+    generated = _dt.datetime.now().strftime("%Y-%m-%d %H:%M:%S")
+    return f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>{_e(title)}</title>
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<style>{_CSS}</style>
+<script type="text/javascript">{get_plotlyjs()}</script>
+</head><body><main>
+<h1>{_e(title)}</h1>
+<div class="muted small">memory report written {generated} by python -m miles_profile.visualize · GiB = 1024³ bytes</div>
+<p class="verdict">Overall: <span class="badge {cls}" id="overall">{text}</span></p>
+{note_html}{nav}{comparison_html}{body}
+<script type="application/json" id="report-data">{json.dumps({"runs": [r.run.name for r in reports], "overall": overall})}</script>
+</main></body></html>
+"""
+
+
+def write_html(path: str | Path, reports: list[RunReport], *, comparison: str | None = None,
+               notes: tuple[str, ...] = ()) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(render_html(reports, comparison=comparison, notes=notes), encoding="utf-8")
+    return path

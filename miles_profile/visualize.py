@@ -1,0 +1,84 @@
+"""python -m miles_profile.visualize D [-o report.html] [--png F] [--trace F] [--json F] [--csv F] [--no-check]
+
+Writes a self-contained HTML report of the run(s) in D (a run directory, a directory of runs, or a
+Miles CPU-profiler CSV), prints the check verdicts and exits 0 (all pass or n/a), 1 (a check
+failed) or 2 (bad input). Several runs are compared phase by phase.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from dataclasses import replace
+
+from miles_profile.errors import MilesProfileError
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m miles_profile.visualize",
+        description="Write an offline HTML memory report of a miles-profile log and check that every offload "
+                    "dropped memory. Exit code 0: checks pass or do not apply; 1: a check failed; 2: bad input.")
+    parser.add_argument("path", nargs="?", help="run directory, directory of runs (e.g. /tmp/memory_logs), "
+                                                "or a Miles cpu_memory_profile.csv")
+    parser.add_argument("--compare", nargs="+", metavar="D", default=[],
+                        help="more runs (or directories of runs) to compare with, phase by phase")
+    parser.add_argument("-o", "--output", help="HTML file to write (default: report.html in D, or next to the CSV)")
+    parser.add_argument("--png", metavar="FILE", help="also write the timeline as a PNG (kaleido + Chromium)")
+    parser.add_argument("--trace", metavar="FILE",
+                        help="also write a Chrome trace / Perfetto JSON (phases as slices, memory as counters)")
+    parser.add_argument("--json", metavar="FILE", help="also write check results and per-phase statistics as JSON")
+    parser.add_argument("--csv", metavar="FILE", help="also write the per-phase table (overall and per iteration)")
+    parser.add_argument("--no-check", dest="check", action="store_false", help="skip the checks (exit 0)")
+    parser.add_argument("--threshold", action="append", default=[], metavar="NAME=VALUE",
+                        help="override a check threshold, e.g. offload_min_drop_share=0.8 (see docs/checks.md)")
+    parser.add_argument("--max-points", type=int, default=100_000,
+                        help="points per figure after peak-preserving reduction (default: %(default)s)")
+    return parser
+
+
+def _thresholds(pairs: list[str]):
+    from miles_profile.report.checks import Thresholds
+    th = Thresholds()
+    for pair in pairs:
+        name, _, value = pair.partition("=")
+        if name not in Thresholds.names() or not value:
+            raise MilesProfileError(f"unknown threshold {pair!r}; known: {', '.join(Thresholds.names())}")
+        kind = type(getattr(th, name))
+        try:
+            th = replace(th, **{name: kind(float(value)) if kind is int else kind(value)})
+        except ValueError:
+            raise MilesProfileError(f"threshold {name} needs a number, got {value!r}") from None
+    return th
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not args.path and not args.compare:
+        parser.print_usage(sys.stderr)
+        print("miles_profile.visualize: error: give a run directory (e.g. /tmp/memory_logs)", file=sys.stderr)
+        return 2
+    try:
+        from miles_profile.report.build import VisualizeOptions, visualize
+        options = VisualizeOptions(
+            paths=[p for p in [args.path, *args.compare] if p], output=args.output, png=args.png,
+            trace=args.trace, json=args.json, csv=args.csv, check=args.check,
+            thresholds=_thresholds(args.threshold), max_points=max(1000, args.max_points))
+        return visualize(options)
+    except MilesProfileError as exc:
+        print(f"miles_profile.visualize: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("miles_profile.visualize: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:  # never a traceback for a user: one line, the details on demand
+        if os.environ.get("MILES_PROFILE_DEBUG"):
+            raise
+        print(f"miles_profile.visualize: error: could not report this log ({type(exc).__name__}: {exc}); "
+              "set MILES_PROFILE_DEBUG=1 for the traceback", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
