@@ -4,8 +4,10 @@ from __future__ import annotations
 from dash import ALL, Input, Output, State, ctx, dcc, html
 from dash.exceptions import PreventUpdate
 
-from dashboards import report_bridge as bridge
 from dashboards.messages import describe, message
+from dashboards.panels.refresh import due
+from miles_profile.report.checks import CheckResult, run_checks
+from miles_profile.report.figures import run_start
 
 _VERDICT_CLASS = {"pass": "badge-pass", "fail": "badge-fail"}
 
@@ -20,44 +22,48 @@ def layout() -> html.Section:
     ])
 
 
-def _item(index: int, check: bridge.CheckView) -> html.Div:
-    verdict = html.Span(check.verdict, className=f"badge {_VERDICT_CLASS.get(check.verdict, 'badge-na')}")
-    body = [html.Div([verdict, html.Span(check.name, className="checks-name")], className="checks-line"),
+def _item(index: int, check: CheckResult, t0: float) -> html.Div | html.Button:
+    verdict = html.Span(check.status, className=f"badge {_VERDICT_CLASS.get(check.status, 'badge-na')}")
+    where = f"{check.span[0] - t0:.2f}–{check.span[1] - t0:.2f} s" if check.span else ""
+    body = [html.Div([verdict, html.Span(check.title, className="checks-name"),
+                      html.Span(where, className="checks-span")], className="checks-line"),
             html.Div(check.summary, className="checks-summary")]
-    if check.verdict == "fail" and check.span is not None:
+    if check.status == "fail" and check.span is not None:
         return html.Button(body, id={"type": "checks-item", "index": index}, className="checks-item checks-failed",
-                           title="show this span on the timeline")
-    return html.Div(body, className="checks-item")
+                           title=f"{check.explanation}\nClick to show this span on the timeline.")
+    return html.Div(body, className="checks-item", title=check.explanation)
 
 
 def register(app, state) -> None:
     @app.callback(
         Output("checks-list", "children"), Output("checks-spans", "data"), Output("checks-rendered", "data"),
-        Input("runs-selected", "data"), Input("timeline-rendered", "data"),
+        Input("runs-selected", "data"), Input("page-poll", "n_intervals"),
         State("checks-rendered", "data"))
-    def show_checks(run_id, timeline_rendered, rendered):
+    def show_checks(run_id, _tick, rendered):
         if run_id is None:
             return None, None, None
         try:
             live_run = state.cache.get(run_id)
-            key = {"run": run_id, "version": live_run.version}
-            if key == rendered:
+            key = due(run_id, live_run.version, rendered)
+            if key is None:
                 raise PreventUpdate
-            checks = bridge.check_views(live_run.current)
+            run = live_run.current
+            results = run_checks(run)
+            t0 = run_start(run)
         except PreventUpdate:
             raise
         except Exception as exc:  # noqa: BLE001 - a message in the page, never a traceback
             return message(describe(exc)), None, None
-        if not checks:
-            return message("No checks apply to this run.", "info"), [], key
-        spans = [list(c.span) if c.span else None for c in checks]
-        return [_item(i, c) for i, c in enumerate(checks)], spans, key
+        order = {"fail": 0, "pass": 1}
+        results = sorted(results, key=lambda r: order.get(r.status, 2))  # failures first
+        spans = [list(r.span) if r.span else None for r in results]
+        return [_item(i, r, t0) for i, r in enumerate(results)], spans, key
 
     @app.callback(
         Output("checks-focus", "data"),
         Input({"type": "checks-item", "index": ALL}, "n_clicks"),
         State("checks-spans", "data"), prevent_initial_call=True)
-    def focus_check(clicks, spans):
+    def focus_check(_clicks, spans):
         clicked = ctx.triggered_id
         if not isinstance(clicked, dict) or not ctx.triggered[0]["value"] or not isinstance(spans, list):
             raise PreventUpdate

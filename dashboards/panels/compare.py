@@ -3,9 +3,7 @@ from __future__ import annotations
 
 from dash import Input, Output, dcc, html
 
-from dashboards import report_bridge as bridge
 from dashboards.messages import describe, message
-from dashboards.panels.phases import table
 from dashboards.runs import list_runs
 
 
@@ -35,8 +33,6 @@ def register(app, state) -> None:
             return None, {"display": "none"}
         try:
             runs = [state.cache.get(run_id).current for run_id in run_ids[:6]]
-            figure, peaks = bridge.comparison(runs)
         except Exception as exc:  # noqa: BLE001
             return message(describe(exc)), {}
-        return [dcc.Graph(id="compare-graph", figure=figure, config={"displaylogo": False}),
-                table(peaks, "compare-table")], {}
+        return message(f"{len(runs)} runs chosen; the comparison view is not available yet.", "info"), {}

@@ -1,53 +1,76 @@
-"""Per-phase panel: the report's per-phase table (count, durations, floor/mean/peak per series)."""
+"""Per-phase panel: the report's per-phase table (count, durations, floor/mean/peak per series), GiB on screen."""
 from __future__ import annotations
 
-import numpy as np
 import pandas as pd
 from dash import Input, Output, State, dash_table, dcc, html
 from dash.exceptions import PreventUpdate
 
-from dashboards import report_bridge as bridge
 from dashboards.messages import describe, message
+from dashboards.panels.refresh import due
+from miles_profile.report.series import GiB
+from miles_profile.report.stats import phase_table, stat_metrics
+
+_KEYS = {"iteration": "iteration", "name": "phase", "count": "count", "total_s": "total s", "mean_s": "mean s"}
 
 
 def layout() -> html.Section:
     return html.Section(className="panel phases", children=[
-        html.H2("Phases"),
+        html.Div(className="panel-head", children=[
+            html.H2("Phases"),
+            dcc.RadioItems(id="phases-grouping", className="phases-grouping", inline=True, value="overall",
+                           options=[{"label": "overall", "value": "overall"},
+                                    {"label": "per iteration", "value": "iteration"}]),
+        ]),
         html.Div(id="phases-table"),
         dcc.Store(id="phases-rendered"),
     ])
 
 
-def table(frame: pd.DataFrame, table_id: str) -> dash_table.DataTable:
-    """A DataFrame as a compact, sortable table (the frame is already formatted for display)."""
-    frame = frame.reset_index() if not isinstance(frame.index, pd.RangeIndex) else frame
-    frame = frame.replace({np.nan: None})
+def display_table(frame: pd.DataFrame, labels: dict[str, str], table_id: str) -> dash_table.DataTable:
+    """A table of the report's: byte columns (`<metric>_<stat>`) shown in GiB under a merged header."""
+    columns, records = [], [{} for _ in range(len(frame))]
+    for column in frame.columns:
+        metric, _, stat = str(column).rpartition("_")
+        if metric in labels:
+            name, values = [f"{labels[metric]} (GiB)", stat], [None if pd.isna(v) else round(int(v) / GiB, 3)
+                                                            for v in frame[column]]
+            kind = "numeric"
+        else:
+            name = ["", _KEYS.get(str(column), str(column))]
+            values = [None if pd.isna(v) else (round(float(v), 3) if isinstance(v, float) else v) for v in frame[column]]
+            kind = "numeric" if pd.api.types.is_numeric_dtype(frame[column]) else "text"
+        columns.append({"name": name, "id": str(column), "type": kind})
+        for record, value in zip(records, values):
+            record[str(column)] = value
     return dash_table.DataTable(
-        id=table_id, data=frame.to_dict("records"),
-        columns=[{"name": str(c), "id": str(c)} for c in frame.columns],
-        sort_action="native", page_size=25, style_table={"overflowX": "auto"},
-        style_cell={"fontFamily": "inherit", "fontSize": "12px", "padding": "3px 8px", "textAlign": "right"},
-        style_header={"fontWeight": "600", "backgroundColor": "#f3f4f6"})
+        id=table_id, data=records, columns=columns, merge_duplicate_headers=True, sort_action="native",
+        page_size=20, style_table={"overflowX": "auto"},
+        style_cell={"fontFamily": "system-ui, -apple-system, Segoe UI, Roboto, sans-serif", "fontSize": "12px", "padding": "2px 8px"},
+        style_header={"fontWeight": "600", "backgroundColor": "#f3f4f6", "textAlign": "center",
+                      "fontFamily": "system-ui, -apple-system, Segoe UI, Roboto, sans-serif"})
 
 
 def register(app, state) -> None:
     @app.callback(
         Output("phases-table", "children"), Output("phases-rendered", "data"),
-        Input("runs-selected", "data"), Input("timeline-rendered", "data"),
+        Input("runs-selected", "data"), Input("page-poll", "n_intervals"), Input("phases-grouping", "value"),
         State("phases-rendered", "data"))
-    def show_phases(run_id, _timeline_rendered, rendered):
+    def show_phases(run_id, _tick, grouping, rendered):
         if run_id is None:
             return None, None
+        by_iteration = grouping == "iteration"
         try:
             live_run = state.cache.get(run_id)
-            key = {"run": run_id, "version": live_run.version}
-            if key == rendered:
+            key = due(f"{run_id}\n{by_iteration}", live_run.version, rendered)
+            if key is None:
                 raise PreventUpdate
-            frame = bridge.phase_table(live_run.current)
+            run = live_run.current
+            frame = phase_table(run, by_iteration=by_iteration)
+            labels = {m.name: m.label for m in stat_metrics(run)}
         except PreventUpdate:
             raise
         except Exception as exc:  # noqa: BLE001
             return message(describe(exc)), None
         if frame.empty:
             return message("No phases recorded yet.", "info"), key
-        return table(frame, "phases-datatable"), key
+        return display_table(frame, labels, "phases-datatable"), key

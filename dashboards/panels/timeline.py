@@ -13,13 +13,16 @@ import time
 from dash import Input, Output, State, ctx, dcc, html, no_update
 from dash.exceptions import PreventUpdate
 
-from dashboards import report_bridge as bridge
 from dashboards.messages import describe, message
+from miles_profile.report.figures import run_start, timeline_figure
 
 _RANGE_KEY = re.compile(r"^xaxis\d*\.range\[([01])\]$")
 _RANGE_LIST_KEY = re.compile(r"^xaxis\d*\.range$")
 _AUTORANGE_KEY = re.compile(r"^xaxis\d*\.autorange$")
 FOCUS_PAD = 0.15  # share of a check's span shown on each side of it
+# Points per redraw, all series together. The report's default (1e5) suits a file; a page redrawn on
+# every zoom and every second of a live run wants fewer: this is still ~2 extrema per pixel per series.
+MAX_POINTS = 30_000
 
 
 def layout() -> html.Section:
@@ -57,7 +60,8 @@ def window_from_relayout(relayout: dict | None, run) -> tuple[float, float] | No
     if len(ends) != 2:
         return False
     try:
-        lo, hi = sorted((bridge.unix_time(run, ends[0]), bridge.unix_time(run, ends[1])))
+        t0 = run_start(run)  # the figure's x is seconds since the run started
+        lo, hi = sorted((float(ends[0]) + t0, float(ends[1]) + t0))
     except (TypeError, ValueError):
         return False
     return (lo, hi) if hi > lo else False
@@ -113,15 +117,18 @@ def register(app, state) -> None:
             window = focus_window(focus.get("span")) or window
         run = live_run.current
         try:
-            figure = bridge.timeline_figure(run, window)
+            t0 = run_start(run)
+            t_range = None if window is None else (window[0] - t0, window[1] - t0)
+            figure = timeline_figure(run, max_points=MAX_POINTS, t_range=t_range)
         except Exception as exc:  # noqa: BLE001
             return _blank(), None, None, "", message(describe(exc))
-        figure.update_layout(uirevision=run_id)
-        if window is None:
+        # Beside a training run the page is narrow: the legend goes above the plots, not beside them.
+        figure.update_layout(uirevision=run_id, margin=dict(t=90, r=10),
+                             legend=dict(orientation="h", x=0, y=0.99, yanchor="top", yref="container"))
+        if t_range is None:
             figure.update_xaxes(autorange=True)
         else:
-            figure.update_xaxes(range=[bridge.axis_value(run, window[0]), bridge.axis_value(run, window[1])],
-                                autorange=False)
+            figure.update_xaxes(range=list(t_range), autorange=False)
         figure.update_yaxes(fixedrange=True)  # zoom acts on time; each redraw fits the visible values
         rendered = {"run": run_id, "version": live_run.version}
         notes = message("; ".join(run.warnings), "warning") if run.warnings else None
