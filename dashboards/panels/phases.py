@@ -10,6 +10,11 @@ from dashboards.panels.refresh import due
 from miles_profile.report.series import GiB
 from miles_profile.report.stats import phase_table, stat_metrics
 
+_FONT = "system-ui, -apple-system, Segoe UI, Roboto, sans-serif"
+TABLE_STYLE = dict(
+    style_table={"overflowX": "auto"},
+    style_cell={"fontFamily": _FONT, "fontSize": "12px", "padding": "2px 8px"},
+    style_header={"fontWeight": "600", "backgroundColor": "#f3f4f6", "textAlign": "center", "fontFamily": _FONT})
 _KEYS = {"iteration": "iteration", "name": "phase", "count": "count", "total_s": "total s", "mean_s": "mean s"}
 
 
@@ -44,10 +49,7 @@ def display_table(frame: pd.DataFrame, labels: dict[str, str], table_id: str) ->
             record[str(column)] = value
     return dash_table.DataTable(
         id=table_id, data=records, columns=columns, merge_duplicate_headers=True, sort_action="native",
-        page_size=20, style_table={"overflowX": "auto"},
-        style_cell={"fontFamily": "system-ui, -apple-system, Segoe UI, Roboto, sans-serif", "fontSize": "12px", "padding": "2px 8px"},
-        style_header={"fontWeight": "600", "backgroundColor": "#f3f4f6", "textAlign": "center",
-                      "fontFamily": "system-ui, -apple-system, Segoe UI, Roboto, sans-serif"})
+        page_size=20, **TABLE_STYLE)
 
 
 def register(app, state) -> None:

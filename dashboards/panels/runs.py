@@ -49,7 +49,7 @@ def register(app, state) -> None:
         ids = [r.run_id for r in runs]
         if selected not in ids:
             selected = ids[0] if ids else None
-        new_signature = [selected, [(r.run_id, r.live, r.problem) for r in runs]]
+        new_signature = [selected, [[r.run_id, r.live, r.problem] for r in runs]]  # lists: compared with JSON
         if new_signature == signature:
             return no_update, no_update, no_update
         if not runs:

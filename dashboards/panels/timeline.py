@@ -10,15 +10,12 @@ from __future__ import annotations
 import re
 import time
 
-from dash import Input, Output, State, ctx, dcc, html, no_update
+from dash import ClientsideFunction, Input, Output, State, ctx, dcc, html
 from dash.exceptions import PreventUpdate
 
 from dashboards.messages import describe, message
 from miles_profile.report.figures import run_start, timeline_figure
 
-_RANGE_KEY = re.compile(r"^xaxis\d*\.range\[([01])\]$")
-_RANGE_LIST_KEY = re.compile(r"^xaxis\d*\.range$")
-_AUTORANGE_KEY = re.compile(r"^xaxis\d*\.autorange$")
 FOCUS_PAD = 0.15  # share of a check's span shown on each side of it
 # Points per redraw, all series together. The report's default (1e5) suits a file; a page redrawn on
 # every zoom and every second of a live run wants fewer: this is still ~2 extrema per pixel per series.
@@ -35,6 +32,7 @@ def layout() -> html.Section:
         dcc.Graph(id="timeline-graph", className="timeline-graph", figure=_blank(),
                   config={"displaylogo": False, "scrollZoom": True,
                           "modeBarButtonsToRemove": ["select2d", "lasso2d", "autoScale2d"]}),
+        dcc.Store(id="timeline-zoom"),  # the last x zoom the user asked for, in axis units (set in the browser)
         dcc.Store(id="timeline-view"),
         dcc.Store(id="timeline-rendered"),
     ])
@@ -45,26 +43,18 @@ def _blank() -> dict:
                                    "margin": {"l": 0, "r": 0, "t": 0, "b": 0}}}
 
 
-def window_from_relayout(relayout: dict | None, run) -> tuple[float, float] | None | bool:
-    """The x window (Unix seconds) a relayout asks for; None for 'show all'; False when it is no x change."""
-    if not isinstance(relayout, dict):
+def window_from_zoom(zoom: object, run) -> tuple[float, float] | None | bool:
+    """The window (Unix seconds) a `timeline-zoom` asks for; None: show all; False: nothing usable."""
+    if not isinstance(zoom, dict):
         return False
-    ends: dict[int, object] = {}
-    for key, value in relayout.items():
-        if _AUTORANGE_KEY.match(key) and value:
-            return None
-        if _RANGE_LIST_KEY.match(key) and isinstance(value, list) and len(value) == 2:
-            ends = {0: value[0], 1: value[1]}
-        elif (m := _RANGE_KEY.match(key)):
-            ends[int(m.group(1))] = value
-    if len(ends) != 2:
-        return False
+    if zoom.get("auto"):
+        return None
     try:
-        t0 = run_start(run)  # the figure's x is seconds since the run started
-        lo, hi = sorted((float(ends[0]) + t0, float(ends[1]) + t0))
-    except (TypeError, ValueError):
+        lo, hi = sorted(float(v) for v in zoom["range"])
+    except (KeyError, TypeError, ValueError):
         return False
-    return (lo, hi) if hi > lo else False
+    t0 = run_start(run)  # the figure's x is seconds since the run started
+    return (lo + t0, hi + t0) if hi > lo else False
 
 
 def focus_window(span) -> tuple[float, float] | None:
@@ -88,33 +78,36 @@ def _status(run, live_run, window) -> str:
 
 
 def register(app, state) -> None:
+    # In the browser: only a relayout that moves the x axis reaches the server. Others (autosize, legend
+    # clicks) would otherwise fire the figure callback again and cancel a zoom's redraw in flight.
+    app.clientside_callback(ClientsideFunction("timeline", "zoomFromRelayout"),
+                            Output("timeline-zoom", "data"), Input("timeline-graph", "relayoutData"),
+                            prevent_initial_call=True)
+
     @app.callback(
         Output("timeline-graph", "figure"), Output("timeline-view", "data"), Output("timeline-rendered", "data"),
         Output("timeline-status", "children"), Output("timeline-message", "children"),
-        Input("runs-selected", "data"), Input("timeline-graph", "relayoutData"), Input("page-poll", "n_intervals"),
+        Input("runs-selected", "data"), Input("timeline-zoom", "data"), Input("page-poll", "n_intervals"),
         Input("checks-focus", "data"),
         State("timeline-view", "data"), State("timeline-rendered", "data"))
-    def draw_timeline(run_id, relayout, _tick, focus, view, rendered):
-        trigger = ctx.triggered_id
+    def draw_timeline(run_id, zoom, _tick, focus, view, rendered):
+        triggers = {key.rsplit(".", 1)[0] for key in ctx.triggered_prop_ids}
         if run_id is None:
             return _blank(), None, None, "", message("No run to show yet.", "info")
         try:
             live_run = state.cache.get(run_id)
+            live_run.refresh()  # every redraw shows the newest samples
         except Exception as exc:  # noqa: BLE001 - every failure becomes a message in the page
             return _blank(), None, None, "", message(describe(exc))
         same_run = isinstance(rendered, dict) and rendered.get("run") == run_id
         window = tuple(view) if same_run and view else None
-        if trigger == "page-poll":
-            changed = live_run.refresh()
-            if same_run and not changed and rendered.get("version") == live_run.version:
-                raise PreventUpdate
-        elif trigger == "timeline-graph":
-            asked = window_from_relayout(relayout, live_run.current)
-            if asked is False or not same_run:
-                raise PreventUpdate
+        asked = window_from_zoom(zoom, live_run.current) if "timeline-zoom" in triggers and same_run else False
+        if asked is not False:
             window = asked
-        elif trigger == "checks-focus" and isinstance(focus, dict):
+        if "checks-focus" in triggers and isinstance(focus, dict):
             window = focus_window(focus.get("span")) or window
+        elif asked is False and same_run and rendered.get("version") == live_run.version:
+            raise PreventUpdate  # a poll that found nothing new, or a relayout that moved no x axis
         run = live_run.current
         try:
             t0 = run_start(run)
