@@ -39,7 +39,7 @@ def peak_table(frame: pd.DataFrame) -> dash_table.DataTable:
         else:
             columns.append({"name": ["", str(column)], "id": column})
     return dash_table.DataTable(id="compare-table", data=data.astype(object).where(data.notna(), None).to_dict("records"),
-                                columns=columns, merge_duplicate_headers=True, sort_action="native",
+                                columns=columns, sort_action="native",
                                 page_size=20, **TABLE_STYLE)
 
 

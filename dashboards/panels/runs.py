@@ -36,6 +36,15 @@ def _item(run: RunSummary, selected: bool) -> html.Button:
         ])
 
 
+def default_run(runs: list[RunSummary]) -> str | None:
+    """What the page shows before the user picks: a live run, else the newest readable one."""
+    for wanted in (lambda r: r.live, lambda r: not r.problem, lambda r: True):
+        chosen = next((r.run_id for r in runs if wanted(r)), None)
+        if chosen is not None:
+            return chosen
+    return None
+
+
 def register(app, state) -> None:
     @app.callback(
         Output("runs-list", "children"), Output("runs-selected", "data"), Output("runs-signature", "data"),
@@ -48,7 +57,7 @@ def register(app, state) -> None:
             selected = clicked.get("run")
         ids = [r.run_id for r in runs]
         if selected not in ids:
-            selected = ids[0] if ids else None
+            selected = default_run(runs)
         new_signature = [selected, [[r.run_id, r.live, r.problem] for r in runs]]  # lists: compared with JSON
         if new_signature == signature:
             return no_update, no_update, no_update
