@@ -446,11 +446,13 @@ def check_headroom(run, th: Thresholds) -> CheckResult:
         findings.append(_headroom_finding(f"GPU {i}", peak, float(total), th))
     if not run.gpu_indices:
         total = _host_total(run)
-        peaks = [_nanmax(series_arrays(run, p, "rss_peak")[1]) for p in pids_with(run, "rss_peak")]
+        column = "rss_peak" if pids_with(run, "rss_peak") else "rss"
+        peaks = [_nanmax(series_arrays(run, p, column)[1]) for p in pids_with(run, column)]
         if peaks and np.isfinite(total):
             findings.append(_headroom_finding("host", max(peaks), total, th))
     if not findings:
-        return _na(name, title, explanation, "device totals unknown (no NVML devices in meta)")
+        return _na(name, title, explanation, "device totals unknown (no NVML devices in meta)" if run.gpu_indices
+                   else "host total unknown (no host probe in meta)")
     t = run.samples["t"]
     span = (float(t.iloc[0]), float(t.iloc[-1])) if len(t) else None
     for f in findings:

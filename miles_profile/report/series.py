@@ -107,8 +107,11 @@ def _role(run, pid: int) -> str | None:
 
 
 def process_label(run, pid: int) -> str:
-    if _role(run, pid) == "exec_parent":
+    role = _role(run, pid)
+    if role == "exec_parent":
         return f"process tree (pid {pid}, sampled from outside)"
+    if role == "miles_cpu_profiler":
+        return "host used memory (Miles CPU profiler)"
     return f"pid {pid}"
 
 
@@ -136,7 +139,8 @@ def timeline_series(run) -> list[Series]:
                                   f"gpu{i}_alloc" if kind == "alloc_peak" else None))
     for pid in pids_with(run, "rss"):
         suffix = f", {process_label(run, pid)}" if many else ""
-        out.append(Series("rss", pid, f"RSS{suffix}", "host", "rss"))
+        label = process_label(run, pid) if _role(run, pid) == "miles_cpu_profiler" else f"RSS{suffix}"
+        out.append(Series("rss", pid, label, "host", "rss"))
         if pid in pids_with(run, "rss_peak"):
             out.append(Series("rss_peak", pid, f"RSS, true peak{suffix}", "host", "rss_peak", "rss"))
     for column, text in (("pinned", "pinned host memory"), ("disk", "offload files on disk")):

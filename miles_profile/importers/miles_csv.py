@@ -1,0 +1,119 @@
+"""Import the CSV written by the Miles framework's own CPU memory profiler.
+
+Columns: `time_s, used_gb, available_gb, percent, marker`. `marker` holds zero or more labels joined
+by `;`; a label `step_3/generate_start` opens phase `generate` of iteration 3 (its `rollout_id`) and
+`step_3/generate_end` closes it; any other label becomes a mark. GB are taken as GiB (1024**3 bytes,
+what psutil-based profilers print); the values are rounded by the profiler, so bytes are approximate.
+`used_gb` is the host's used memory (not one process's RSS) and has no true peak between samples;
+the report labels it as such.
+
+    load_miles_csv(path) -> Run
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from miles_profile import names
+from miles_profile.errors import MilesProfileError
+from miles_profile.logdir.layout import FORMAT_VERSION
+from miles_profile.logdir.reader import EVENT_COLUMNS, Run, phase_timeline, phases_from_events
+
+REQUIRED = ("time_s", "used_gb", "available_gb", "percent", "marker")
+ROLE = "miles_cpu_profiler"
+IMPORT_PID = 0
+_LABEL = re.compile(r"^(?:(?P<prefix>[^/]*)/)?(?P<name>.+?)_(?P<edge>start|end|begin)$")
+_STEP = re.compile(r"(?:step|rollout|iter(?:ation)?)_?(\d+)$")
+GiB = 1024 ** 3
+
+
+def _read(path: Path) -> pd.DataFrame:
+    try:
+        frame = pd.read_csv(path, dtype=str, keep_default_na=False, skipinitialspace=True,
+                            on_bad_lines="skip", engine="python")
+    except (OSError, UnicodeDecodeError, pd.errors.ParserError, pd.errors.EmptyDataError) as exc:
+        raise MilesProfileError(f"{path}: unreadable CSV ({type(exc).__name__})") from None
+    frame.columns = [str(c).strip() for c in frame.columns]
+    missing = [c for c in REQUIRED if c not in frame.columns]
+    if missing:
+        raise MilesProfileError(f"{path}: not a miles-profile run nor a Miles CPU memory profile "
+                                f"(CSV lacks columns {', '.join(missing)})")
+    return frame
+
+
+def load_miles_csv(path: str | Path) -> Run:
+    path = Path(path)
+    frame = _read(path)
+    warnings: list[str] = []
+    t = pd.to_numeric(frame["time_s"], errors="coerce").to_numpy(float)
+    used = pd.to_numeric(frame["used_gb"], errors="coerce").to_numpy(float)
+    available = pd.to_numeric(frame["available_gb"], errors="coerce").to_numpy(float)
+    markers = frame["marker"].astype(str).to_numpy(object)
+    good = np.isfinite(t)
+    if (~good).any():
+        warnings.append(f"{path.name}: dropped {int((~good).sum())} rows without a valid time_s")
+    t, used, available, markers = t[good], used[good], available[good], markers[good]
+    if len(t) == 0:
+        raise MilesProfileError(f"{path}: no samples")
+    if (np.diff(t) < 0).any():
+        warnings.append(f"{path.name}: rows were out of time order; sorted")
+        order = np.argsort(t, kind="stable")
+        t, used, available, markers = t[order], used[order], available[order], markers[order]
+    events = _events(t, markers, warnings)
+    samples = pd.DataFrame({
+        "t": t, "phase": "", "pid": np.int64(IMPORT_PID),
+        "rss": pd.array(np.where(np.isfinite(used), np.round(used * GiB), np.nan), dtype="Float64").astype("Int64"),
+        "host_available": pd.array(np.where(np.isfinite(available), np.round(available * GiB), np.nan),
+                                   dtype="Float64").astype("Int64"),
+    })
+    samples["rss"] = samples["rss"].astype("float64")
+    samples["host_available"] = samples["host_available"].astype("float64")
+    times, labels = phase_timeline(events)
+    if len(times):
+        at = np.searchsorted(times, t, side="right") - 1
+        samples["phase"] = np.where(at >= 0, np.asarray(labels, dtype=object)[np.maximum(at, 0)], "")
+    samples["phase"] = samples["phase"].astype("category")
+    interval = float(np.median(np.diff(t)) * 1000) if len(t) > 1 else None
+    meta = {"format_version": FORMAT_VERSION, "command": [f"imported from {path}"], "host": "",
+            "start_time": float(t[0]), "interval_ms": interval, "source": "Miles CPU memory profiler CSV"}
+    total = float(np.nanmedian(used + available)) * GiB if np.isfinite(used + available).any() else None
+    processes = [{"pid": IMPORT_PID, "role": ROLE, "rank": 0, "devices": [],
+                  "probes": [{"name": "host", "active": True, "total": total}]}]
+    return Run(path, meta, processes, samples, events, phases_from_events(events, samples), warnings)
+
+
+def _events(t: np.ndarray, markers: np.ndarray, warnings: list[str]) -> pd.DataFrame:
+    rows, open_ids, next_id, unmatched = [], {}, 1, 0
+    for when, cell in zip(t, markers):
+        for label in (s.strip() for s in str(cell).split(";")):
+            if not label or label.lower() == "nan":
+                continue
+            match = _LABEL.match(label)
+            if not match:
+                rows.append({"t": when, "kind": names.MARK, "name": label, "pid": IMPORT_PID, "attrs": {}})
+                continue
+            prefix, name = match["prefix"] or "", match["name"]
+            key = (prefix, name)
+            attrs = {"marker_prefix": prefix} if prefix else {}
+            step = _STEP.search(prefix) if prefix else None
+            if step:
+                attrs["rollout_id"] = int(step.group(1))
+            if match["edge"] in ("start", "begin"):
+                open_ids[key] = next_id
+                rows.append({"t": when, "kind": names.BEGIN, "name": name, "pid": IMPORT_PID, "id": next_id,
+                             "attrs": attrs})
+                next_id += 1
+            elif key in open_ids:
+                rows.append({"t": when, "kind": names.END, "name": name, "pid": IMPORT_PID, "id": open_ids.pop(key),
+                             "attrs": {"status": "ok"}})
+            else:
+                unmatched += 1
+    if unmatched:
+        warnings.append(f"skipped {unmatched} end markers without a start")
+    events = pd.DataFrame(rows, columns=EVENT_COLUMNS)
+    events["attrs"] = events["attrs"].map(lambda a: a if isinstance(a, dict) else {})
+    events["t"] = events["t"].astype(float)
+    return events.sort_values("t", kind="stable").reset_index(drop=True)
