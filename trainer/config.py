@@ -41,13 +41,14 @@ class Preset:
     kv_cache_bytes: int        # rollout engine KV pool, allocated up front
     chunk_bytes: int           # offload / weight-update chunk
     lr: float
+    torch_threads: int | None = None  # None: torch's default. Tiny matmuls only lose from threads.
 
 
 PRESETS: dict[str, Preset] = {
     # Seconds per rollout; for tests and the learning check.
     "tiny": Preset(d_model=64, n_layer=2, n_head=4, digits=4, rollout_batch_size=32,
                    n_samples_per_prompt=8, micro_batch_size=256, kv_cache_bytes=2 * MiB,
-                   chunk_bytes=256 * 1024, lr=3e-3),
+                   chunk_bytes=256 * 1024, lr=3e-3, torch_threads=1),
     # ~8M params: weights+grads+AdamW ~ 126 MB, so every drop stands above allocator noise on CPU.
     "cpu": Preset(d_model=256, n_layer=10, n_head=8, digits=6, rollout_batch_size=16,
                   n_samples_per_prompt=8, micro_batch_size=128, kv_cache_bytes=64 * MiB,

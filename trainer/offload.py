@@ -137,11 +137,15 @@ class DiskOffloader:
     # --- offload --------------------------------------------------------------------------------
 
     def offload(self) -> None:
-        self._remove_files()  # the state in memory is newer than any copy on disk
-        self._check_space()
-        entries = self._write_all()
-        disk_store.write_manifest(self.directory, entries)
-        for s in self.state:
+        try:
+            self._remove_files()  # the state in memory is newer than any copy on disk
+            self._check_space()
+            entries = self._write_all()
+            disk_store.write_manifest(self.directory, entries)
+        except OSError as exc:
+            self._remove_files(ignore_errors=True)
+            raise OffloadError(self._describe(exc)) from None
+        for s in self.state:  # only now: every byte is on disk
             free_storage(s.tensor)
         self.offloaded = True
         _return_memory(self.state[0].tensor.device)
@@ -163,14 +167,8 @@ class DiskOffloader:
                 if s.tensor.device.type != "cpu":
                     slots[slot] = jobs[-1]
             return [job.result() for job in jobs]
-        except OSError as exc:
-            wait(jobs)  # every writer must be done before its files are deleted
-            self._remove_files()
-            raise OffloadError(self._describe(exc)) from None
-        except BaseException:
-            wait(jobs)
-            self._remove_files()
-            raise
+        finally:
+            wait(jobs)  # every writer is done before the caller deletes files or frees memory
 
     def _check_space(self) -> None:
         need = self.disk_bytes()
@@ -205,7 +203,7 @@ class DiskOffloader:
                 s.tensor.copy_(s.mirror)
         _sync(self.state[0].tensor.device)
         self.offloaded = False
-        self._remove_files()
+        self._remove_files(ignore_errors=True)  # stale now; a failure here costs only disk space
 
     def _read_all(self, entries: list[ChunkEntry], by_name: dict[str, StateTensor]) -> None:
         jobs: list[Future] = []
@@ -261,15 +259,18 @@ class DiskOffloader:
         itemsize = torch.empty((), dtype=dtype).element_size()
         return self._staging[slot][:numel * itemsize].view(dtype)
 
-    def _remove_files(self) -> None:
-        for path in self.directory.glob("*.safetensors"):
-            path.unlink(missing_ok=True)
-        (self.directory / disk_store.MANIFEST).unlink(missing_ok=True)
+    def _remove_files(self, ignore_errors: bool = False) -> None:
+        try:
+            for path in [*self.directory.glob("*.safetensors"), self.directory / disk_store.MANIFEST]:
+                path.unlink(missing_ok=True)
+        except OSError:
+            if not ignore_errors:
+                raise
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)
         if not self.offloaded:
-            self._remove_files()
+            self._remove_files(ignore_errors=True)
 
 
 def _finish_read(job: Future, buf: torch.Tensor, dst: torch.Tensor) -> None:

@@ -18,10 +18,10 @@ class Progress:
 
     def update(self, rollout_id: int, reward: float, loss: float, seconds: float) -> None:
         if self._bar is not None:
-            self._bar.set_postfix(reward=f"{reward:.3f}", loss=f"{loss:+.4f}", step=f"{seconds:.2f}s")
+            self._bar.set_postfix(reward=f"{reward:.3f}", loss=f"{loss:+.3e}", step=f"{seconds:.2f}s")
             self._bar.update(1)
         else:
-            print(f"rollout {rollout_id + 1}/{self.total}  reward {reward:.3f}  loss {loss:+.4f}  "
+            print(f"rollout {rollout_id + 1}/{self.total}  reward {reward:.3f}  loss {loss:+.3e}  "
                   f"step {seconds:.2f}s", flush=True)
 
     def close(self) -> None:

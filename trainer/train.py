@@ -118,6 +118,15 @@ def update_weights(actor: Actor, engine: RolloutEngine, i: int | None) -> None:
 
 def run(cfg: RunConfig) -> list[tuple[float, TrainStats]]:
     """Train; returns (mean reward, stats) per rollout."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(cfg.preset.torch_threads or threads)
+    try:
+        return _run(cfg)
+    finally:
+        torch.set_num_threads(threads)  # `record` runs us in process: leave its settings as found
+
+
+def _run(cfg: RunConfig) -> list[tuple[float, TrainStats]]:
     torch.manual_seed(cfg.seed)
     device = torch.device(cfg.device)
     model_cfg = model_config(cfg.preset, cfg.digits)
