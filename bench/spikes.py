@@ -79,8 +79,14 @@ def measure_spikes(dev: torch.device, tmp: Path, interval_ms: float, spikes: int
         schedule = _spike_schedule(spikes, low, high, seed=len(name))
         alloc = (lambda n: torch.ones(n, dtype=torch.uint8)) if where == "cpu" else \
                 (lambda n: torch.empty(n, dtype=torch.uint8, device="cuda"))
+        # Host fills run on one thread: Linux keeps RSS in per-CPU counters that /proc reads with a
+        # slack of up to 32 pages per CPU (2 MiB on 16 cores, 3% of a 64 MiB spike), and faults spread
+        # over many CPUs move that slack between two reads. One faulting CPU keeps it below 128 KiB.
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1 if where == "cpu" else threads)
         with mp.Recorder(tmp / f"spikes_{name}", interval_ms=interval_ms) as rec:
             spans = _run_spikes(alloc, schedule, interval_s, dev)
+        torch.set_num_threads(threads)
         result[name] = _rates(mp.load(rec.run_dir), spans, schedule, current, peak)
         result[name]["sizes_mib"] = [low // MiB, high // MiB]
     return result
