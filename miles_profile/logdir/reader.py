@@ -7,6 +7,7 @@ in `Run.warnings`. A missing run, an unknown format version or a run with no met
 from __future__ import annotations
 
 import json
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -124,6 +125,9 @@ def _read_samples(path: Path, warnings: list[str]) -> pd.DataFrame | None:
     header = bytes(data[: min(end, 4096)]).split(b"\n", 1)[0].decode(errors="replace").split(",")
     types = {c: pa.int64() for c in header if c not in ("t", "phase")}
     types.update(t=pa.float64(), phase=pa.dictionary(pa.int32(), pa.string()))
+    # A row that is not UTF-8 makes pyarrow fail inside the handler ("Exception ignored"): keep that
+    # noise off the user's terminal; the read then fails and the slow path below takes over.
+    unraisable, sys.unraisablehook = sys.unraisablehook, lambda _: None
     try:
         table = pacsv.read_csv(
             pa.py_buffer(data[:end]),
@@ -131,8 +135,11 @@ def _read_samples(path: Path, warnings: list[str]) -> pd.DataFrame | None:
             convert_options=pacsv.ConvertOptions(column_types=types, strings_can_be_null=False),
         )
         frame = table.to_pandas()
-    except (pa.ArrowInvalid, pa.ArrowTypeError, KeyError):
+    except (pa.ArrowInvalid, pa.ArrowTypeError, KeyError, UnicodeDecodeError):
+        skipped.clear()
         frame = _read_samples_slowly(data[:end], header, path, warnings)
+    finally:
+        sys.unraisablehook = unraisable
     if skipped:
         warnings.append(f"{path.name}: skipped {len(skipped)} malformed rows")
     if "t" not in frame.columns or "phase" not in frame.columns:
@@ -144,7 +151,8 @@ def _read_samples(path: Path, warnings: list[str]) -> pd.DataFrame | None:
 def _read_samples_slowly(data, header: list[str], path: Path, warnings: list[str]) -> pd.DataFrame:
     """Garbage inside a field: coerce what can't be read to absent, cell by cell."""
     import io
-    frame = pd.read_csv(io.BytesIO(bytes(data)), dtype=str, on_bad_lines="skip", engine="python",
+    text = bytes(data).decode("utf-8", errors="replace")
+    frame = pd.read_csv(io.StringIO(text), dtype=str, on_bad_lines="skip", engine="python",
                         keep_default_na=False)
     for column in frame.columns:
         if column != "phase":
