@@ -49,7 +49,8 @@ def _slot_order(runs) -> list[tuple]:
 
 
 def _run_names(runs) -> list[str]:
-    names = [run.name for run in runs]
+    parents = {run.path.parent.name for run in runs}
+    names = [f"{run.path.parent.name}/{run.name}" if len(parents) > 1 else run.name for run in runs]
     return [n if names.count(n) == 1 else f"{n} ({k})" for k, n in enumerate(names)]
 
 

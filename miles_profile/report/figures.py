@@ -18,6 +18,7 @@ Plotly is imported only here and in html/export/compare: the recorder never need
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
@@ -115,8 +116,11 @@ def _lane_traces(run, t0: float, t_range) -> list[go.Bar]:
     lanes = [f"{lane}{'phases' if d == 0 else f'nested {d}'}" for lane, d in zip(lanes, phases["depth"])]
     phases = phases.assign(_lane=lanes)
     traces = []
+    span = float(phases["end"].max() - phases["start"].min()) if len(phases) else 0.0
+    min_width = span * 0.003  # a 1 ms offload still shows as a sliver; hover gives its true duration
     for name, group in phases.groupby("name", sort=False):
         duration = np.maximum(group["duration"].to_numpy(float), 1e-9)
+        shown = np.maximum(duration, min_width)
         iteration = group["rollout_id"] if "rollout_id" in group else None
         hover = [f"{name}<br>{s - t0:.3f} s → {e - t0:.3f} s ({d:.3f} s)" +
                  (f"<br>rollout {int(i)}" if iteration is not None and np.isfinite(i) else "") +
@@ -124,7 +128,7 @@ def _lane_traces(run, t0: float, t_range) -> list[go.Bar]:
                  for s, e, d, st, i in zip(group["start"], group["end"], duration, group["status"],
                                            iteration if iteration is not None else [np.nan] * len(group))]
         traces.append(go.Bar(
-            y=group["_lane"], x=duration, base=group["start"].to_numpy(float) - t0, orientation="h",
+            y=group["_lane"], x=shown, base=group["start"].to_numpy(float) - t0, orientation="h",
             name=str(name), text=[str(name)] * len(group), textposition="inside", insidetextanchor="middle",
             textfont=dict(color="white", size=11), marker=dict(color=phase_color(str(name)), line=dict(width=0)),
             hovertext=hover, hoverinfo="text", legendgroup="phases", legendgrouptitle_text="phases",
@@ -175,6 +179,7 @@ def timeline_figure(run, *, max_points: int = 100_000, t_range: tuple[float, flo
             fig.add_trace(trace, row=rows, col=1)
         fig.update_yaxes(autorange="reversed", row=rows, col=1, fixedrange=True)
         _shade_phases(fig, run, t0, len(groups))
+    _draw_marks(fig, run, t0, len(groups))
     fig.update_xaxes(title_text="seconds since the run started", row=rows, col=1)
     fig.update_layout(
         height=height or (330 * len(groups) + (140 + 30 * n_lanes if has_phases else 0) + 80),
@@ -195,3 +200,24 @@ def _shade_phases(fig: go.Figure, run, t0: float, memory_rows: int) -> None:
         for row in range(1, memory_rows + 1):
             fig.add_vrect(x0=start - t0, x1=end - t0, fillcolor=phase_color(str(name)), opacity=0.10,
                           line_width=0, layer="below", row=row, col=1)
+
+
+MARK_LIMIT = 60
+
+
+def _draw_marks(fig: go.Figure, run, t0: float, memory_rows: int) -> None:
+    """Marks, errors and OOMs as vertical lines across the memory plots (OOM and errors in red)."""
+    events = run.events
+    if memory_rows == 0 or events.empty:
+        return
+    marks = events[~events["kind"].isin(["begin", "end"])]
+    severe = marks[marks["kind"].isin(["oom", "error"])]
+    marks = pd.concat([severe, marks[~marks.index.isin(severe.index)]]).head(MARK_LIMIT)
+    for t, kind, name in zip(marks["t"], marks["kind"], marks["name"]):
+        bad = kind in ("oom", "error")
+        for row in range(1, memory_rows + 1):
+            fig.add_vline(x=float(t) - t0, line=dict(color="#c62828" if bad else "#555555", width=1.5 if bad else 1,
+                                                     dash="solid" if bad else "dot"), row=row, col=1)
+        fig.add_annotation(x=float(t) - t0, y=1.0, yref="y domain", xref="x", text=f"{kind}: {name}" if bad else str(name),
+                           showarrow=False, yanchor="bottom", font=dict(size=10, color="#c62828" if bad else "#555555"),
+                           row=1, col=1)

@@ -1,0 +1,67 @@
+"""The report in real headless Chromium, offline: figures render, the checks table is there."""
+from __future__ import annotations
+
+import pytest
+
+from miles_profile.visualize import main
+from test_visualize_cli import record
+
+pytestmark = pytest.mark.browser
+
+
+def _open_offline(browser, html_path, width=1400):
+    page = browser.new_page(viewport={"width": width, "height": 900})
+    requests = []
+
+    def block(route):  # the report must not need the network
+        requests.append(route.request.url)
+        route.abort()
+
+    page.route("http://*/**", block)
+    page.route("https://*/**", block)
+    errors = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    page.goto(html_path.as_uri())
+    page.wait_for_selector(".js-plotly-plot .main-svg", timeout=30_000)
+    return page, requests, errors
+
+
+def test_report_renders_offline_in_chromium(browser, artifacts, tmp_path):
+    logs = record(tmp_path, "late", rounds=3)  # a failing offload: the report must show it plainly
+    out = tmp_path / "report.html"
+    assert main([str(logs), "-o", str(out)]) == 1
+    page, requests, errors = _open_offline(browser, out)
+    try:
+        assert not errors, errors
+        assert not requests, f"the report fetched {requests}"
+        # The timeline drew its memory lines and the named phase bars.
+        assert page.locator("#timeline-0 .scatterlayer .trace").count() >= 2
+        assert page.locator("#timeline-0 .barlayer .point").count() >= 9
+        texts = page.eval_on_selector_all("#timeline-0 .barlayer text", "els => els.map(e => e.textContent)")
+        assert "generate" in texts
+        # The checks table, with the failing check flagged.
+        rows = page.locator("#checks tbody tr")
+        assert rows.count() == 7
+        failing = page.locator('#checks tr[data-check="offload_drop"] .badge')
+        assert failing.inner_text() == "FAIL"
+        assert page.locator("#overall").inner_text() == "FAIL"
+        assert page.locator("#phases tbody tr").count() == 3
+        page.screenshot(path=str(artifacts / "visualize_report.png"), full_page=True)
+        page.locator("#timeline-0").screenshot(path=str(artifacts / "visualize_timeline.png"))
+    finally:
+        page.close()
+
+
+def test_comparison_renders(browser, artifacts, tmp_path):
+    good, late = record(tmp_path, "good"), record(tmp_path, "late")
+    out = tmp_path / "cmp.html"
+    main([str(good), "--compare", str(late), "-o", str(out)])
+    page, requests, errors = _open_offline(browser, out)
+    try:
+        assert not errors and not requests
+        page.wait_for_selector("#comparison-figure .main-svg")
+        assert page.locator("#comparison-figure .scatterlayer .trace").count() >= 2
+        assert page.locator("#comparison-table tbody tr").count() >= 6
+        page.locator("#comparison").screenshot(path=str(artifacts / "visualize_comparison.png"))
+    finally:
+        page.close()
