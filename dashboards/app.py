@@ -12,6 +12,8 @@ from pathlib import Path
 
 import dash
 from dash import dcc, html
+from flask import request
+from werkzeug.exceptions import HTTPException
 
 from dashboards.live_run import RunCache
 from dashboards.panels import checks, compare, phases, runs, timeline
@@ -50,7 +52,16 @@ def create_app(log_dir: str | Path, poll_ms: int = 1000) -> dash.Dash:
     ])
     for panel in (runs, timeline, checks, phases, compare):
         panel.register(app, state)
+    app.server.register_error_handler(Exception, _refuse_request)
     return app
+
+
+def _refuse_request(exc: Exception):
+    """A request Dash could not handle (a malformed callback body, a bad resource path): 400 and one log line."""
+    if isinstance(exc, HTTPException):
+        return exc
+    log.warning("refused %s %s: %s", request.method, request.path[:200], exc.__class__.__name__)
+    return "bad request\n", 400
 
 
 def _on_error(exc: Exception) -> None:

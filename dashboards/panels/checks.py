@@ -1,6 +1,8 @@
 """Checks panel: each check's verdict and numbers; a click on a failed check zooms the timeline to its span."""
 from __future__ import annotations
 
+import time
+
 from dash import ALL, Input, Output, State, ctx, dcc, html
 from dash.exceptions import PreventUpdate
 
@@ -70,4 +72,4 @@ def register(app, state) -> None:
         index = clicked.get("index")
         if not isinstance(index, int) or not 0 <= index < len(spans) or spans[index] is None:
             raise PreventUpdate
-        return {"span": spans[index], "index": index, "clicks": ctx.triggered[0]["value"]}
+        return {"span": spans[index], "index": index, "at": time.time()}

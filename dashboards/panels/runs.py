@@ -52,9 +52,11 @@ def register(app, state) -> None:
         State("runs-selected", "data"), State("runs-signature", "data"))
     def show_runs(_tick, _clicks, selected, signature):
         runs = list_runs(state.root)
-        previous, clicked = selected, ctx.triggered_id
-        if isinstance(clicked, dict) and clicked.get("type") == "runs-item" and ctx.triggered[0]["value"]:
-            selected = clicked.get("run")
+        previous = selected
+        for trigger in ctx.triggered:  # a click can arrive in one request with a poll: look at each
+            clicked = ctx.triggered_prop_ids.get(trigger["prop_id"])
+            if isinstance(clicked, dict) and clicked.get("type") == "runs-item" and trigger["value"]:
+                selected = clicked.get("run")
         ids = [r.run_id for r in runs]
         if selected not in ids:
             selected = default_run(runs)

@@ -66,6 +66,36 @@ def focus_window(span) -> tuple[float, float] | None:
     return lo - pad, hi + pad
 
 
+def _stamp(request: object) -> object:
+    return request.get("at") if isinstance(request, dict) else None
+
+
+def plan_window(run_id: str, version: int, zoom: object, focus: object, view: object, rendered: object,
+                triggers: set[str], zoom_window) -> tuple[tuple[float, float] | None, dict] | None:
+    """The window to draw and the new `timeline-rendered`, or None when nothing changed.
+
+    Decided from state, not from which input fired: the browser drops the answer to a request when a
+    newer one for the same callback is sent (a poll right after a zoom), so a zoom or a focus not yet
+    drawn is recognized by its stamp (`at`) differing from the one recorded in `rendered`.
+    """
+    rendered = rendered if isinstance(rendered, dict) else {}
+    key = {"run": run_id, "version": version, "zoom_at": _stamp(zoom), "focus_at": _stamp(focus)}
+    if rendered.get("run") != run_id:
+        return None, key  # a new run starts unzoomed; older requests are spent
+    window = tuple(view) if isinstance(view, list) and len(view) == 2 else None
+    new_zoom = _stamp(zoom) != rendered.get("zoom_at")
+    new_focus = _stamp(focus) != rendered.get("focus_at") and isinstance(focus, dict)
+    if new_zoom and not (new_focus and "checks-focus" in triggers):
+        asked = zoom_window(zoom)
+        if asked is not False:
+            window = asked
+    if new_focus and (not new_zoom or "checks-focus" in triggers):
+        window = focus_window(focus.get("span")) or window
+    if not new_zoom and not new_focus and rendered.get("version") == version:
+        return None
+    return window, key
+
+
 def _status(run, live_run, window) -> str:
     n = len(run.samples)
     parts = [f"{n:,} samples", f"{len(run.phases):,} phases"]
@@ -99,15 +129,11 @@ def register(app, state) -> None:
             live_run.refresh()  # every redraw shows the newest samples
         except Exception as exc:  # noqa: BLE001 - every failure becomes a message in the page
             return _blank(), None, None, "", message(describe(exc))
-        same_run = isinstance(rendered, dict) and rendered.get("run") == run_id
-        window = tuple(view) if same_run and view else None
-        asked = window_from_zoom(zoom, live_run.current) if "timeline-zoom" in triggers and same_run else False
-        if asked is not False:
-            window = asked
-        if "checks-focus" in triggers and isinstance(focus, dict):
-            window = focus_window(focus.get("span")) or window
-        elif asked is False and same_run and rendered.get("version") == live_run.version:
+        planned = plan_window(run_id, live_run.version, zoom, focus, view, rendered, triggers,
+                              lambda z: window_from_zoom(z, live_run.current))
+        if planned is None:
             raise PreventUpdate  # a poll that found nothing new, or a relayout that moved no x axis
+        window, rendered = planned
         run = live_run.current
         try:
             t0 = run_start(run)
@@ -123,6 +149,5 @@ def register(app, state) -> None:
         else:
             figure.update_xaxes(range=list(t_range), autorange=False)
         figure.update_yaxes(fixedrange=True)  # zoom acts on time; each redraw fits the visible values
-        rendered = {"run": run_id, "version": live_run.version}
         notes = message("; ".join(run.warnings), "warning") if run.warnings else None
         return figure, list(window) if window else None, rendered, _status(run, live_run, window), notes

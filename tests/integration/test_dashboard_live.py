@@ -1,0 +1,86 @@
+"""A run that a real recorder writes during the test appears in the open page, grows within 2 s of its
+samples being written, and keeps the user's zoom while it grows."""
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from dashboards.serve import dashboard_process
+from tests.conftest import python_env
+
+pytestmark = pytest.mark.browser
+
+REPO = Path(__file__).resolve().parents[2]
+GRAPH = "document.querySelector('#timeline-graph .js-plotly-plot')"
+# The newest x drawn by any memory trace (seconds since the run started), or null.
+LAST_X_JS = f"""() => {{ const g = {GRAPH}; if (!g || !g._fullData) return null;
+  const xs = g._fullData.filter(d => d.type === 'scatter' && d.x && d.x.length).map(d => d.x[d.x.length - 1]);
+  return xs.length ? Math.max(...xs) : null; }}"""
+UPDATE_WITHIN_S = 2.0
+FLUSH_S = 0.5  # the recorder's writer flushes at least this often: a sample can be that old when it lands
+
+
+def samples_shown(page) -> int:
+    text = page.locator("#timeline-status").inner_text()
+    match = re.match(r"([\d,]+) samples", text)
+    return int(match.group(1).replace(",", "")) if match else 0
+
+
+@pytest.fixture
+def recorder_and_page(browser, tmp_path):
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    stderr_path = tmp_path / "dashboard-stderr.txt"
+    context = browser.new_context(viewport={"width": 1400, "height": 900})
+    with open(stderr_path, "w") as stderr, dashboard_process(logs, stderr=stderr) as url:
+        page = context.new_page()
+        page.goto(url)
+        page.wait_for_selector(".runs-empty")
+        child = subprocess.Popen(
+            [sys.executable, "-m", "miles_profile.record", "--log-dir", str(logs), "--exec", "--", sys.executable,
+             "examples/phased_allocations.py", "--rounds", "14", "--mib", "96", "--hold-s", "0.3"],
+            cwd=REPO, env=python_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            yield logs, page, child
+        finally:
+            if child.poll() is None:
+                child.terminate()
+            child.wait(timeout=30)
+            context.close()
+    assert "Traceback" not in stderr_path.read_text()
+
+
+def test_a_recording_run_appears_grows_and_keeps_the_zoom(recorder_and_page, artifacts):
+    logs, page, child = recorder_and_page
+    page.wait_for_selector("#runs-list .runs-item-selected .badge-live", timeout=8_000)  # new run, no reload
+    page.wait_for_function(f"() => ({LAST_X_JS})() !== null", timeout=15_000)
+    start_time = json.loads(next(logs.iterdir()).joinpath("meta.json").read_text())["start_time"]
+
+    lags = []  # how old the newest drawn sample is, seen from the page
+    for _ in range(16):
+        time.sleep(0.25)
+        last_x = page.evaluate(LAST_X_JS)
+        lags.append(time.time() - (start_time + last_x))
+    assert max(lags) <= UPDATE_WITHIN_S + FLUSH_S, lags
+
+    page.evaluate(f"() => Plotly.relayout({GRAPH}, {{'xaxis.range': [0.2, 1.0]}})")
+    page.wait_for_function(f"() => ({LAST_X_JS})() <= 1.2")  # re-reduced for the window
+    shown = samples_shown(page)
+    page.wait_for_function(f"() => parseInt(document.querySelector('#timeline-status').innerText"
+                           f".replace(/,/g, '')) > {shown}", timeout=int(UPDATE_WITHIN_S * 1000) + 1500)
+    assert page.evaluate(f"() => {GRAPH}._fullLayout.xaxis.range.slice()") == pytest.approx([0.2, 1.0])
+    page.screenshot(path=str(artifacts / "dashboard-live.png"), full_page=True)
+
+    page.evaluate(f"() => Plotly.relayout({GRAPH}, {{'xaxis.autorange': true}})")
+    page.wait_for_function(f"() => ({LAST_X_JS})() > 1.5")
+    assert child.wait(timeout=60) == 0
+    page.wait_for_selector("#runs-list .badge-live", state="detached", timeout=5_000)
+    last_x = page.evaluate(LAST_X_JS)
+    page.wait_for_timeout(1500)
+    assert page.evaluate(LAST_X_JS) >= last_x  # the finished run stays drawn in full
