@@ -191,5 +191,5 @@ class Actor:
             yield list(flat.views(source, start, end))
 
     def close(self) -> None:
-        if isinstance(self.offloader, DiskOffloader):
-            self.offloader.close()
+        """Stop the offload threads, unlock pinned buffers, remove stale offload files."""
+        self.offloader.close()

@@ -25,7 +25,8 @@ class DecodeGraph:
                 model(self.tokens, kv, self.pos)
         torch.cuda.current_stream(device).wait_stream(side)
         self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
+        # thread_local: the recorder's sampler thread may query the allocator during the capture.
+        with torch.cuda.graph(self.graph, capture_error_mode="thread_local"):
             self.logits = model(self.tokens, kv, self.pos)  # (B, 1, V), overwritten by each replay
 
     def __call__(self, tokens: torch.Tensor, pos: int) -> torch.Tensor:

@@ -15,6 +15,7 @@ host-side optimizer, identical after every step) is freed without being saved an
 from __future__ import annotations
 
 import errno
+import os
 import shutil
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
@@ -51,14 +52,27 @@ def host_buffer(like: torch.Tensor) -> torch.Tensor:
     return buf
 
 
+_REGISTERED: set[int] = set()  # data pointers pinned by cudaHostRegister
+
+
 def _pin(buf: torch.Tensor) -> torch.Tensor:
     try:
         err = torch.cuda.cudart().cudaHostRegister(buf.data_ptr(), buf.numel() * buf.element_size(), 0)
-        if int(err) == 0 and buf.is_pinned():
-            return buf
+        if int(err) == 0:
+            _REGISTERED.add(buf.data_ptr())
+            if buf.is_pinned():
+                return buf
+            unpin(buf)
     except (AttributeError, RuntimeError):
         pass
     return buf.pin_memory()
+
+
+def unpin(buf: torch.Tensor) -> None:
+    """Unregister a buffer pinned by `host_buffer` before it is freed (else its pages stay locked)."""
+    if buf.data_ptr() in _REGISTERED:
+        _REGISTERED.discard(buf.data_ptr())
+        torch.cuda.cudart().cudaHostUnregister(buf.data_ptr())
 
 
 def _sync(device: torch.device) -> None:
@@ -107,6 +121,11 @@ class HostOffloader:
             _sync(s.tensor.device)
         self.offloaded = False
 
+    def close(self) -> None:
+        for buf in self._host.values():
+            unpin(buf)
+        self._host.clear()
+
     def host_copy(self, name: str) -> torch.Tensor | None:
         """The host tensor holding `name`'s bytes while offloaded (None: read the tensor itself)."""
         s = next((s for s in self.state if s.name == name), None)
@@ -118,13 +137,16 @@ class HostOffloader:
 class DiskOffloader:
     target = "disk"
 
-    def __init__(self, state: list[StateTensor], directory: Path, workers: int = 4):
+    def __init__(self, state: list[StateTensor], directory: Path, workers: int | None = None):
         for s in state:
             check_flat(s.tensor)
-        self.state, self.directory, self.workers = state, Path(directory), workers
+        # Enough threads to overlap checksums with I/O; each staged one holds a chunk-sized pinned buffer.
+        self.workers = workers or max(2, min(8, os.cpu_count() or 2))
+        self.state, self.directory = state, Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
         self._staging: list[torch.Tensor | None] = []  # pinned on CUDA, allocated once, reused
-        self._pool = ThreadPoolExecutor(workers, thread_name_prefix="offload-io")
+        self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="offload-io")
+        self._cleanup: Future = self._pool.submit(lambda: None)
         self.offloaded = False
 
     def expected_bytes(self) -> int:
@@ -137,6 +159,7 @@ class DiskOffloader:
     # --- offload --------------------------------------------------------------------------------
 
     def offload(self) -> None:
+        self._cleanup.result()
         try:
             self._remove_files()  # the state in memory is newer than any copy on disk
             self._check_space()
@@ -203,7 +226,8 @@ class DiskOffloader:
                 s.tensor.copy_(s.mirror)
         _sync(self.state[0].tensor.device)
         self.offloaded = False
-        self._remove_files(ignore_errors=True)  # stale now; a failure here costs only disk space
+        # Stale now: delete in the background (a failure costs only disk space); offload waits for it.
+        self._cleanup = self._pool.submit(self._remove_files, True)
 
     def _read_all(self, entries: list[ChunkEntry], by_name: dict[str, StateTensor]) -> None:
         jobs: list[Future] = []
@@ -268,7 +292,12 @@ class DiskOffloader:
                 raise
 
     def close(self) -> None:
+        self._cleanup.result()
         self._pool.shutdown(wait=True)
+        for buf in self._staging:
+            if buf is not None:
+                unpin(buf)
+        self._staging.clear()
         if not self.offloaded:
             self._remove_files(ignore_errors=True)
 
