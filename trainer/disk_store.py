@@ -28,6 +28,7 @@ from trainer.errors import OffloadError
 
 MANIFEST = "manifest.json"
 FORMAT, VERSION = "miles-trainer-offload", 1
+BLOCK = 1024 * 1024  # I/O and checksum step: small enough to stay in a core's cache
 _DTYPES = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16", torch.int64: "I64",
            torch.uint8: "U8"}
 
@@ -53,15 +54,22 @@ def byte_view(t: torch.Tensor) -> memoryview:
 
 
 def write_chunk(path: Path, data: torch.Tensor, tensor: str, start: int) -> ChunkEntry:
-    """Write `data` (contiguous, host) to `path`; returns its manifest entry once it is on disk."""
+    """Write `data` (contiguous, host) to `path`; returns its manifest entry once it is on disk.
+    The CRC is computed block by block just before each block is written, while the block is in the
+    CPU cache; the header, whose width does not depend on the CRC, is rewritten at the end."""
     body = byte_view(data)
-    crc = zlib.crc32(body)
-    entry = ChunkEntry(path.name, tensor, start, data.numel(), _DTYPES[data.dtype], crc)
-    header = _header(entry, len(body))
+    entry = ChunkEntry(path.name, tensor, start, data.numel(), _DTYPES[data.dtype], 0)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
+        header = _header(entry, len(body))
         _write_all(fd, header)
-        _write_all(fd, body)
+        crc = 0
+        for offset in range(0, len(body), BLOCK):
+            block = body[offset:offset + BLOCK]
+            crc = zlib.crc32(block, crc)
+            _write_all(fd, block)
+        entry = ChunkEntry(path.name, tensor, start, data.numel(), entry.dtype, crc)
+        os.pwrite(fd, _header(entry, len(body)), 0)
         os.fsync(fd)
         if os.fstat(fd).st_size != len(header) + len(body):
             raise OSError(errno.EIO, "size on disk differs from bytes written", str(path))
@@ -72,7 +80,8 @@ def write_chunk(path: Path, data: torch.Tensor, tensor: str, start: int) -> Chun
 
 
 def read_chunk(path: Path, entry: ChunkEntry, dst: torch.Tensor) -> None:
-    """Read a chunk into `dst` (contiguous, host, entry.numel elements) and check its CRC-32."""
+    """Read a chunk into `dst` (contiguous, host, entry.numel elements) and check its CRC-32, block by
+    block while each block is still in the CPU cache."""
     body = byte_view(dst)
     try:
         fd = os.open(path, os.O_RDONLY)
@@ -81,14 +90,17 @@ def read_chunk(path: Path, entry: ChunkEntry, dst: torch.Tensor) -> None:
     try:
         header_len = _read_header_len(fd, path, len(body))
         os.lseek(fd, 8 + header_len, os.SEEK_SET)
-        if _read_all(fd, body) != len(body):
-            raise OffloadError(f"offload chunk {path} is truncated")
+        crc = 0
+        for offset in range(0, len(body), BLOCK):
+            block = body[offset:offset + BLOCK]
+            if _read_all(fd, block) != len(block):
+                raise OffloadError(f"offload chunk {path} is truncated")
+            crc = zlib.crc32(block, crc)
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
     finally:
         os.close(fd)
-    actual = zlib.crc32(body)
-    if actual != entry.crc32:
-        raise OffloadError(f"offload chunk {path} is corrupted: CRC-32 {actual:08x}, expected "
+    if crc != entry.crc32:
+        raise OffloadError(f"offload chunk {path} is corrupted: CRC-32 {crc:08x}, expected "
                            f"{entry.crc32:08x}; the training state in it cannot be restored")
 
 
