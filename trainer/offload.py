@@ -141,7 +141,7 @@ class DiskOffloader:
         for s in state:
             check_flat(s.tensor)
         # Enough threads to overlap checksums with I/O; each staged one holds a chunk-sized pinned buffer.
-        self.workers = workers or max(2, min(8, os.cpu_count() or 2))
+        self.workers = workers or max(4, min(8, os.cpu_count() or 4))
         self.state, self.directory = state, Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
         self._staging: list[torch.Tensor | None] = []  # pinned on CUDA, allocated once, reused
