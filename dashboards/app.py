@@ -7,6 +7,7 @@ The figures, the per-phase table and the checks come from `miles_profile.report`
 from __future__ import annotations
 
 import logging
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from werkzeug.exceptions import HTTPException
 from dashboards.live_run import RunCache
 from dashboards.panels import checks, compare, phases, runs, timeline
 from dashboards.paths import LogRoot
+from dashboards.runs import list_runs
 
 log = logging.getLogger("dashboards")
 
@@ -30,7 +32,7 @@ class State:
     poll_ms: int
 
 
-def create_app(log_dir: str | Path, poll_ms: int = 1000) -> dash.Dash:
+def create_app(log_dir: str | Path, poll_ms: int = 1000, preload: bool = True) -> dash.Dash:
     state = State(root=(root := LogRoot(log_dir)), cache=RunCache(root), poll_ms=poll_ms)
     app = dash.Dash(__name__, title="miles-profile", update_title=None,
                     assets_folder=str(Path(__file__).with_name("assets")),
@@ -53,7 +55,26 @@ def create_app(log_dir: str | Path, poll_ms: int = 1000) -> dash.Dash:
     for panel in (runs, timeline, checks, phases, compare):
         panel.register(app, state)
     app.server.register_error_handler(Exception, _refuse_request)
+    if preload:
+        threading.Thread(target=preload_default_run, args=(state,), name="dashboards-preload", daemon=True).start()
     return app
+
+
+def preload_default_run(state: State) -> None:
+    """Read the run the page opens on, and compute its figure, checks and table, before anyone asks:
+    a 10-million-sample run takes seconds to read and reduce, a first paint from memory does not."""
+    run_id = runs.default_run(list_runs(state.root))
+    if run_id is None:
+        return
+    try:
+        live_run = state.cache.get(run_id)
+        live_run.memo("timeline-full", lambda run: timeline.build_figure(run, run_id, None))
+        live_run.memo("checks", checks.compute)
+        live_run.memo("phases-False", lambda run: phases.compute(run, False))
+    except Exception as exc:  # noqa: BLE001 - the page shows the error when it asks for the run
+        log.warning("preloading %s failed: %s: %s", run_id, exc.__class__.__name__, exc)
+        return
+    log.info("preloaded %s", run_id)
 
 
 def _refuse_request(exc: Exception):

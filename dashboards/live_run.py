@@ -63,6 +63,23 @@ class LiveRun:
         self._outside_pids = [int(p["pid"]) for p in run.processes if p.get("role") == "exec_parent"]
         self.current: Run = run
         self.version = 0
+        self._memo: dict[str, tuple[int, object]] = {}
+        self._memo_locks: dict[str, threading.Lock] = {}
+
+    def memo(self, key: str, compute):
+        """`compute(run)` for the current version, computed once per version (a 10M-sample run's full
+        figure or checks take seconds: a poll that finds nothing new must not redo them)."""
+        with self._lock:
+            lock = self._memo_locks.setdefault(key, threading.Lock())
+        with lock:  # a second caller waits for the first instead of computing it again
+            with self._lock:
+                version, run = self.version, self.current
+            hit = self._memo.get(key)
+            if hit is not None and hit[0] == version:
+                return hit[1]
+            value = compute(run)
+            self._memo[key] = (version, value)
+            return value
 
     def _files(self, suffix: str) -> list[Path]:
         return sorted(p for p in self.run_dir.glob(f"*{suffix}") if not p.is_symlink())
@@ -111,7 +128,7 @@ class LiveRun:
 class RunCache:
     """Loaded runs by id, the least recently used dropped past `capacity` (a 10M-sample run is ~1 GB)."""
 
-    def __init__(self, root: LogRoot, capacity: int = 4):
+    def __init__(self, root: LogRoot, capacity: int = 3):
         self.root = root
         self.capacity = capacity
         self._runs: OrderedDict[str, LiveRun] = OrderedDict()

@@ -36,6 +36,12 @@ def _item(index: int, check: CheckResult, t0: float) -> html.Div | html.Button:
     return html.Div(body, className="checks-item", title=check.explanation)
 
 
+def compute(run) -> tuple[list[CheckResult], float]:
+    """The report's checks, failures first, and the run's time origin (for the spans shown)."""
+    order = {"fail": 0, "pass": 1}
+    return sorted(run_checks(run), key=lambda r: order.get(r.status, 2)), run_start(run)
+
+
 def register(app, state) -> None:
     @app.callback(
         Output("checks-list", "children"), Output("checks-spans", "data"), Output("checks-rendered", "data"),
@@ -49,15 +55,11 @@ def register(app, state) -> None:
             key = due(run_id, live_run.version, rendered)
             if key is None:
                 raise PreventUpdate
-            run = live_run.current
-            results = run_checks(run)
-            t0 = run_start(run)
+            results, t0 = live_run.memo("checks", compute)
         except PreventUpdate:
             raise
         except Exception as exc:  # noqa: BLE001 - a message in the page, never a traceback
             return message(describe(exc)), None, None
-        order = {"fail": 0, "pass": 1}
-        results = sorted(results, key=lambda r: order.get(r.status, 2))  # failures first
         spans = [list(r.span) if r.span else None for r in results]
         return [_item(i, r, t0) for i, r in enumerate(results)], spans, key
 

@@ -52,6 +52,11 @@ def display_table(frame: pd.DataFrame, labels: dict[str, str], table_id: str) ->
         page_size=20, **TABLE_STYLE)
 
 
+def compute(run, by_iteration: bool) -> tuple[pd.DataFrame, dict[str, str]]:
+    """The report's per-phase table and the labels of its metrics."""
+    return phase_table(run, by_iteration=by_iteration), {m.name: m.label for m in stat_metrics(run)}
+
+
 def register(app, state) -> None:
     @app.callback(
         Output("phases-table", "children"), Output("phases-rendered", "data"),
@@ -66,9 +71,7 @@ def register(app, state) -> None:
             key = due(f"{run_id}\n{by_iteration}", live_run.version, rendered)
             if key is None:
                 raise PreventUpdate
-            run = live_run.current
-            frame = phase_table(run, by_iteration=by_iteration)
-            labels = {m.name: m.label for m in stat_metrics(run)}
+            frame, labels = live_run.memo(f"phases-{by_iteration}", lambda run: compute(run, by_iteration))
         except PreventUpdate:
             raise
         except Exception as exc:  # noqa: BLE001

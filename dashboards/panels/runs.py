@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import time
 
-from dash import ALL, Input, Output, State, ctx, dcc, html, no_update
+from dash import ALL, ClientsideFunction, Input, Output, State, dcc, html, no_update
 
 from dashboards.runs import RunSummary, list_runs
 
@@ -12,6 +12,7 @@ def layout() -> html.Section:
     return html.Section(className="panel runs", children=[
         html.H2("Runs"),
         html.Div(id="runs-list", className="runs-list"),
+        dcc.Store(id="runs-clicked"),  # {run, at}: the last run clicked (set in the browser)
         dcc.Store(id="runs-selected"),
         dcc.Store(id="runs-signature"),
     ])
@@ -46,21 +47,25 @@ def default_run(runs: list[RunSummary]) -> str | None:
 
 
 def register(app, state) -> None:
+    app.clientside_callback(ClientsideFunction("runs", "clicked"), Output("runs-clicked", "data"),
+                            Input({"type": "runs-item", "run": ALL}, "n_clicks"), prevent_initial_call=True)
+
     @app.callback(
         Output("runs-list", "children"), Output("runs-selected", "data"), Output("runs-signature", "data"),
-        Input("page-poll", "n_intervals"), Input({"type": "runs-item", "run": ALL}, "n_clicks"),
+        Input("page-poll", "n_intervals"), Input("runs-clicked", "data"),
         State("runs-selected", "data"), State("runs-signature", "data"))
-    def show_runs(_tick, _clicks, selected, signature):
+    def show_runs(_tick, clicked, selected, signature):
         runs = list_runs(state.root)
         previous = selected
-        for trigger in ctx.triggered:  # a click can arrive in one request with a poll: look at each
-            clicked = ctx.triggered_prop_ids.get(trigger["prop_id"])
-            if isinstance(clicked, dict) and clicked.get("type") == "runs-item" and trigger["value"]:
-                selected = clicked.get("run")
+        signature = signature if isinstance(signature, list) and len(signature) == 3 else [None, None, None]
+        click_at = clicked.get("at") if isinstance(clicked, dict) else None
+        if click_at is not None and click_at != signature[2]:  # a click not applied yet
+            selected = clicked.get("run")
         ids = [r.run_id for r in runs]
         if selected not in ids:
             selected = default_run(runs)
-        new_signature = [selected, [[r.run_id, r.live, r.problem] for r in runs]]  # lists: compared with JSON
+        listed = [[r.run_id, r.live, r.problem] for r in runs]  # lists: compared with JSON
+        new_signature = [selected, listed, click_at]
         if new_signature == signature:
             return no_update, no_update, no_update
         if not runs:

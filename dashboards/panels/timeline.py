@@ -29,9 +29,10 @@ def layout() -> html.Section:
             html.Div(id="timeline-status", className="timeline-status"),
         ]),
         html.Div(id="timeline-message"),
-        dcc.Graph(id="timeline-graph", className="timeline-graph", figure=_blank(),
-                  config={"displaylogo": False, "scrollZoom": True,
-                          "modeBarButtonsToRemove": ["select2d", "lasso2d", "autoScale2d"]}),
+        dcc.Loading(type="dot", delay_show=800, children=dcc.Graph(  # a spinner only while a big run loads
+            id="timeline-graph", className="timeline-graph", figure=_blank(),
+            config={"displaylogo": False, "scrollZoom": True,
+                    "modeBarButtonsToRemove": ["select2d", "lasso2d", "autoScale2d"]})),
         dcc.Store(id="timeline-zoom"),  # the last x zoom the user asked for, in axis units (set in the browser)
         dcc.Store(id="timeline-view"),
         dcc.Store(id="timeline-rendered"),
@@ -107,6 +108,22 @@ def _status(run, live_run, window) -> str:
     return " · ".join(parts)
 
 
+def build_figure(run, run_id: str, window: tuple[float, float] | None):
+    """The report's timeline of `run` over `window` (Unix seconds; None: all), set up for the page."""
+    t0 = run_start(run)
+    t_range = None if window is None else (window[0] - t0, window[1] - t0)
+    figure = timeline_figure(run, max_points=MAX_POINTS, t_range=t_range)
+    # Beside a training run the page is narrow: the legend goes above the plots, not beside them.
+    figure.update_layout(uirevision=run_id, margin=dict(t=90, r=10),
+                         legend=dict(orientation="h", x=0, y=0.99, yanchor="top", yref="container"))
+    if t_range is None:
+        figure.update_xaxes(autorange=True)
+    else:
+        figure.update_xaxes(range=list(t_range), autorange=False)
+    figure.update_yaxes(fixedrange=True)  # zoom acts on time; each redraw fits the visible values
+    return figure
+
+
 def register(app, state) -> None:
     # In the browser: only a relayout that moves the x axis reaches the server. Others (autosize, legend
     # clicks) would otherwise fire the figure callback again and cancel a zoom's redraw in flight.
@@ -136,18 +153,11 @@ def register(app, state) -> None:
         window, rendered = planned
         run = live_run.current
         try:
-            t0 = run_start(run)
-            t_range = None if window is None else (window[0] - t0, window[1] - t0)
-            figure = timeline_figure(run, max_points=MAX_POINTS, t_range=t_range)
+            if window is None:  # the whole run: once per version, shared with the preload
+                figure = live_run.memo("timeline-full", lambda r: build_figure(r, run_id, None))
+            else:
+                figure = build_figure(run, run_id, window)
         except Exception as exc:  # noqa: BLE001
             return _blank(), None, None, "", message(describe(exc))
-        # Beside a training run the page is narrow: the legend goes above the plots, not beside them.
-        figure.update_layout(uirevision=run_id, margin=dict(t=90, r=10),
-                             legend=dict(orientation="h", x=0, y=0.99, yanchor="top", yref="container"))
-        if t_range is None:
-            figure.update_xaxes(autorange=True)
-        else:
-            figure.update_xaxes(range=list(t_range), autorange=False)
-        figure.update_yaxes(fixedrange=True)  # zoom acts on time; each redraw fits the visible values
         notes = message("; ".join(run.warnings), "warning") if run.warnings else None
         return figure, list(window) if window else None, rendered, _status(run, live_run, window), notes

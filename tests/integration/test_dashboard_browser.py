@@ -120,11 +120,11 @@ def choose(page, run_id: str) -> None:
 
 
 def run_ids(page) -> list[str]:
+    page.wait_for_function("() => document.querySelectorAll('#runs-list .runs-item').length === 4")
     return page.locator("#runs-list .runs-id").all_inner_texts()
 
 
 def test_runs_listed_newest_first_and_the_newest_drawn(page, artifacts):
-    page.wait_for_function("() => document.querySelectorAll('#runs-list .runs-item').length === 4")
     ids = run_ids(page)
     assert ids[-1] == "run-synthetic" and "run-damaged" in ids
     recorded = [i for i in ids if i.startswith("run-2")]  # named by start time; the damaged one by its mtime
@@ -165,7 +165,7 @@ def test_zoom_reduces_the_visible_range_again_and_keeps_a_one_sample_spike(page,
 
 
 def test_clicking_a_failed_check_zooms_the_timeline_to_its_span(page, artifacts):
-    leaky = run_ids(page) and [i for i in run_ids(page) if i.startswith("run-2")][0]  # the newest recorded
+    leaky = [i for i in run_ids(page) if i.startswith("run-2")][0]  # the newest recorded
     choose(page, leaky)
     drawn(page)
     failed = page.locator("#checks-list .checks-failed").first
