@@ -36,6 +36,7 @@ class DecodeGraph:
         return self.logits
 
 
+@torch.no_grad()
 def capture(model: GPT, kv: list[KV], batch: int) -> tuple[DecodeGraph | None, int]:
     """(graph, bytes its private pool reserved); (None, 0) with one printed line if capture fails,
     and the engine decodes eagerly."""

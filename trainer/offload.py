@@ -277,9 +277,9 @@ class DiskOffloader:
             self._staging.append(None)
         if self._staging[slot] is None:
             size = max((e - b) * s.tensor.element_size() for s in self.state for b, e in s.chunks)
-            device = next((s.tensor for s in self.state if s.tensor.device.type != "cpu"), None)
+            on_cuda = any(s.tensor.device.type == "cuda" for s in self.state)
             buf = torch.empty(size, dtype=torch.uint8)
-            self._staging[slot] = _pin(buf) if device is not None else buf
+            self._staging[slot] = _pin(buf) if on_cuda else buf
         itemsize = torch.empty((), dtype=dtype).element_size()
         return self._staging[slot][:numel * itemsize].view(dtype)
 
