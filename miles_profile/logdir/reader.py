@@ -7,6 +7,7 @@ in `Run.warnings`. A missing run, an unknown format version or a run with no met
 from __future__ import annotations
 
 import json
+import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -87,7 +88,8 @@ def load_run(path: str | Path) -> Run:
     meta = _read_json(run_dir / RUN_META, "run meta")
     warnings: list[str] = []
     processes = [_read_json(p, "process meta") for p in sorted(run_dir.glob(f"*{PROCESS_META_SUFFIX}"))]
-    samples = _read_all_samples(run_dir, warnings)
+    finished = {p.get("stem") for p in processes if p.get("end_time")}
+    samples = _read_all_samples(run_dir, warnings, finished)
     events = _read_all_events(run_dir, warnings)
     phases = phases_from_events(events, samples)
     outside = [p["pid"] for p in processes if p.get("role") == "exec_parent"]
@@ -103,6 +105,74 @@ def _pid_of(path: Path, suffix: str) -> int:
         return int(stem.rsplit("-", 1)[1])
     except (IndexError, ValueError):
         return -1
+
+
+# -- columnar cache -----------------------------------------------------------------------------
+# Parsing a 10-million-row CSV costs seconds; a finished process's samples never change, so the
+# first read of a large one leaves an Arrow IPC copy beside it (hidden, `.<name>.arrow`) that later
+# reads memory-map instead. It is keyed by the CSV's size and mtime, skipped for files still being
+# written (no end_time in the process meta yet) and when the directory is read-only, and disabled by
+# MILES_PROFILE_CACHE=0. Deleting it is always safe.
+CACHE_MIN_BYTES = 64 * 1024 * 1024
+_CACHE_TAG = b"miles-profile-samples-cache-1"
+
+
+def _cache_path(path: Path) -> Path:
+    return path.with_name(f".{path.name}.arrow")
+
+
+def _cache_key(path: Path) -> dict[bytes, bytes]:
+    stat = path.stat()
+    return {b"format": _CACHE_TAG, b"size": str(stat.st_size).encode(), b"mtime_ns": str(stat.st_mtime_ns).encode()}
+
+
+def _cache_enabled(path: Path) -> bool:
+    return os.environ.get("MILES_PROFILE_CACHE", "1") != "0" and path.stat().st_size >= CACHE_MIN_BYTES
+
+
+def _read_cache(path: Path, warnings: list[str]) -> pd.DataFrame | None:
+    cache = _cache_path(path)
+    if not cache.is_file():
+        return None
+    try:
+        with pa.memory_map(str(cache)) as source:
+            table = pa.ipc.open_file(source).read_all()
+        meta = table.schema.metadata or {}
+        key = _cache_key(path)
+        if any(meta.get(k) != v for k, v in key.items()):
+            return None
+        warnings.extend(json.loads(meta.get(b"warnings", b"[]")))
+        return table.to_pandas(split_blocks=True, self_destruct=True)
+    except (OSError, pa.ArrowException, ValueError):
+        return None
+
+
+def _write_cache(path: Path, frame: pd.DataFrame, warnings: list[str]) -> None:
+    cache = _cache_path(path)
+    tmp = cache.with_name(cache.name + f".{os.getpid()}.tmp")
+    try:
+        table = pa.Table.from_pandas(frame, preserve_index=False)
+        metadata = {**(table.schema.metadata or {}), **_cache_key(path), b"warnings": json.dumps(warnings).encode()}
+        table = table.replace_schema_metadata(metadata)
+        with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
+            writer.write_table(table)
+        os.replace(tmp, cache)
+    except (OSError, pa.ArrowException):
+        tmp.unlink(missing_ok=True)
+
+
+def _read_samples_cached(path: Path, warnings: list[str], finished: bool) -> pd.DataFrame | None:
+    use_cache = finished and _cache_enabled(path)
+    if use_cache:
+        frame = _read_cache(path, warnings)
+        if frame is not None:
+            return frame
+    mine: list[str] = []
+    frame = _read_samples(path, mine)
+    warnings.extend(mine)
+    if use_cache and frame is not None and len(frame):
+        _write_cache(path, frame, mine)
+    return frame
 
 
 def _read_samples(path: Path, warnings: list[str]) -> pd.DataFrame | None:
@@ -129,12 +199,15 @@ def _read_samples(path: Path, warnings: list[str]) -> pd.DataFrame | None:
     # noise off the user's terminal; the read then fails and the slow path below takes over.
     unraisable, sys.unraisablehook = sys.unraisablehook, lambda _: None
     try:
+        # A complete file parses fastest from its path (pyarrow overlaps reading and parsing);
+        # a file with a truncated last line is parsed from a buffer cut before that line.
         table = pacsv.read_csv(
-            pa.py_buffer(data[:end]),
+            str(path) if end == len(data) else pa.py_buffer(data[:end]),
             parse_options=pacsv.ParseOptions(invalid_row_handler=on_invalid),
             convert_options=pacsv.ConvertOptions(column_types=types, strings_can_be_null=False),
         )
-        frame = table.to_pandas()
+        frame = table.to_pandas(split_blocks=True, self_destruct=True)  # no consolidation copy
+        del table
     except (pa.ArrowInvalid, pa.ArrowTypeError, KeyError, UnicodeDecodeError):
         skipped.clear()
         frame = _read_samples_slowly(data[:end], header, path, warnings)
@@ -162,10 +235,10 @@ def _read_samples_slowly(data, header: list[str], path: Path, warnings: list[str
     return frame
 
 
-def _read_all_samples(run_dir: Path, warnings: list[str]) -> pd.DataFrame:
+def _read_all_samples(run_dir: Path, warnings: list[str], finished: set | frozenset = frozenset()) -> pd.DataFrame:
     frames = []
     for path in sorted(run_dir.glob(f"*{SAMPLES_SUFFIX}")):
-        frame = _read_samples(path, warnings)
+        frame = _read_samples_cached(path, warnings, path.name[: -len(SAMPLES_SUFFIX)] in finished)
         if frame is not None and len(frame):
             frame = _clean_times(frame, warnings, path.name)
             frame.insert(2, "pid", np.int64(_pid_of(path, SAMPLES_SUFFIX)))

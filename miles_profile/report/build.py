@@ -36,8 +36,8 @@ class VisualizeOptions:
 
 def _progress(total: int, desc: str):
     from tqdm import tqdm
-    # Shown only when the work takes more than a moment (delay), on stderr.
-    return tqdm(total=total, desc=desc, delay=1.0, file=sys.stderr, leave=False, unit="step")
+    # Shown on a terminal (disable=None: not in logs or CI) once the work takes more than a moment.
+    return tqdm(total=total, desc=desc, delay=1.0, file=sys.stderr, leave=False, unit="step", disable=None)
 
 
 def _expand(path: Path) -> list[Path]:
@@ -111,11 +111,10 @@ def visualize(options: VisualizeOptions, echo: Callable[[str], None] = print) ->
     started = time.perf_counter()
     runs, notes = load_inputs(options.paths)
     reports = []
-    with _progress(len(runs), "reducing and checking") as bar:
+    with _progress(len(runs) * 4, "reporting") as bar:
         for run in runs:
             reports.append(build_run_report(run, thresholds=options.thresholds, check=options.check,
-                                            max_points=options.max_points))
-            bar.update()
+                                            max_points=options.max_points, progress=bar))
     comparison = comparison_html(runs, max_points=options.max_points) if len(runs) > 1 else None
     output = Path(options.output) if options.output else default_output(options.paths)
     try:

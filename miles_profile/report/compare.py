@@ -117,10 +117,10 @@ def comparison_figure(runs, *, max_points: int = 100_000) -> go.Figure:
                                  (np.searchsorted(x[sort], np.arange(len(order)), "left"),
                                   np.searchsorted(x[sort], np.arange(1, len(order) + 1), "right")))
             xx, yy = x[sort][keep], y[sort][keep]
-            fig.add_trace(go.Scatter(x=xx, y=yy / GiB, customdata=yy, mode="lines", name=name, legendgroup=name,
+            fig.add_trace(go.Scatter(x=xx, y=yy / GiB, mode="lines", name=name, legendgroup=name,
                                      showlegend=row == 1, connectgaps=False,
                                      line=dict(color=_RUN_COLORS[k % len(_RUN_COLORS)], width=1.4),
-                                     hovertemplate="%{y:.3f} GiB (%{customdata:,.0f} B)<extra>" + html.escape(name)
+                                     hovertemplate="%{y:.4f} GiB<extra>" + html.escape(name)
                                                    + "</extra>"), row=row, col=1)
         fig.update_yaxes(title_text="GiB", rangemode="tozero", row=row, col=1)
     for j, key in enumerate(order):

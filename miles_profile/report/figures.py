@@ -6,7 +6,7 @@ Public API (stable):
         One subplot per GPU (NVML used, allocator reserved/allocated, true-peak envelope), one for
         the host (RSS, its true-peak envelope, available, pinned, offload files on disk) and a phase
         lane under them whose bars are named (labels show where they fit; zoom in for more).
-        x is seconds since the run started; y is GiB; hover shows GiB and exact bytes.
+        x is seconds since the run started; y is GiB (bytes / 1024**3, exact); hover shows GiB.
         At most about `max_points` points in all, reduced by reduce.reduce_series so the global
         peak and every phase's peak are drawn exactly. `t_range=(t0, t1)` (seconds since start)
         draws only that window, at full budget: the dashboard calls it again on zoom.
@@ -96,11 +96,11 @@ def _reduced_trace(run, s: Series, t0: float, t_range, n_out: int, phase_bounds,
         dash, width = "dash", width * 0.9
         color = {"#1f77b4": "#7fb2dc", "#d62728": "#ec9a9a"}.get(color, color)
     return go.Scatter(
-        x=x, y=yy / GiB, customdata=yy, name=s.label, mode="lines",
+        x=x, y=yy / GiB, name=s.label, mode="lines",
         # A true peak covers the time since the previous sample: draw it over that interval (vh).
         line=dict(color=color, dash=dash, width=width, shape="vh" if s.kind.endswith("peak") else "linear"),
         connectgaps=False, legendgroup=s.group,
-        hovertemplate="%{y:.3f} GiB (%{customdata:,.0f} B)<extra>" + s.label + "</extra>",
+        hovertemplate="%{y:.4f} GiB<extra>" + s.label + "</extra>",
     )
 
 

@@ -25,6 +25,7 @@ from miles_profile.report.figures import run_start, timeline_figure
 from miles_profile.report.series import GiB
 from miles_profile.report.stats import phase_instances, phase_table, stat_metrics
 
+TABLE_ROW_LIMIT = 200
 _CONFIG = {"displaylogo": False, "responsive": True, "scrollZoom": False}
 
 
@@ -39,11 +40,22 @@ class RunReport:
 
 
 def build_run_report(run, *, thresholds: checks_mod.Thresholds | None = None, check: bool = True,
-                     max_points: int = 100_000) -> RunReport:
+                     max_points: int = 100_000, progress=None) -> RunReport:
+    """Statistics, checks and the timeline of one run. `progress`: a tqdm bar advanced by 4 steps."""
+    def step(what: str) -> None:
+        if progress is not None:
+            progress.set_postfix_str(f"{run.name}: {what}", refresh=False)
+            progress.update()
+
     phase_instances(run)
+    step("phase statistics")
     results = checks_mod.run_checks(run, thresholds) if check else []
-    return RunReport(run, results, phase_table(run), phase_table(run, by_iteration=True),
-                     timeline_figure(run, max_points=max_points), list(run.warnings))
+    step("checks")
+    figure = timeline_figure(run, max_points=max_points)
+    step("timeline reduced")
+    report = RunReport(run, results, phase_table(run), phase_table(run, by_iteration=True), figure, list(run.warnings))
+    step("tables")
+    return report
 
 
 # -- formatting --------------------------------------------------------------------------------
@@ -66,6 +78,12 @@ def _phase_table_html(run, table: pd.DataFrame, by_iteration: bool, table_id: st
         "".join(f'<th colspan="3">{_e(m.label)} (GiB)</th>' for m in metrics) + "</tr>"
     head2 = "<tr>" + "<th>floor</th><th>mean</th><th>peak</th>" * len(metrics) + "</tr>"
     rows = []
+    note = ""
+    if len(table) > TABLE_ROW_LIMIT:  # thousands of iterations: the head and tail here, all of it via --csv
+        half = TABLE_ROW_LIMIT // 2
+        note = (f'<p class="muted small">{len(table):,} rows: showing the first and last {half}; '
+                "write them all with --csv.</p>")
+        table = table.iloc[list(range(half)) + list(range(len(table) - half, len(table)))]
     for r in table.to_dict("records"):
         cells = [f'<td class="num">{r["iteration"]}</td>'] if by_iteration else []
         cells += [f'<td><span class="swatch" style="background:{_color(r["name"])}"></span>{_e(r["name"])}</td>',
@@ -75,7 +93,7 @@ def _phase_table_html(run, table: pd.DataFrame, by_iteration: bool, table_id: st
             cells += [_gib_cell(r[f"{m.name}_floor"]), _gib_cell(r[f"{m.name}_mean"]),
                       f'<td class="num peak"{_gib_cell(r[f"{m.name}_peak"])[3:]}']
         rows.append("<tr>" + "".join(cells) + "</tr>")
-    return (f'<table id="{table_id}" class="data"><thead>{head1}{head2}</thead><tbody>' + "".join(rows) +
+    return (note + f'<table id="{table_id}" class="data"><thead>{head1}{head2}</thead><tbody>' + "".join(rows) +
             "</tbody></table>")
 
 
@@ -152,7 +170,7 @@ def _run_section(report: RunReport, k: int, single: bool) -> str:
   {_checks_html(report.checks, t0, "checks" + suffix)}
   <h3>Timeline</h3>
   <p class="muted small">Drag to zoom, double-click to reset. Every phase's peak and the global peak are drawn exactly
-  as recorded; the red envelope is the true peak between samples. Hover shows GiB and exact bytes.</p>
+  as recorded; the red envelope is the true peak between samples. Exact bytes: hover a table cell.</p>
   <div class="figure">{figure}</div>
   <h3>Per phase</h3>
   {_phase_table_html(run, report.phases, False, "phases" + suffix)}

@@ -41,11 +41,12 @@ def phase_ranges(t: np.ndarray, starts, ends) -> tuple[np.ndarray, np.ndarray]:
 def range_argmax(y: np.ndarray, i0: np.ndarray, i1: np.ndarray) -> np.ndarray:
     """Index of the (first) maximum of y[i0:i1] for each non-empty range with a finite value."""
     y = np.asarray(y, dtype=np.float64)
-    filled = np.where(np.isnan(y), -np.inf, y)
+    filled = np.where(np.isnan(y), -np.inf, y) if np.isnan(y).any() else y
     out = []
+    argmax = np.argmax
     for a, b in zip(np.asarray(i0).tolist(), np.asarray(i1).tolist()):
         if b > a:
-            k = a + int(np.argmax(filled[a:b]))
+            k = a + int(argmax(filled[a:b]))
             if filled[k] != -np.inf:
                 out.append(k)
     return np.asarray(out, dtype=np.int64)
@@ -64,18 +65,23 @@ def minmax_indices(t: np.ndarray, y: np.ndarray, n_out: int) -> np.ndarray:
     """Indices of the minimum and maximum of each of n_out/2 equal-time buckets (finite values only)."""
     t = np.asarray(t, dtype=np.float64)
     y = np.asarray(y, dtype=np.float64)
-    finite = np.flatnonzero(np.isfinite(y) & np.isfinite(t))
     n_out = max(2, int(n_out) // 2 * 2)
-    if len(finite) <= max(n_out, _MIN_BUCKETED):
-        return finite.astype(np.int64)
+    bad = ~(np.isfinite(y) & np.isfinite(t))
+    if bad.any():
+        finite = np.flatnonzero(~bad)
+        tf, yf = t[finite], y[finite]
+    else:  # the common case: no gap, no copy
+        finite = None
+        tf, yf = t, y
+    if len(yf) <= max(n_out, _MIN_BUCKETED):
+        return np.arange(len(y), dtype=np.int64) if finite is None else finite.astype(np.int64)
     from tsdownsample import MinMaxDownsampler
-    tf, yf = (t, y) if len(finite) == len(y) else (t[finite], y[finite])
     if tf[-1] <= tf[0]:  # all at one instant: time buckets are meaningless, keep the extremes
         picked = np.array([np.argmin(yf), np.argmax(yf)])
     else:
         picked = MinMaxDownsampler().downsample(tf, yf, n_out=n_out, parallel=len(yf) > 1_000_000)
         picked = np.concatenate((picked.astype(np.int64), [np.argmin(yf), np.argmax(yf)]))
-    return finite[picked] if len(finite) != len(y) else picked.astype(np.int64)
+    return picked.astype(np.int64) if finite is None else finite[picked]
 
 
 def reduce_series(t: np.ndarray, y: np.ndarray, n_out: int,
@@ -88,9 +94,12 @@ def reduce_series(t: np.ndarray, y: np.ndarray, n_out: int,
     if len(y) <= n_out:
         return np.arange(len(y), dtype=np.int64)
     parts = [minmax_indices(t, y, n_out)]
-    finite = np.flatnonzero(np.isfinite(y))
-    if len(finite):
-        parts.append(finite[[0, -1]])
+    if np.isnan(y[0]) or np.isnan(y[-1]):
+        finite = np.flatnonzero(np.isfinite(y))
+        if len(finite):
+            parts.append(finite[[0, -1]])
+    else:
+        parts.append(np.array([0, len(y) - 1]))
     if ranges is not None:
         parts.append(range_argmax(y, *ranges))
     parts.append(_thin(gap_indices(y), t, max(1, n_out // 4)))

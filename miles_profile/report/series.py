@@ -98,8 +98,16 @@ def pids_with(run, column: str) -> list[int]:
     """Processes with at least one value in `column`, most values first."""
     if column not in run.samples:
         return []
-    counts = [(int(np.isfinite(series_arrays(run, p, column)[1]).sum()), p) for p in pids(run)]
-    return [p for n, p in sorted(counts, key=lambda c: (-c[0], c[1])) if n > 0]
+    cache = _cache(run).setdefault("pids_with", {})
+    if column not in cache:
+        values = run.samples[column]
+        if len(pids(run)) == 1:  # the common case: no per-process split needed
+            cache[column] = pids(run) if values.notna().any() else []
+        else:
+            counts = values.notna().groupby(run.samples["pid"].to_numpy()).sum()
+            counts = counts[counts > 0].sort_index()
+            cache[column] = [int(p) for p in counts.sort_values(ascending=False, kind="stable").index]
+    return cache[column]
 
 
 def _role(run, pid: int) -> str | None:

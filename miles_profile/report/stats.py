@@ -65,14 +65,27 @@ def range_stats(y: np.ndarray, i0: np.ndarray, i1: np.ndarray, peak: np.ndarray 
     if n == 0:
         empty = np.empty(0)
         return empty, empty, empty
-    flat = np.column_stack((i0, i1)).ravel()
-    ext = lambda a: np.append(a, np.nan)  # noqa: E731  so that index len(y) is valid
-    floor = np.fmin.reduceat(ext(y), flat)[::2]
-    top = np.fmax.reduceat(ext(peak), flat)[::2]
+    size = len(y)
+    if size == 0:
+        nan = np.full(n, np.nan)
+        return nan, nan.copy(), nan.copy()
+    i0 = np.asarray(i0, dtype=np.int64)
+    i1 = np.asarray(i1, dtype=np.int64)
+    empty = i1 <= i0
+    # reduceat needs indices < size: a range reaching the end is cut one short, then completed below.
+    flat = np.minimum(np.column_stack((i0, i1)).ravel(), size - 1)
+    floor = np.fmin.reduceat(y, flat)[::2]
+    top = np.fmax.reduceat(peak, flat)[::2]
     finite = np.isfinite(y)
-    sums = np.add.reduceat(ext(np.where(finite, y, 0.0)), flat)[::2]
-    counts = np.add.reduceat(np.append(finite, False).astype(np.int64), flat)[::2]
-    empty = np.asarray(i1) <= np.asarray(i0)
+    sums = np.add.reduceat(np.where(finite, y, 0.0), flat)[::2]
+    counts = np.add.reduceat(finite.astype(np.int64), flat)[::2]
+    for k in np.flatnonzero((i1 >= size) & ~empty):  # few: only ranges that run to the last sample
+        a = int(i0[k])
+        part, part_peak = y[a:], peak[a:]
+        ok = np.isfinite(part)
+        floor[k] = np.min(part[ok]) if ok.any() else np.nan
+        top[k] = np.nanmax(part_peak) if np.isfinite(part_peak).any() else np.nan
+        sums[k], counts[k] = part[ok].sum(), ok.sum()
     counts = np.where(empty, 0, counts)
     with np.errstate(invalid="ignore", divide="ignore"):
         mean = np.where(counts > 0, sums / np.maximum(counts, 1), np.nan)
