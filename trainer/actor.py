@@ -61,7 +61,10 @@ class TrainModel:
         else:
             self.master = nn.Parameter(self.params.flat)  # shares the storage of the model's views
             self.master.grad = self.grads
-        self.optimizer = torch.optim.AdamW([self.master], lr=lr, betas=BETAS, weight_decay=WEIGHT_DECAY)
+        # Fused: one kernel over the flat buffer, with no full-size temporaries (the for-each and
+        # single-tensor versions allocate one or two copies of the moments during the step).
+        self.optimizer = torch.optim.AdamW([self.master], lr=lr, betas=BETAS, weight_decay=WEIGHT_DECAY,
+                                           fused=True)
         _init_adamw_state(self.optimizer, self.master)
 
     @torch.no_grad()
@@ -95,7 +98,7 @@ class TrainModel:
 def _init_adamw_state(optimizer: torch.optim.AdamW, p: nn.Parameter) -> None:
     """Allocate AdamW's moments now rather than at the first step (as AdamW itself would), so the
     footprint is constant from the start and every offload moves the same bytes."""
-    optimizer.state[p] = {"step": torch.tensor(0.0, dtype=torch.float32),
+    optimizer.state[p] = {"step": torch.zeros((), dtype=torch.float32, device=p.device),  # fused: on p's device
                           "exp_avg": torch.zeros_like(p, memory_format=torch.preserve_format),
                           "exp_avg_sq": torch.zeros_like(p, memory_format=torch.preserve_format)}
 

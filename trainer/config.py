@@ -49,13 +49,15 @@ PRESETS: dict[str, Preset] = {
     "tiny": Preset(d_model=64, n_layer=2, n_head=4, digits=4, rollout_batch_size=32,
                    n_samples_per_prompt=8, micro_batch_size=256, kv_cache_bytes=2 * MiB,
                    chunk_bytes=256 * 1024, lr=3e-3, torch_threads=1),
-    # ~8M params: weights+grads+AdamW ~ 126 MB, so every drop stands above allocator noise on CPU.
-    "cpu": Preset(d_model=256, n_layer=10, n_head=8, digits=6, rollout_batch_size=16,
-                  n_samples_per_prompt=8, micro_batch_size=128, kv_cache_bytes=64 * MiB,
+    # ~14.8M params: weights + grads + AdamW ~ 236 MB and a 192 MiB KV pool, so every drop stands far
+    # above allocator noise on CPU; micro-batches of 16 keep activations (~50 MB) well below both.
+    "cpu": Preset(d_model=320, n_layer=12, n_head=8, digits=6, rollout_batch_size=16,
+                  n_samples_per_prompt=8, micro_batch_size=16, kv_cache_bytes=192 * MiB,
                   chunk_bytes=16 * MiB, lr=1e-3),
-    # ~1.1B params: ~17.7 GB of fp32 training state and a 12 GiB KV pool on one H200.
+    # ~1.1B params: ~17.7 GB of fp32 training state and a 12 GiB KV pool on one H200. Micro-batches
+    # of 32 keep activations plus autocast's bf16 weight copies near 4 GB.
     "gpu": Preset(d_model=2048, n_layer=22, n_head=16, digits=12, rollout_batch_size=64,
-                  n_samples_per_prompt=8, micro_batch_size=128, kv_cache_bytes=12 * GiB,
+                  n_samples_per_prompt=8, micro_batch_size=32, kv_cache_bytes=12 * GiB,
                   chunk_bytes=256 * MiB, lr=2e-5),
 }
 

@@ -262,6 +262,8 @@ class DiskOffloader:
                 buf = self._stage(0, e.numel, s.tensor.dtype)
                 disk_store.read_chunk(self.directory / e.file, e, buf)
                 yield e.start, buf
+        if self._staging and not self._staging[0].is_pinned():
+            self._staging[0] = None  # a CPU run frees it: pinned staging is kept only to avoid re-pinning
 
     # --- helpers --------------------------------------------------------------------------------
 

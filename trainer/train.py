@@ -135,11 +135,11 @@ def _run(cfg: RunConfig) -> list[tuple[float, TrainStats]]:
                   optimizer_cpu_offload=cfg.optimizer_cpu_offload, micro_batch_size=cfg.micro_batch_size,
                   offload_target=cfg.offload_train_target, disk_dir=disk_dir, chunk_bytes=cfg.chunk_bytes)
     try:
+        if cfg.offload_train:  # before the engine exists (as in Miles): the two footprints never meet
+            offload_train(actor, None)
         engine = RolloutEngine(model_cfg, device, cfg.kv_cache_bytes, cuda_graph=cfg.cuda_graph)
         _print_setup(cfg, actor, engine)
         update_weights(actor, engine, None)  # the engine starts empty
-        if cfg.offload_train:
-            offload_train(actor, None)  # both orders expect the state off the device at generate
         return _loop(cfg, actor, engine)
     finally:
         actor.close()

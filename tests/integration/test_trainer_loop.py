@@ -64,7 +64,7 @@ def test_phase_order_of_every_configuration(phases, tmp_path, name, target):
     flags, per_rollout = CONFIGS[name]
     argv = [*TINY, "--num-rollout", "2", *flags, *_target_flags(target, tmp_path)]
     assert train.main(argv) == 0
-    setup = SETUP + (["offload_train"] if "--offload-train" in flags else [])
+    setup = (["offload_train"] if "--offload-train" in flags else []) + SETUP
     assert [n for n, _ in phases] == setup + per_rollout + per_rollout
     for n, attrs in phases[len(setup):]:
         assert attrs["rollout_id"] in (0, 1), n

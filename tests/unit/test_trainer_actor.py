@@ -41,7 +41,7 @@ def test_flat_adamw_equals_per_parameter_adamw():
     reference = GPT(CFG)  # ordinary parameters, one lazily created AdamW state per tensor
     reference.load_state_dict({n: p.detach().clone() for n, p in actor.policy.module.named_parameters()})
     ref_params = list(reference.parameters())
-    opt = torch.optim.AdamW(ref_params, lr=1e-2, betas=BETAS, weight_decay=WEIGHT_DECAY)
+    opt = torch.optim.AdamW(ref_params, lr=1e-2, betas=BETAS, weight_decay=WEIGHT_DECAY, fused=True)
     for step in range(3):
         actor.train(_batch(step, 16))
         _reference_step(reference, ref_params, opt, _batch(step, 16))
