@@ -100,7 +100,7 @@ def main() -> None:
         started = time.perf_counter()
         write_log(log, args.samples)
         print(f"wrote the synthetic log {log} in {time.perf_counter() - started:.1f} s")
-    size = sum(f.stat().st_size for f in log.iterdir() if f.is_file())
+    size = sum(f.stat().st_size for f in log.iterdir() if f.is_file() and not f.name.startswith("."))
     print(f"log: {args.samples:,} samples, {size / 1e9:.2f} GB on disk; machine: {os.cpu_count()} cores; "
           f"load average now {os.getloadavg()[0]:.1f}")
     out = args.out / "report.html"

@@ -147,11 +147,10 @@ def _read_cache(path: Path, warnings: list[str]) -> pd.DataFrame | None:
         return None
 
 
-def _write_cache(path: Path, frame: pd.DataFrame, warnings: list[str]) -> None:
+def _write_cache(path: Path, table: pa.Table, warnings: list[str]) -> None:
     cache = _cache_path(path)
     tmp = cache.with_name(cache.name + f".{os.getpid()}.tmp")
     try:
-        table = pa.Table.from_pandas(frame, preserve_index=False)
         metadata = {**(table.schema.metadata or {}), **_cache_key(path), b"warnings": json.dumps(warnings).encode()}
         table = table.replace_schema_metadata(metadata)
         with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
@@ -167,15 +166,11 @@ def _read_samples_cached(path: Path, warnings: list[str], finished: bool) -> pd.
         frame = _read_cache(path, warnings)
         if frame is not None:
             return frame
-    mine: list[str] = []
-    frame = _read_samples(path, mine)
-    warnings.extend(mine)
-    if use_cache and frame is not None and len(frame):
-        _write_cache(path, frame, mine)
-    return frame
+    return _read_samples(path, warnings, cache=use_cache)
 
 
-def _read_samples(path: Path, warnings: list[str]) -> pd.DataFrame | None:
+def _read_samples(path: Path, warnings: list[str], cache: bool = False) -> pd.DataFrame | None:
+    """Parse one samples CSV; with `cache`, leave the parsed columns for the next read (see above)."""
     with pa.memory_map(str(path)) as source:
         buffer = source.read_buffer()
     data = memoryview(buffer)
@@ -208,6 +203,10 @@ def _read_samples(path: Path, warnings: list[str]) -> pd.DataFrame | None:
         )
         frame = table.to_pandas(split_blocks=True, self_destruct=True)  # no consolidation copy
         del table
+        if cache:  # from the frame: one chunk, one dictionary, so the next read converts in a blink
+            parsed = [w for w in warnings if w.startswith(path.name)]
+            _write_cache(path, pa.Table.from_pandas(frame, preserve_index=False),
+                         parsed + ([f"{path.name}: skipped {len(skipped)} malformed rows"] if skipped else []))
     except (pa.ArrowInvalid, pa.ArrowTypeError, KeyError, UnicodeDecodeError):
         skipped.clear()
         frame = _read_samples_slowly(data[:end], header, path, warnings)
