@@ -76,6 +76,11 @@ class _MemoryHistory:
 def _context(mode: str, tmp: Path, interval_ms: float):
     if mode == "recorder":
         return Recorder(tmp / "overhead_logs", interval_ms=interval_ms)
+    if mode.startswith("recorder_"):  # recorder_50ms, recorder_no_nvml, recorder_no_torch_allocator
+        variant = mode[len("recorder_"):]
+        if variant.endswith("ms"):
+            return Recorder(tmp / "overhead_logs", interval_ms=float(variant[:-2]))
+        return Recorder(tmp / "overhead_logs", interval_ms=interval_ms, disable=[variant[3:]])
     if mode == "naive_100hz":
         return _NaiveSampler(100.0)
     if mode == "memory_history":
@@ -101,8 +106,10 @@ def _time_block(step: Callable[[], None], steps: int, dev: torch.device) -> floa
     return (time.perf_counter() - start) / steps
 
 
-def measure_overhead(dev: torch.device, tmp: Path, interval_ms: float, rounds: int) -> dict[str, Any]:
-    modes = ["off", "recorder", "naive_100hz"] + (["memory_history"] if dev.type == "cuda" else [])
+def measure_overhead(dev: torch.device, tmp: Path, interval_ms: float, rounds: int,
+                     variants: list[str] = ()) -> dict[str, Any]:
+    """`variants`: extra recorder modes for diagnosis, e.g. recorder_50ms, recorder_no_nvml."""
+    modes = ["off", "recorder", *variants, "naive_100hz"] + (["memory_history"] if dev.type == "cuda" else [])
     result: dict[str, Any] = {"interval_ms": interval_ms, "rounds": rounds, "loops": {}}
     for kind in ("launch_bound", "compute_bound"):
         step, steps = _loop(dev, kind)

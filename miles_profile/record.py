@@ -13,7 +13,7 @@ import sys
 
 from miles_profile import names
 from miles_profile.errors import MilesProfileError
-from miles_profile.recorder import DEFAULT_INTERVAL_MS, DEFAULT_LOG_DIR, Recorder, create_run
+from miles_profile.recorder import DEFAULT_INTERVAL_MS, DEFAULT_LOG_DIR, OPTIONAL_PROBES, Recorder, create_run
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -30,6 +30,8 @@ def build_parser() -> argparse.ArgumentParser:
                              "(default: %(default)s)")
     parser.add_argument("--watch-dir", action="append", default=[], metavar="DIR",
                         help="also sample the bytes in files under DIR (an offload dir); repeatable")
+    parser.add_argument("--disable-probe", action="append", default=[], choices=OPTIONAL_PROBES,
+                        help="leave out an optional source (its columns are absent); repeatable")
     parser.add_argument("--exec", dest="exec_child", action="store_true",
                         help="run the command after -- as a child and sample its process tree")
     return parser
@@ -49,7 +51,7 @@ def run_trainer(args: argparse.Namespace, trainer_args: list[str]) -> int:
         raise MilesProfileError(f"the integrated trainer is not available ({exc}); use --exec") from None
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))  # flush on the way out
     with Recorder(args.log_dir, interval_ms=args.interval_ms, watch_dirs=args.watch_dir,
-                  command=sys.argv) as recorder:
+                  command=sys.argv, disable=args.disable_probe) as recorder:
         print(f"miles_profile: recording to {recorder.run_dir}", file=sys.stderr, flush=True)
         try:
             code = train_main(trainer_args)
@@ -71,7 +73,7 @@ def run_child(args: argparse.Namespace, command: list[str]) -> int:
     previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         with Recorder(run_dir=run_dir, interval_ms=args.interval_ms, watch_dirs=args.watch_dir,
-                      child_pid=child.pid, command=command):
+                      child_pid=child.pid, command=command, disable=args.disable_probe):
             code = child.wait()
     finally:
         for sig, handler in previous.items():

@@ -29,6 +29,7 @@ from miles_profile.sampler import Sampler
 # launch-bound loop; true peaks per sample make a higher rate unnecessary.
 DEFAULT_INTERVAL_MS = 20.0
 DEFAULT_LOG_DIR = "/tmp/memory_logs"
+OPTIONAL_PROBES = ("nvml", "torch_allocator")  # sources a user may switch off (`disable=`)
 
 _active: "Recorder | None" = None
 _active_lock = threading.Lock()
@@ -59,7 +60,7 @@ class Recorder:
     def __init__(self, log_dir: str | os.PathLike | None = None, *, run_dir: str | os.PathLike | None = None,
                  interval_ms: float = DEFAULT_INTERVAL_MS, watch_dirs: Iterable[str] = (),
                  child_pid: int | None = None, command: list[str] | None = None,
-                 flush_interval_s: float = 0.5):
+                 flush_interval_s: float = 0.5, disable: Iterable[str] = ()):
         if interval_ms <= 0:
             raise MilesProfileError(f"interval must be positive, got {interval_ms} ms")
         self._log_dir = Path(log_dir or DEFAULT_LOG_DIR)
@@ -69,6 +70,10 @@ class Recorder:
         self._child_pid = child_pid
         self._command = command if command is not None else list(sys.argv)
         self._flush_interval_s = flush_interval_s
+        unknown = set(disable) - set(OPTIONAL_PROBES)
+        if unknown:
+            raise MilesProfileError(f"unknown probe {sorted(unknown)[0]!r}; optional probes: {', '.join(OPTIONAL_PROBES)}")
+        self._disable = frozenset(disable)
         self._ids = itertools.count(1)
         self._open: dict[int, str] = {}  # open phases by id, in begin order
         self._phase_lock = threading.Lock()
@@ -132,11 +137,16 @@ class Recorder:
         self._disk = DiskProbe(self._watch_dirs)
         probes: list = [process, host]
         meta = [process.describe(), host.describe()]
-        nvml, nvml_meta = open_nvml(lambda: process.pids)
-        meta.append(nvml_meta)
-        if nvml:
-            probes.append(nvml)
-        if self._child_pid is None:  # another process's allocator can't be read from here
+        if "nvml" in self._disable:
+            meta.append({"name": "nvml", "active": False, "reason": "disabled"})
+        else:
+            nvml, nvml_meta = open_nvml(lambda: process.pids)
+            meta.append(nvml_meta)
+            if nvml:
+                probes.append(nvml)
+        if "torch_allocator" in self._disable:
+            meta.append({"name": "torch_allocator", "active": False, "reason": "disabled"})
+        elif self._child_pid is None:  # another process's allocator can't be read from here
             allocator, allocator_meta = open_torch_allocator()
             meta.append(allocator_meta)
             if allocator:
