@@ -82,7 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _add_run_arguments(g) -> None:
     g.add_argument("--preset", choices=sorted(PRESETS), default="cpu",
-                   help="model and batch sizes: tiny (tests), cpu (~8M params, ~126 MB training state), "
+                   help="model and batch sizes: tiny (tests), cpu (~14.8M params, ~237 MB training state), "
                         "gpu (~1.1B params, 12 GiB KV pool) (default: %(default)s)")
     g.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
                    help="auto picks cuda when available (default: %(default)s)")
@@ -95,7 +95,7 @@ def _add_rollout_arguments(g) -> None:
     g.add_argument("--rollout-batch-size", type=int, help="prompts per rollout (preset)")
     g.add_argument("--n-samples-per-prompt", type=int, help="responses per prompt, the GRPO group (preset)")
     g.add_argument("--kv-cache-bytes", type=parse_bytes,
-                   help="rollout engine KV pool, allocated up front (preset: 64MiB cpu, 12GiB gpu)")
+                   help="rollout engine KV pool, allocated up front (preset: 192MiB cpu, 12GiB gpu)")
     g.add_argument("--cuda-graph", action=argparse.BooleanOptionalAction, default=None,
                    help="capture decode steps as CUDA graphs (default: on with cuda; cuda only)")
 

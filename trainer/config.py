@@ -41,7 +41,9 @@ class Preset:
     kv_cache_bytes: int        # rollout engine KV pool, allocated up front
     chunk_bytes: int           # offload / weight-update chunk
     lr: float
-    torch_threads: int | None = None  # None: torch's default. Tiny matmuls only lose from threads.
+    # None: torch's default. The small presets' matmuls gain little from threads and lose 5-10x when
+    # other processes hold the cores (OpenMP workers wait on each other at every op).
+    torch_threads: int | None = None
 
 
 PRESETS: dict[str, Preset] = {
@@ -53,7 +55,7 @@ PRESETS: dict[str, Preset] = {
     # above allocator noise on CPU; micro-batches of 16 keep activations (~50 MB) well below both.
     "cpu": Preset(d_model=320, n_layer=12, n_head=8, digits=6, rollout_batch_size=16,
                   n_samples_per_prompt=8, micro_batch_size=16, kv_cache_bytes=192 * MiB,
-                  chunk_bytes=16 * MiB, lr=1e-3),
+                  chunk_bytes=16 * MiB, lr=1e-3, torch_threads=1),
     # ~1.1B params: ~17.7 GB of fp32 training state and a 12 GiB KV pool on one H200. Micro-batches
     # of 32 keep activations plus autocast's bf16 weight copies near 4 GB.
     "gpu": Preset(d_model=2048, n_layer=22, n_head=16, digits=12, rollout_batch_size=64,
