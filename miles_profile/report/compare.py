@@ -145,7 +145,7 @@ def comparison_html(runs, *, max_points: int = 100_000) -> str:
         cells = [f'<td class="num">{r["iteration"]}</td><td>{html.escape(str(r["phase"]))}</td>']
         for c in value_columns:
             v = r[c]
-            cells.append('<td class="num muted">–</td>' if v is pd.NA else
+            cells.append('<td class="num muted">–</td>' if v is None or pd.isna(v) else
                          f'<td class="num" title="{int(v):,} B">{int(v) / GiB:.3f}</td>')
         rows.append("<tr>" + "".join(cells) + "</tr>")
     figure = fig.to_html(full_html=False, include_plotlyjs=False, div_id="comparison-figure",

@@ -106,7 +106,7 @@ def phase_csv_frame(runs) -> pd.DataFrame:
     frames = []
     for run in runs:
         overall = phase_table(run).assign(iteration="all")
-        per = phase_table(run, by_iteration=True).astype({"iteration": str}) if True else None
+        per = phase_table(run, by_iteration=True).astype({"iteration": str})
         frame = pd.concat([overall, per], ignore_index=True)
         frame.insert(0, "run", run.name)
         frames.append(frame)

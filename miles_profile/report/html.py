@@ -64,7 +64,7 @@ def _e(x) -> str:
 
 
 def _gib_cell(v) -> str:
-    if v is None or v is pd.NA or (isinstance(v, float) and not np.isfinite(v)):
+    if v is None or pd.isna(v):
         return '<td class="num muted">–</td>'
     return f'<td class="num" title="{int(v):,} B">{int(v) / GiB:.3f}</td>'
 
