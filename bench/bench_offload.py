@@ -84,13 +84,13 @@ def bench_disk(actor: Actor, disk_dir: Path, repeats: int) -> dict:
     buf.fill_(7)  # commit the pages: the trainer's state is resident when offload starts
     raw = disk_dir / "raw.bin"
     times: dict[str, list[float]] = {"raw_write": [], "offload": [], "raw_read": [], "onload": []}
-    for _ in range(repeats):
+    for _ in range(repeats):  # the raw file is gone before the state is written: one copy on disk
         times["raw_write"].append(best_of(1, lambda: _raw_write(raw, buf), cpu))
-        times["offload"].append(best_of(1, actor.offload, actor.device))
         # An onload reads into memory given back at offload; the raw read gets a fresh buffer too.
         times["raw_read"].append(best_of(1, lambda: _raw_read(raw, torch.empty(nbytes, dtype=torch.uint8)), cpu))
+        raw.unlink()
+        times["offload"].append(best_of(1, actor.offload, actor.device))
         times["onload"].append(best_of(1, actor.onload, actor.device))
-    raw.unlink()
     best = {k: min(v) for k, v in times.items()}
     return _result(nbytes, best["raw_write"], best["offload"], best["raw_read"], best["onload"],
                    "raw sequential file", "disk")

@@ -1,0 +1,156 @@
+"""The trainer's CUDA paths: pinned buffers, device memory really freed, CUDA graphs, every loop order.
+
+Skipped without a GPU. The GPU machine may lack pytest, so this file also runs as a script
+(`PYTHONPATH=. python3 tests/integration/test_trainer_gpu.py`), printing PASS/FAIL per test and
+exiting 1 on any failure.
+"""
+from __future__ import annotations
+
+import sys
+import tempfile
+import traceback
+from pathlib import Path
+
+import torch
+
+from trainer import train
+from trainer.actor import Actor, Batch
+from trainer.config import PRESETS, ModelConfig, model_config
+from trainer.flat import is_allocated
+from trainer.offload import host_buffer
+from trainer.rollout_engine import RolloutEngine
+
+try:
+    import pytest
+    pytestmark = [pytest.mark.gpu,
+                  pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
+except ImportError:  # run as a script on a machine without pytest
+    pytest = None
+
+CFG = ModelConfig(vocab_size=16, d_model=64, n_layer=2, n_head=4, max_seq_len=10)
+CUDA = torch.device("cuda")
+KV_BYTES = 64 * 1024**2
+
+
+def _actor(target: str, disk_dir: Path | None = None, **kw) -> Actor:
+    args = dict(lr=1e-2, seed=0, use_critic=False, optimizer_cpu_offload=False, micro_batch_size=16,
+                chunk_bytes=64 * 1024)
+    return Actor(CFG, CUDA, offload_target=target, disk_dir=disk_dir, **{**args, **kw})
+
+
+def _batch(seed: int) -> Batch:
+    g = torch.Generator().manual_seed(seed)
+    prompts = torch.randint(0, 16, (4, 6), generator=g).repeat_interleave(4, dim=0)
+    return Batch(prompts, torch.randint(0, 16, (16, 4), generator=g), torch.rand(16, generator=g), 4)
+
+
+def _allocated() -> int:
+    torch.cuda.synchronize()
+    return torch.cuda.memory_allocated()
+
+
+def test_host_buffers_are_pinned():
+    assert host_buffer(torch.empty(3 * 1024**2 + 5, device=CUDA)).is_pinned()
+
+
+def test_round_trips_free_device_memory_and_are_bit_exact():
+    for target in ("cpu", "disk"):
+        for host_optimizer in (False, True):
+            with tempfile.TemporaryDirectory() as tmp:
+                actor = _actor(target, Path(tmp), optimizer_cpu_offload=host_optimizer)
+                for cycle in range(4):
+                    actor.train(_batch(cycle))
+                    snap = {s.name: s.tensor.clone() for s in actor.state}
+                    before = _allocated()
+                    actor.offload()
+                    assert before - _allocated() >= actor.offloader.expected_bytes() > 0, (target, host_optimizer)
+                    assert not any(is_allocated(s.tensor) for s in actor.state if s.tensor.is_cuda)
+                    actor.onload()
+                    for s in actor.state:
+                        assert torch.equal(s.tensor, snap[s.name]), (target, host_optimizer, s.name)
+                actor.close()
+
+
+def test_host_optimizer_matches_device_optimizer_within_tolerance():
+    device, host = _actor("cpu"), _actor("cpu", optimizer_cpu_offload=True)
+    for step in range(5):
+        device.train(_batch(step))
+        host.train(_batch(step))
+        # The tolerance trainer/actor.py states for --optimizer-cpu-offload on CUDA.
+        assert torch.allclose(device.policy.params.flat, host.policy.params.flat, rtol=1e-5, atol=1e-7)
+
+
+def _engine(graphs: bool) -> RolloutEngine:
+    ref = _actor("cpu")
+    engine = RolloutEngine(CFG, CUDA, KV_BYTES, cuda_graph=graphs)
+    for chunk in ref.weight_chunks():
+        engine.update_weights_from_tensor(chunk)
+    return engine
+
+
+def test_engine_release_frees_device_memory_inside_the_call():
+    engine = _engine(graphs=True)
+    prompts = torch.randint(0, 10, (8, 6), generator=torch.Generator().manual_seed(0))
+    engine.generate(prompts, 4, seed=0)  # captures a decode graph
+    tags = ["kv_cache", "weights", "cuda_graph"]
+    expected = engine.occupied_bytes(tags)
+    free_before = torch.cuda.mem_get_info()[0]
+    engine.release_memory_occupation(tags)
+    assert torch.cuda.mem_get_info()[0] - free_before >= 0.9 * expected  # back to the driver
+    engine.resume_memory_occupation(tags)
+    assert not engine.serving_ready  # released weights were discarded
+
+
+def test_graph_decode_matches_eager_decode():
+    prompts = torch.randint(0, 10, (8, 6), generator=torch.Generator().manual_seed(1))
+    graphs, eager = _engine(graphs=True), _engine(graphs=False)
+    assert torch.equal(graphs.generate(prompts, 4, seed=3), eager.generate(prompts, 4, seed=3))
+    assert graphs._graphs, "no decode graph was captured"
+
+
+def test_graphs_are_recaptured_once_weights_and_kv_are_back():
+    engine = _engine(graphs=True)
+    prompts = torch.randint(0, 10, (8, 6), generator=torch.Generator().manual_seed(2))
+    first = engine.generate(prompts, 4, seed=5)
+    ref = _actor("cpu")
+    engine.release_memory_occupation(["kv_cache", "weights", "cuda_graph"])
+    assert not engine._graphs
+    engine.resume_memory_occupation(["weights"])
+    for chunk in ref.weight_chunks():
+        engine.update_weights_from_tensor(chunk)
+    engine.resume_memory_occupation(["kv_cache", "cuda_graph"])
+    assert engine._graphs, "graphs not captured again at onload_kv"
+    assert torch.equal(engine.generate(prompts, 4, seed=5), first)
+
+
+def test_every_loop_order_runs_on_cuda():
+    base = ["--preset", "tiny", "--device", "cuda", "--num-rollout", "2"]
+    both = ["--offload-train", "--offload-rollout"]
+    with tempfile.TemporaryDirectory() as tmp:
+        disk = ["--offload-train-target", "disk", "--offload-train-disk-dir", tmp]
+        for flags in ([], both, [*both, "--use-critic"],
+                      [*both, "--colocate-memory-peak-device", "gpu", "--optimizer-cpu-offload"],
+                      [*both, "--colocate-memory-peak-device", "gpu", *disk]):
+            assert train.main([*base, *flags]) == 0, flags
+
+
+def test_gpu_preset_shapes():
+    p = PRESETS["gpu"]
+    cfg = model_config(p, p.digits)
+    assert cfg.num_params() >= 10**9 and p.kv_cache_bytes >= 10 * 1024**3
+
+
+if __name__ == "__main__":
+    if not torch.cuda.is_available():
+        print("SKIP: no CUDA device")
+        sys.exit(0)
+    failed = 0
+    for name, fn in list(globals().items()):
+        if name.startswith("test_") and callable(fn):
+            try:
+                fn()
+                print(f"PASS {name}", flush=True)
+            except Exception:
+                failed += 1
+                print(f"FAIL {name}\n{traceback.format_exc()}", flush=True)
+    sys.exit(1 if failed else 0)
