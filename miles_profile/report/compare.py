@@ -30,6 +30,11 @@ from miles_profile.report.stats import phase_instances, range_stats
 _RUN_COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b", "#e377c2")
 
 
+def iteration_label(iteration) -> str:
+    """Phases before the first rollout_id (iteration -1) are the run's setup."""
+    return "setup" if int(iteration) < 0 else str(int(iteration))
+
+
 def slot_keys(run) -> pd.DataFrame:
     inst = phase_instances(run)
     pid = main_pid(run)
@@ -88,7 +93,7 @@ def _aligned(track, slots, position) -> tuple[np.ndarray, np.ndarray]:
         span = max(end - start, 1e-9)
         xs.append(position[key] + np.clip((track.t[a:b] - start) / span, 0, 1))
         ys.append(track.peak[a:b])
-        xs.append([np.nan])  # a break between phases
+        xs.append([position[key] + 1.0])  # a break at the end of the slot: never a line across slots
         ys.append([np.nan])
     if not xs:
         return np.empty(0), np.empty(0)
@@ -112,12 +117,14 @@ def comparison_figure(runs, *, max_points: int = 100_000) -> go.Figure:
             x, y = _aligned(track, slot_keys(run), position)
             if not len(x):
                 continue
-            sort = np.argsort(np.nan_to_num(x, nan=np.inf), kind="stable")
+            sort = np.argsort(x, kind="stable")
             keep = reduce_series(np.arange(len(x), dtype=float), y[sort], n_out,
                                  (np.searchsorted(x[sort], np.arange(len(order)), "left"),
                                   np.searchsorted(x[sort], np.arange(1, len(order) + 1), "right")))
             xx, yy = x[sort][keep], y[sort][keep]
-            fig.add_trace(go.Scatter(x=xx, y=yy / GiB, mode="lines", name=name, legendgroup=name,
+            # short phases hold a single sample: markers make them visible where the data is small
+            mode = "lines+markers" if len(xx) <= 20_000 else "lines"
+            fig.add_trace(go.Scatter(x=xx, y=yy / GiB, mode=mode, marker=dict(size=3), name=name, legendgroup=name,
                                      showlegend=row == 1, connectgaps=False,
                                      line=dict(color=_RUN_COLORS[k % len(_RUN_COLORS)], width=1.4),
                                      hovertemplate="%{y:.4f} GiB<extra>" + html.escape(name)
@@ -127,7 +134,7 @@ def comparison_figure(runs, *, max_points: int = 100_000) -> go.Figure:
         fig.add_vrect(x0=j, x1=j + 1, fillcolor=phase_color(key[1]), opacity=0.10, line_width=0, layer="below")
     step = max(1, len(order) // 40)
     fig.update_xaxes(tickmode="array", tickvals=[j + 0.5 for j in range(0, len(order), step)],
-                     ticktext=[f"{key[0]}:{key[1]}" for key in order[::step]], tickangle=-45,
+                     ticktext=[f"{iteration_label(key[0])}:{key[1]}" for key in order[::step]], tickangle=-45,
                      row=max(1, len(kinds)), col=1)
     fig.update_layout(height=300 * max(1, len(kinds)) + 160, template="plotly_white", hovermode="closest",
                       margin=dict(l=70, r=20, t=50, b=120),
@@ -142,7 +149,7 @@ def comparison_html(runs, *, max_points: int = 100_000) -> str:
     head = "<tr><th>iteration</th><th>phase</th>" + "".join(f"<th>{html.escape(c)} (GiB)</th>" for c in value_columns)
     rows = []
     for r in table.to_dict("records"):
-        cells = [f'<td class="num">{r["iteration"]}</td><td>{html.escape(str(r["phase"]))}</td>']
+        cells = [f'<td class="num">{iteration_label(r["iteration"])}</td><td>{html.escape(str(r["phase"]))}</td>']
         for c in value_columns:
             v = r[c]
             cells.append('<td class="num muted">–</td>' if v is None or pd.isna(v) else

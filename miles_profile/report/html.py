@@ -85,7 +85,7 @@ def _phase_table_html(run, table: pd.DataFrame, by_iteration: bool, table_id: st
                 "write them all with --csv.</p>")
         table = table.iloc[list(range(half)) + list(range(len(table) - half, len(table)))]
     for r in table.to_dict("records"):
-        cells = [f'<td class="num">{r["iteration"]}</td>'] if by_iteration else []
+        cells = [f'<td class="num">{"setup" if r["iteration"] < 0 else r["iteration"]}</td>'] if by_iteration else []
         cells += [f'<td><span class="swatch" style="background:{_color(r["name"])}"></span>{_e(r["name"])}</td>',
                   f'<td class="num">{r["count"]}</td>', f'<td class="num">{r["total_s"]:.3f}</td>',
                   f'<td class="num">{r["mean_s"]:.3f}</td>']
