@@ -67,8 +67,10 @@ def zoom_updates(browser, url: str, duration_s: float, artifacts: Path | None) -
         lo, hi = center - share * duration_s / 2, center + share * duration_s / 2
         started = time.perf_counter()
         page.evaluate(f"() => Plotly.relayout({GRAPH}, {{'xaxis.range': [{lo}, {hi}]}})")
+        near = 0.05 * (hi - lo)  # the new data fills the window (not an older, narrower one inside it)
         page.wait_for_function(f"() => {{ const s = ({SPAN_JS})(); return s && s[0] >= {lo - 1e-6} "
-                               f"&& s[1] <= {hi + 1e-6}; }}", timeout=30_000, polling="raf")
+                               f"&& s[1] <= {hi + 1e-6} && s[0] <= {lo + near} && s[1] >= {hi - near}; }}",
+                               timeout=30_000, polling="raf")
         elapsed = time.perf_counter() - started
         span = page.evaluate(SPAN_JS)
         results.append({"window_share": share, "window_s": round(hi - lo, 3), "seconds": round(elapsed, 3),

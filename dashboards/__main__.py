@@ -33,6 +33,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"dashboards: {exc}", file=sys.stderr)
         return exc.exit_code
     logging.getLogger("werkzeug").setLevel(logging.WARNING)  # no line per poll request
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("dashboards: %(message)s"))
+    logging.getLogger("dashboards").addHandler(handler)
+    logging.getLogger("dashboards").setLevel(logging.INFO)
     print(f"miles-profile dashboard: http://{args.host}:{args.port}/  (runs under {args.log_dir})", flush=True)
     try:
         app.run(host=args.host, port=args.port, debug=False)

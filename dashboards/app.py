@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -66,6 +67,7 @@ def preload_default_run(state: State) -> None:
     run_id = runs.default_run(list_runs(state.root))
     if run_id is None:
         return
+    started = time.perf_counter()
     try:
         live_run = state.cache.get(run_id)
         live_run.memo("timeline-full", lambda run: timeline.build_figure(run, run_id, None))
@@ -74,7 +76,8 @@ def preload_default_run(state: State) -> None:
     except Exception as exc:  # noqa: BLE001 - the page shows the error when it asks for the run
         log.warning("preloading %s failed: %s: %s", run_id, exc.__class__.__name__, exc)
         return
-    log.info("preloaded %s", run_id)
+    log.info("preloaded %s (%s samples) in %.1f s", run_id, f"{len(live_run.current.samples):,}",
+             time.perf_counter() - started)
 
 
 def _refuse_request(exc: Exception):
