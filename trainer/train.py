@@ -48,7 +48,7 @@ def rollout_cpu_peak(i: int, cfg: RunConfig, actor: Actor, engine: RolloutEngine
 def rollout_gpu_peak(i: int, cfg: RunConfig, actor: Actor, engine: RolloutEngine) -> tuple[Batch, TrainStats]:
     """generate -> offload_kv -> onload_train -> offload_weights -> train -> clear_memory
     -> onload_weights -> offload_train -> update_weights -> onload_kv (the device never holds the
-    KV pool and the training state at once, nor two copies of the weights longer than a copy)"""
+    KV pool and the training state at once; the engine's weights are away while the actor trains)"""
     levels = cfg.offload_rollout_tags
     batch = generate(i, cfg, engine)
     if KV_CACHE in levels:
