@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -205,8 +206,10 @@ def _read_samples(path: Path, warnings: list[str], cache: bool = False) -> pd.Da
         del table
         if cache:  # from the frame: one chunk, one dictionary, so the next read converts in a blink
             parsed = [w for w in warnings if w.startswith(path.name)]
-            _write_cache(path, pa.Table.from_pandas(frame, preserve_index=False),
-                         parsed + ([f"{path.name}: skipped {len(skipped)} malformed rows"] if skipped else []))
+            # Written by a thread while the caller goes on (the interpreter waits for it at exit).
+            threading.Thread(target=_write_cache, name="miles_profile-cache", args=(
+                path, pa.Table.from_pandas(frame, preserve_index=False),
+                parsed + ([f"{path.name}: skipped {len(skipped)} malformed rows"] if skipped else []))).start()
     except (pa.ArrowInvalid, pa.ArrowTypeError, KeyError, UnicodeDecodeError):
         skipped.clear()
         frame = _read_samples_slowly(data[:end], header, path, warnings)

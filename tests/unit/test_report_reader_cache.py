@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import threading
 
 import numpy as np
 import pandas as pd
@@ -26,6 +27,12 @@ def _write_run(tmp_path, rows: int, finished: bool):
     return run
 
 
+def _wait_for_cache_writer():
+    for thread in threading.enumerate():
+        if thread.name == "miles_profile-cache":
+            thread.join()
+
+
 @pytest.fixture
 def small_cache_threshold(monkeypatch):
     monkeypatch.setattr(reader, "CACHE_MIN_BYTES", 1)
@@ -35,6 +42,7 @@ def small_cache_threshold(monkeypatch):
 def test_cache_is_written_once_finished_and_gives_the_same_samples(tmp_path, small_cache_threshold):
     run = _write_run(tmp_path, 1000, finished=True)
     first = load_run(run).samples
+    _wait_for_cache_writer()
     cache = run / ".h-7.samples.csv.arrow"
     assert cache.is_file()
     second = load_run(run).samples
@@ -44,6 +52,7 @@ def test_cache_is_written_once_finished_and_gives_the_same_samples(tmp_path, sma
 def test_stale_cache_is_ignored(tmp_path, small_cache_threshold):
     run = _write_run(tmp_path, 100, finished=True)
     load_run(run)
+    _wait_for_cache_writer()
     with open(run / "h-7.samples.csv", "a") as f:
         f.write("99.000000,train,5,5\n")  # the CSV changed after the cache was written
     samples = load_run(run).samples
@@ -53,6 +62,7 @@ def test_stale_cache_is_ignored(tmp_path, small_cache_threshold):
 def test_no_cache_for_a_run_still_being_written_or_when_disabled(tmp_path, small_cache_threshold, monkeypatch):
     run = _write_run(tmp_path, 100, finished=False)
     load_run(run)
+    _wait_for_cache_writer()
     assert not (run / ".h-7.samples.csv.arrow").exists()
     meta = json.loads((run / "h-7.meta.json").read_text())
     (run / "h-7.meta.json").write_text(json.dumps({**meta, "end_time": 2.0}))
