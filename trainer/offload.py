@@ -27,7 +27,7 @@ import torch
 from trainer import disk_store
 from trainer.disk_store import ChunkEntry
 from trainer.errors import OffloadError
-from trainer.flat import alloc_storage, check_flat, free_storage, is_allocated, trim_host_heap
+from trainer.flat import alloc_storage, check_flat, free_storage, trim_host_heap
 
 
 @dataclass(frozen=True)

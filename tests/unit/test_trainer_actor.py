@@ -85,7 +85,7 @@ def test_training_changes_weights_and_optimizer_state():
     actor = _actor()
     before = actor.policy.params.flat.clone()
     actor.train(_batch(0))
-    state = actor.optimizer_state = actor.policy.optimizer.state[actor.policy.master]
+    state = actor.policy.optimizer.state[actor.policy.master]
     assert not torch.equal(before, actor.policy.params.flat)
     assert torch.count_nonzero(state["exp_avg_sq"]) > 0 and state["step"].item() == 1.0
 
