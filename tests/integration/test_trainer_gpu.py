@@ -58,6 +58,7 @@ def test_round_trips_free_device_memory_and_are_bit_exact():
         for host_optimizer in (False, True):
             with tempfile.TemporaryDirectory() as tmp:
                 actor = _actor(target, Path(tmp), optimizer_cpu_offload=host_optimizer)
+                pinned: dict[str, int] = {}
                 for cycle in range(4):
                     actor.train(_batch(cycle))
                     snap = {s.name: s.tensor.clone() for s in actor.state}
@@ -65,6 +66,11 @@ def test_round_trips_free_device_memory_and_are_bit_exact():
                     actor.offload()
                     assert before - _allocated() >= actor.offloader.expected_bytes() > 0, (target, host_optimizer)
                     assert not any(is_allocated(s.tensor) for s in actor.state if s.tensor.is_cuda)
+                    if target == "cpu":  # pinned once, then reused every cycle
+                        now = {n: b.data_ptr() for n, b in actor.offloader._host.items()}
+                        assert all(b.is_pinned() for b in actor.offloader._host.values())
+                        assert not pinned or now == pinned
+                        pinned = now
                     actor.onload()
                     for s in actor.state:
                         assert torch.equal(s.tensor, snap[s.name]), (target, host_optimizer, s.name)
