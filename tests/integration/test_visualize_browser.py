@@ -65,3 +65,13 @@ def test_comparison_renders(browser, artifacts, tmp_path):
         page.locator("#comparison").screenshot(path=str(artifacts / "visualize_comparison.png"))
     finally:
         page.close()
+
+
+def test_png_export_through_kaleido_and_chromium(browser, artifacts, tmp_path):
+    # `browser` only gates on Chromium being installed; kaleido starts its own instance of it.
+    logs = record(tmp_path, "good", rounds=1)
+    png = tmp_path / "timeline.png"
+    assert main([str(logs), "-o", str(tmp_path / "r.html"), "--png", str(png)]) == 0
+    data = png.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
+    (artifacts / "visualize_export.png").write_bytes(data)
