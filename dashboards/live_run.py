@@ -45,6 +45,9 @@ def _merge_sorted(old: pd.DataFrame, new: pd.DataFrame) -> pd.DataFrame:
     return merged
 
 
+MEMO_KEYS = 32  # results kept per run: the whole-run ones and the last zoom windows
+
+
 class LiveRun:
     """One run, loaded once, then refreshed from what its files gained."""
 
@@ -64,13 +67,19 @@ class LiveRun:
         self.current: Run = run
         self.version = 0
         self._memo: dict[str, tuple[int, object]] = {}
-        self._memo_locks: dict[str, threading.Lock] = {}
+        self._memo_locks: OrderedDict[str, threading.Lock] = OrderedDict()
 
     def memo(self, key: str, compute):
         """`compute(run)` for the current version, computed once per version (a 10M-sample run's full
-        figure or checks take seconds: a poll that finds nothing new must not redo them)."""
+        figure or checks take seconds: a poll that finds nothing new must not redo them, and requests
+        that arrive while it is computed wait for it instead of computing it again)."""
         with self._lock:
             lock = self._memo_locks.setdefault(key, threading.Lock())
+            self._memo_locks.move_to_end(key)
+            while len(self._memo_locks) > MEMO_KEYS:  # least recently used: windows zoomed to long ago
+                oldest = next(iter(self._memo_locks))
+                self._memo_locks.pop(oldest)
+                self._memo.pop(oldest, None)
         with lock:  # a second caller waits for the first instead of computing it again
             with self._lock:
                 version, run = self.version, self.current

@@ -160,10 +160,9 @@ def register(app, state) -> None:
         window, rendered = planned
         run = live_run.current
         try:
-            if window is None:  # the whole run: once per version, shared with the preload
-                figure = live_run.memo("timeline-full", lambda r: build_figure(r, run_id, None))
-            else:
-                figure = build_figure(run, run_id, window)
+            # Once per version and window: polls that arrive while a zoom is reduced wait for it.
+            key = "timeline-full" if window is None else f"timeline-{window[0]!r}-{window[1]!r}"
+            figure = live_run.memo(key, lambda r: build_figure(r, run_id, window))
         except Exception as exc:  # noqa: BLE001
             return _blank(), None, None, "", message(describe(exc))
         notes = message("; ".join(run.warnings), "warning") if run.warnings else None

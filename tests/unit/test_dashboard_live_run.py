@@ -96,3 +96,22 @@ def test_a_process_that_starts_later_is_picked_up(tmp_path):
     write_rows(late, 100.02, 4)
     assert live.refresh()
     assert sorted(live.current.samples["pid"].unique()) == [11, 13]
+
+
+def test_memo_computes_once_per_version_and_forgets_old_windows(tmp_path):
+    from dashboards import live_run as live_run_module
+    run_dir = tmp_path / "run"
+    (samples, _), = start_run(run_dir).values()
+    write_rows(samples, 100.0, 5)
+    live = LiveRun(run_dir)
+    calls = []
+    compute = lambda run: calls.append(len(run.samples)) or len(run.samples)  # noqa: E731
+    assert live.memo("full", compute) == 5 and live.memo("full", compute) == 5 and calls == [5]
+    write_rows(samples, 100.1, 2)
+    live.refresh()
+    assert live.memo("full", compute) == 7 and calls == [5, 7]
+    for k in range(live_run_module.MEMO_KEYS + 3):
+        live.memo(f"window-{k}", compute)
+        live.memo("full", compute)  # used all along: kept
+    assert calls.count(7) == 1 + live_run_module.MEMO_KEYS + 3
+    assert len(live._memo) <= live_run_module.MEMO_KEYS
