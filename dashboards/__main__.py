@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import socket
 import sys
 
 from miles_profile.errors import MilesProfileError
@@ -27,6 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        _check_address(args.host, args.port)
         from dashboards.app import create_app
         app = create_app(args.log_dir, poll_ms=args.poll_ms)
     except MilesProfileError as exc:
@@ -40,12 +42,21 @@ def main(argv: list[str] | None = None) -> int:
     print(f"miles-profile dashboard: http://{args.host}:{args.port}/  (runs under {args.log_dir})", flush=True)
     try:
         app.run(host=args.host, port=args.port, debug=False)
-    except OSError as exc:  # port taken, address not available
-        print(f"dashboards: cannot listen on {args.host}:{args.port}: {exc.strerror or exc}", file=sys.stderr)
-        return 2
     except KeyboardInterrupt:
         pass
     return 0
+
+
+def _check_address(host: str, port: int) -> None:
+    """Fail with a sentence, before the server would exit on its own with a longer one."""
+    try:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind((host, port))
+    except (OSError, OverflowError) as exc:
+        reason = getattr(exc, "strerror", None) or exc
+        raise MilesProfileError(f"cannot listen on {host}:{port}: {reason}") from None
 
 
 if __name__ == "__main__":

@@ -67,6 +67,7 @@ def test_a_recording_run_appears_grows_and_keeps_the_zoom(recorder_and_page, art
         time.sleep(0.25)
         last_x = page.evaluate(LAST_X_JS)
         lags.append(time.time() - (start_time + last_x))
+    print(f"newest drawn sample age, seen from the page: max {max(lags):.2f} s, median {sorted(lags)[len(lags) // 2]:.2f} s")
     assert max(lags) <= UPDATE_WITHIN_S + FLUSH_S, lags
 
     page.evaluate(f"() => Plotly.relayout({GRAPH}, {{'xaxis.range': [0.2, 1.0]}})")
