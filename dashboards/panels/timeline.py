@@ -119,8 +119,10 @@ def build_figure(run, run_id: str, window: tuple[float, float] | None):
     t_range = None if window is None else (window[0] - t0, window[1] - t0)
     figure = timeline_figure(run, max_points=MAX_POINTS, t_range=t_range)
     # Beside a training run the page is narrow: the legend goes above the plots, not beside them.
-    figure.update_layout(uirevision=run_id, margin=dict(t=90, r=10),
-                         legend=dict(orientation="h", x=0, y=0.99, yanchor="top", yref="container"))
+    # Items flow in rows (traceorder "normal"), not one column per legend group.
+    figure.update_layout(uirevision=run_id, margin=dict(t=100, r=10),
+                         legend=dict(orientation="h", x=0, y=0.995, yanchor="top", yref="container",
+                                     traceorder="normal", entrywidth=0))
     if t_range is None:
         figure.update_xaxes(autorange=True)
     else:
