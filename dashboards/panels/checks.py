@@ -8,6 +8,7 @@ from dash.exceptions import PreventUpdate
 
 from dashboards.messages import describe, message
 from dashboards.panels.refresh import due
+from dashboards.runs import summarize
 from miles_profile.report.checks import CheckResult, run_checks
 from miles_profile.report.figures import run_start
 
@@ -52,16 +53,21 @@ def register(app, state) -> None:
             return None, None, None
         try:
             live_run = state.cache.get(run_id)
+            recording = summarize(run_id, live_run.run_dir).live
             key = due(run_id, live_run.version, rendered)
-            if key is None:
+            if key is None and rendered.get("recording") == recording:
                 raise PreventUpdate
+            key = {**(key or rendered), "recording": recording}
             results, t0 = live_run.memo("checks", compute)
         except PreventUpdate:
             raise
         except Exception as exc:  # noqa: BLE001 - a message in the page, never a traceback
             return message(describe(exc)), None, None
         spans = [list(r.span) if r.span else None for r in results]
-        return [_item(i, r, t0) for i, r in enumerate(results)], spans, key
+        items = [_item(i, r, t0) for i, r in enumerate(results)]
+        if recording:  # the iteration in progress is judged as it stands
+            items.insert(0, message("Still recording: verdicts are provisional until the run ends.", "info"))
+        return items, spans, key
 
     @app.callback(
         Output("checks-focus", "data"),
