@@ -234,10 +234,12 @@ _ROLLOUT_OFFLOADS = (names.OFFLOAD_ROLLOUT, names.OFFLOAD_KV, names.OFFLOAD_WEIG
 
 def check_serialized_peaks(run, th: Thresholds) -> CheckResult:
     name, title = "serialized_peaks", "Training and rollout peaks serialized"
-    explanation = ("With colocation, no instant may hold both the training footprint and the rollout footprint "
-                   "(sizes from the expected_bytes of offload_train and of the rollout offloads) on top of the "
-                   f"floor; fail when memory reached floor + both minus {th.serialized_overlap_share:.0%} "
-                   "of the smaller.")
+    share = th.serialized_overlap_share
+    explanation = ("With colocation the training state and the rollout engine's memory (sizes from the "
+                   "expected_bytes of offload_train and of the rollout offloads) must never be resident at once. "
+                   "A phase's resident memory is its lowest sampled level, so a train phase's activations don't "
+                   f"count: fail when a train phase never fell below floor + training bytes + {share:.0%} of the "
+                   f"rollout bytes, or a generate phase below floor + rollout bytes + {share:.0%} of the training bytes.")
     inst = phase_instances(run)
     if inst.empty:
         return _na(name, title, explanation, "no phases in this run")
@@ -247,28 +249,35 @@ def check_serialized_peaks(run, th: Thresholds) -> CheckResult:
     if not (np.isfinite(train) and np.isfinite(rollout) and train > 0 and rollout > 0):
         return _na(name, title, explanation,
                    "needs expected_bytes of an offload_train and a rollout offload (runs without colocation offloads)")
-    tracks = _Tracks(run)
-    track = tracks.memory(main_pid(run))
+    track = _Tracks(run).memory(main_pid(run))
     if track is None:
         return _na(name, title, explanation, "no memory series")
-    t_first, t_last = inst["start"].min(), inst["end"].max()
-    window = _window(track, t_first, t_last)
-    floor = _nanmin(track.value[window])
-    limit = floor + train + rollout - th.serialized_overlap_share * min(train, rollout)
-    peak_values = track.peak[window]
-    over = np.flatnonzero(peak_values >= limit)
-    numbers = dict(floor=floor, train_bytes=train, rollout_bytes=rollout, limit=limit, peak=_nanmax(peak_values),
-                   series=track.label)
-    if len(over):
-        t_over = float(track.t[window][over[0]])
-        finding = Finding("fail", f"at {t_over - t_first:.2f} s memory reached {gib(peak_values[over[0]])} ≥ "
-                                  f"{gib(limit)}: both footprints held at once", (t_first, t_last), numbers=numbers)
-    else:
-        finding = Finding("pass", f"peak {gib(numbers['peak'])} stayed below {gib(limit)} (floor {gib(floor)} + "
-                                  f"train {gib(train)} + rollout {gib(rollout)})", (t_first, t_last), numbers=numbers)
-    result = _verdict(name, title, explanation, [finding], track.label, "run judged", "runs held both footprints")
-    result.summary = finding.message
-    return result
+    floor = _nanmin(track.value[_window(track, inst["start"].min(), inst["end"].max())])
+    findings = [_resident_finding(row, track, floor, train, rollout, share)
+                for row in inst[inst["name"].isin([names.TRAIN, names.GENERATE])].itertuples()]
+    findings = [f for f in findings if f is not None]
+    if not findings:
+        return _na(name, title, explanation, "no samples inside train or generate phases")
+    return _verdict(name, title, explanation, findings, track.label,
+                    "train/generate phases held one footprint at a time", "phases held both footprints")
+
+
+def _resident_finding(row, track: Track, floor: float, train: float, rollout: float, share: float) -> Finding | None:
+    window = _window(track, row.start, row.end)
+    if window.stop <= window.start:
+        return None
+    resident = _nanmin(track.value[window])
+    own, other = (train, rollout) if row.name == names.TRAIN else (rollout, train)
+    limit = floor + own + share * other
+    numbers = dict(floor=floor, train_bytes=train, rollout_bytes=rollout, resident=resident, limit=limit,
+                   peak=_nanmax(track.peak[window]), series=track.label)
+    iteration = int(getattr(row, "iteration", -1))
+    if resident >= limit:
+        return Finding("fail", f"{row.name} #{iteration}: {gib(resident)} resident ≥ {gib(limit)}: both footprints "
+                               "held at once", (row.start, row.end), row.name, iteration, numbers)
+    return Finding("pass", f"{row.name} #{iteration}: {gib(resident)} resident < {gib(limit)} (floor {gib(floor)} + "
+                           f"{'train' if row.name == names.TRAIN else 'rollout'} {gib(own)})",
+                   (row.start, row.end), row.name, iteration, numbers)
 
 
 # -- transition spikes -------------------------------------------------------------------------
