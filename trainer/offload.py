@@ -52,26 +52,39 @@ def host_buffer(like: torch.Tensor) -> torch.Tensor:
     return buf
 
 
-_REGISTERED: set[int] = set()  # data pointers pinned by cudaHostRegister
+# Registered buffers by data pointer, kept alive here until `unpin`: memory freed while still
+# registered leaves its range registered, and the next buffer at that address then fails to register
+# (cudaErrorHostMemoryAlreadyRegistered, seen on the H200 when an actor was dropped without close()).
+_REGISTERED: dict[int, torch.Tensor] = {}
 
 
 def _pin(buf: torch.Tensor) -> torch.Tensor:
     try:
         err = torch.cuda.cudart().cudaHostRegister(buf.data_ptr(), buf.numel() * buf.element_size(), 0)
         if int(err) == 0:
-            _REGISTERED.add(buf.data_ptr())
+            _REGISTERED[buf.data_ptr()] = buf
             if buf.is_pinned():
                 return buf
             unpin(buf)
+        else:
+            _clear_cuda_error()
     except (AttributeError, RuntimeError):
         pass
     return buf.pin_memory()
 
 
+def _clear_cuda_error() -> None:
+    """A failed runtime call leaves its error as the thread's 'last error', which torch would raise at
+    the next unrelated kernel launch; a launch here reads and clears it."""
+    try:
+        torch.zeros(1, device="cuda")
+    except Exception:
+        pass
+
+
 def unpin(buf: torch.Tensor) -> None:
     """Unregister a buffer pinned by `host_buffer` before it is freed (else its pages stay locked)."""
-    if buf.data_ptr() in _REGISTERED:
-        _REGISTERED.discard(buf.data_ptr())
+    if _REGISTERED.pop(buf.data_ptr(), None) is not None:
         torch.cuda.cudart().cudaHostUnregister(buf.data_ptr())
 
 
