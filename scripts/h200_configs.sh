@@ -26,5 +26,8 @@ for name in $(printf '%s\n' "${!configs[@]}" | sort); do
   echo "=== $name: ${configs[$name]}"
   python3 -m miles_profile.record --log-dir "$out/$name" --interval-ms "$interval" -- \
     --preset "$preset" --num-rollout "$rollouts" ${configs[$name]} "$@" || { echo "FAILED: $name"; status=1; }
+  # One run per configuration: make $out/<config> the run directory itself (sample_logs/h200 layout).
+  run_dir=$(ls -d "$out/$name"/run-* 2>/dev/null | head -1)
+  [ -n "$run_dir" ] && mv "$run_dir"/* "$out/$name"/ && rmdir "$run_dir"
 done
 exit $status

@@ -22,15 +22,25 @@ def is_run_dir(path: Path) -> bool:
     return (path / RUN_META).is_file()
 
 
-def find_runs(path: Path) -> list[Path]:
-    """Run directories at `path` or one level below it, oldest first."""
+def find_runs(path: Path, max_depth: int = 3) -> list[Path]:
+    """Run directories at `path` or up to `max_depth` levels below it (e.g. <logs>/<config>/<run>),
+    oldest first. A run's own subdirectories are not searched."""
     path = Path(path)
     if is_run_dir(path):
         return [path]
-    if not path.is_dir():
-        return []
-    runs = [p for p in path.iterdir() if p.is_dir() and is_run_dir(p)]
-    return sorted(runs, key=lambda p: (p.stat().st_mtime, p.name))
+    runs: list[Path] = []
+    level = [path] if path.is_dir() else []
+    for _ in range(max_depth):
+        below = []
+        for folder in level:
+            try:
+                children = [p for p in folder.iterdir() if p.is_dir() and not p.is_symlink()]
+            except OSError:
+                continue
+            for child in children:
+                (runs if is_run_dir(child) else below).append(child)
+        level = below
+    return sorted(runs, key=lambda p: (p.stat().st_mtime, str(p)))
 
 
 def new_run_dir(log_dir: Path) -> Path:

@@ -120,3 +120,11 @@ def test_phase_timeline_names_the_innermost_open_phase(tmp_path):
 def test_new_run_dirs_never_collide(tmp_path):
     dirs = {new_run_dir(tmp_path) for _ in range(5)}
     assert len(dirs) == 5
+
+
+def test_runs_are_found_below_config_folders_but_not_inside_runs(tmp_path):
+    outer = make_run(tmp_path / "1-no-offload", [(1.0, "", 1, 1)])
+    make_run(tmp_path / "2-offload-train", [(1.0, "", 1, 1)])
+    make_run(outer, [(1.0, "", 1, 1)])  # a folder inside a run is that run's business
+    found = find_runs(tmp_path)
+    assert sorted(p.parent.name for p in found) == ["1-no-offload", "2-offload-train"]
