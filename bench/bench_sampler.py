@@ -30,6 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", help="write one JSON file per benchmark into this directory")
     parser.add_argument("--quick", action="store_true", help="fewer rounds (a smoke test, not figures)")
     parser.add_argument("--interval-ms", type=float, default=DEFAULT_INTERVAL_MS)
+    parser.add_argument("--rounds", type=int, help="interleaved overhead rounds (default 15, 3 with --quick)")
     parser.add_argument("--only", choices=["cost", "overhead", "spikes"], action="append")
     parser.add_argument("--variant", action="append", default=[],
                         help="extra overhead modes: recorder_<N>ms, recorder_no_nvml, recorder_no_torch_allocator")
@@ -44,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
                                                             spikes=20 if args.quick else 120))
         if "overhead" in only:
             write_result(args.out, "overhead", measure_overhead(dev, Path(tmp), args.interval_ms,
-                                                                rounds=3 if args.quick else 15,
+                                                                rounds=args.rounds or (3 if args.quick else 15),
                                                                 variants=args.variant))
     return 0
 
