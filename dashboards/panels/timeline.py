@@ -1,13 +1,13 @@
 """Timeline panel: the run's memory series with phase bands, re-reduced from the full data on every zoom.
 
-One callback owns the figure, so the three things that redraw it cannot race: a zoom (relayout), a
-poll that found new samples (live), and a click on a failed check (zoom to its span). The visible
+One callback owns the figure, so the three things that redraw it cannot race: a zoom (a relayout,
+filtered in the browser by assets/timeline.js), a poll that found new samples (live), and a click on a
+failed check (zoom to its span). The visible
 window is kept in Unix seconds in `timeline-view`; a live redraw keeps it, so new samples never
 reset the user's zoom.
 """
 from __future__ import annotations
 
-import re
 import time
 
 from dash import ClientsideFunction, Input, Output, State, ctx, dcc, html
@@ -102,7 +102,7 @@ def plan_window(run_id: str, version: int, zoom: object, focus: object, view: ob
     return window, key
 
 
-def _status(run, live_run, window) -> str:
+def _status(run, window) -> str:
     n = len(run.samples)
     parts = [f"{n:,} samples", f"{len(run.phases):,} phases"]
     if window is not None:
@@ -168,4 +168,4 @@ def register(app, state) -> None:
         except Exception as exc:  # noqa: BLE001
             return _blank(), None, None, "", message(describe(exc))
         notes = message("; ".join(run.warnings), "warning") if run.warnings else None
-        return figure, list(window) if window else None, rendered, _status(run, live_run, window), notes
+        return figure, list(window) if window else None, rendered, _status(run, window), notes
