@@ -87,6 +87,13 @@ def test_a_run_id_from_the_browser_never_escapes_the_log_directory(setup, run_id
             assert "message-error" in text, (output, text[:300])
 
 
+def test_an_absolute_path_to_a_run_outside_is_refused(setup):
+    url, outside, base = setup
+    for run_id in (str(outside), str(base / "logs" / "run-ok"), f"{base}/logs/../outside-run"):
+        status, text = call(url, "timeline-graph.figure", {"runs-selected.data": run_id})
+        assert status == 200 and "message-error" in text and SECRET not in text
+
+
 def test_the_same_requests_work_for_a_real_run(setup):
     url, _, _ = setup
     status, text = call(url, "timeline-graph.figure", {"runs-selected.data": "run-ok"})
