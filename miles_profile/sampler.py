@@ -38,19 +38,20 @@ class Sampler:
         self.sample()
         self._thread.start()
 
-    def sample(self, phase: str | None = None) -> None:
-        """Take one row now; `phase` overrides the current phase (a phase's closing sample)."""
+    def sample(self, phase: str | None = None, full: bool = True) -> None:
+        """Take one row now; `phase` overrides the current phase (a phase's closing sample). Periodic
+        rows are not `full`: probes with `partial_reads` may then leave their costly columns empty."""
         with self._lock:
             values: list[int | None] = []
             for probe, width in zip(self._probes, self._widths):
-                values.extend(self._read(probe, width))
+                values.extend(self._read(probe, width, full))
             self._writer.append(time.time(), self._current_phase() if phase is None else phase, values)
 
-    def _read(self, probe: Probe, width: int) -> Sequence[int | None]:
+    def _read(self, probe: Probe, width: int, full: bool) -> Sequence[int | None]:
         if probe.name in self._failed:
             return [None] * width
         try:
-            return probe.read()
+            return probe.read(full) if getattr(probe, "partial_reads", False) else probe.read()
         except Exception as exc:  # a source that broke mid-run goes absent, the run goes on
             self._failed.add(probe.name)
             log.warning("miles_profile: probe %s failed and is now absent: %s", probe.name, exc)
@@ -65,7 +66,7 @@ class Sampler:
                 next_due, delay = time.monotonic(), 0.0
             if self._stop.wait(delay):
                 return
-            self.sample()
+            self.sample(full=False)
 
     def stop(self) -> None:
         """Stop the thread, take the final row and flush everything."""

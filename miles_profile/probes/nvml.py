@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import time
 from typing import Any, Callable
 
 from miles_profile.probes import absent
@@ -73,7 +74,13 @@ class _GilHeldCalls:
 
 
 class NvmlProbe:
+    """`gpu{i}_used` every sample; `gpu{i}_proc` at phase boundaries and at most every
+    PROCESS_INTERVAL_S in between, empty otherwise: the per-process query is the costliest call of a
+    sample (46 us on an H200 against 8 us for used), and neither has a peak to lose."""
+
     name = "nvml"
+    partial_reads = True  # the sampler passes full=False to periodic reads
+    PROCESS_INTERVAL_S = 0.1
 
     def __init__(self, pynvml, handles: list, pids: Callable[[], set[int]]):
         self._nvml = pynvml
@@ -89,14 +96,20 @@ class NvmlProbe:
             for i, h in enumerate(handles)
         ]
         self.columns = tuple(c for i in range(len(handles)) for c in (f"gpu{i}_used", f"gpu{i}_proc"))
+        self._next_process_read = 0.0
 
-    def read(self) -> list[int | None]:
+    def read(self, full: bool = True) -> list[int | None]:
+        now = time.monotonic()
+        with_processes = full or now >= self._next_process_read
+        if with_processes:
+            self._next_process_read = now + self.PROCESS_INTERVAL_S
         pids, values, direct = self._pids(), [], self._direct
         for handle in self._handles:
             if direct is not None:
-                values += [direct.used(handle), direct.process_bytes(handle, pids)]
+                values += [direct.used(handle), direct.process_bytes(handle, pids) if with_processes else None]
             else:
-                values += [int(self._nvml.nvmlDeviceGetMemoryInfo(handle).used), self._process_bytes(handle, pids)]
+                values += [int(self._nvml.nvmlDeviceGetMemoryInfo(handle).used),
+                           self._process_bytes(handle, pids) if with_processes else None]
         return values
 
     def _process_bytes(self, handle, pids: set[int]) -> int | None:

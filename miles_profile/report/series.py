@@ -33,6 +33,7 @@ GPU_KINDS = (
     ("alloc_peak", "allocated, true peak"),
 )
 DEVICE_WIDE = ("host_available",)  # plus gpu{i}_used
+SPARSE_SUFFIXES = ("_proc",)  # NVML per-process bytes: at phase boundaries and every 100 ms
 
 
 @dataclass(frozen=True)
@@ -83,7 +84,11 @@ def series_arrays(run, pid: int, column: str) -> tuple[np.ndarray, np.ndarray]:
         samples = run.samples
         t = samples["t"].to_numpy(dtype=np.float64)
         y = samples[column].to_numpy(dtype=np.float64, na_value=np.nan) if column in samples else np.full(len(t), np.nan)
-        cache[key] = (t, y) if rows is None else (t[rows], y[rows])
+        t, y = (t, y) if rows is None else (t[rows], y[rows])
+        if column.endswith(SPARSE_SUFFIXES):  # read every few rows by design: gaps are not absences
+            kept = np.isfinite(y)
+            t, y = t[kept], y[kept]
+        cache[key] = (t, y)
     return cache[key]
 
 
