@@ -53,7 +53,7 @@ def summarize(run_id: str, run_dir: Path, now: float | None = None) -> RunSummar
         entries = []
     for entry in entries:
         try:
-            if entry.is_symlink():
+            if entry.is_symlink() or entry.name.startswith("."):  # hidden: the reader's own cache files
                 continue
             mtimes.append(entry.stat().st_mtime)
         except OSError:
