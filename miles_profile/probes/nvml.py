@@ -74,13 +74,15 @@ class _GilHeldCalls:
 
 
 class NvmlProbe:
-    """`gpu{i}_used` every sample; `gpu{i}_proc` at phase boundaries and at most every
-    PROCESS_INTERVAL_S in between, empty otherwise: the per-process query is the costliest call of a
-    sample (46 us on an H200 against 8 us for used), and neither has a peak to lose."""
+    """Driver-side bytes, read at every phase boundary and at most every INTERVAL_S in between (the
+    columns are empty in the rows between). NVML has no peak to lose, and on the H200 its queries were
+    the costliest part of a sample: with them in every 20 ms row a launch-bound loop slowed by 5%,
+    without them by 0.5-1.6% (bench/bench_sampler.py, docs/benchmarks.md). The true peaks come from
+    the allocator and /proc, which stay in every row."""
 
     name = "nvml"
     partial_reads = True  # the sampler passes full=False to periodic reads
-    PROCESS_INTERVAL_S = 0.1
+    INTERVAL_S = 0.1
 
     def __init__(self, pynvml, handles: list, pids: Callable[[], set[int]]):
         self._nvml = pynvml
@@ -96,20 +98,19 @@ class NvmlProbe:
             for i, h in enumerate(handles)
         ]
         self.columns = tuple(c for i in range(len(handles)) for c in (f"gpu{i}_used", f"gpu{i}_proc"))
-        self._next_process_read = 0.0
+        self._next_read = 0.0
 
     def read(self, full: bool = True) -> list[int | None]:
         now = time.monotonic()
-        with_processes = full or now >= self._next_process_read
-        if with_processes:
-            self._next_process_read = now + self.PROCESS_INTERVAL_S
+        if not full and now < self._next_read:
+            return [None] * len(self.columns)
+        self._next_read = now + self.INTERVAL_S
         pids, values, direct = self._pids(), [], self._direct
         for handle in self._handles:
             if direct is not None:
-                values += [direct.used(handle), direct.process_bytes(handle, pids) if with_processes else None]
+                values += [direct.used(handle), direct.process_bytes(handle, pids)]
             else:
-                values += [int(self._nvml.nvmlDeviceGetMemoryInfo(handle).used),
-                           self._process_bytes(handle, pids) if with_processes else None]
+                values += [int(self._nvml.nvmlDeviceGetMemoryInfo(handle).used), self._process_bytes(handle, pids)]
         return values
 
     def _process_bytes(self, handle, pids: set[int]) -> int | None:

@@ -33,7 +33,7 @@ GPU_KINDS = (
     ("alloc_peak", "allocated, true peak"),
 )
 DEVICE_WIDE = ("host_available",)  # plus gpu{i}_used
-SPARSE_SUFFIXES = ("_proc",)  # NVML per-process bytes: at phase boundaries and every 100 ms
+SPARSE_SUFFIXES = ("_used", "_proc")  # NVML columns: at phase boundaries and every 100 ms
 
 
 @dataclass(frozen=True)
