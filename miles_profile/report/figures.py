@@ -23,6 +23,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from miles_profile.report.reduce import phase_ranges, reduce_series
+from miles_profile.report.series import SPARSE_SUFFIXES
 from miles_profile.report.series import GiB, Series, main_pid, series_arrays, timeline_series
 
 PHASE_COLORS = {
@@ -84,6 +85,9 @@ def _is_outside(run, pid: int) -> bool:
 
 def _reduced_trace(run, s: Series, t0: float, t_range, n_out: int, phase_bounds, outside: bool = False) -> go.Scatter:
     t, y = series_arrays(run, s.pid, s.column)
+    if s.column.endswith(SPARSE_SUFFIXES):
+        read = np.isfinite(y)
+        t, y = t[read], y[read]
     if t_range is not None:
         a, b = np.searchsorted(t, t0 + t_range[0], "left"), np.searchsorted(t, t0 + t_range[1], "right")
         t, y = t[a:b], y[a:b]

@@ -33,7 +33,9 @@ GPU_KINDS = (
     ("alloc_peak", "allocated, true peak"),
 )
 DEVICE_WIDE = ("host_available",)  # plus gpu{i}_used
-SPARSE_SUFFIXES = ("_used", "_proc")  # NVML columns: at phase boundaries and every 100 ms
+# NVML columns are read at phase boundaries and every 100 ms, empty in the rows between: a plot
+# skips those rows rather than break its line at each of them.
+SPARSE_SUFFIXES = ("_used", "_proc")
 
 
 @dataclass(frozen=True)
@@ -84,11 +86,7 @@ def series_arrays(run, pid: int, column: str) -> tuple[np.ndarray, np.ndarray]:
         samples = run.samples
         t = samples["t"].to_numpy(dtype=np.float64)
         y = samples[column].to_numpy(dtype=np.float64, na_value=np.nan) if column in samples else np.full(len(t), np.nan)
-        t, y = (t, y) if rows is None else (t[rows], y[rows])
-        if column.endswith(SPARSE_SUFFIXES):  # read every few rows by design: gaps are not absences
-            kept = np.isfinite(y)
-            t, y = t[kept], y[kept]
-        cache[key] = (t, y)
+        cache[key] = (t, y) if rows is None else (t[rows], y[rows])
     return cache[key]
 
 
