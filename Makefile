@@ -18,14 +18,16 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q -e '.[dev]'
 	touch $@
 
-# A short CPU training run with every offload flag, recorded.
+# A short CPU training run with every offload flag (the recommended large-model configuration,
+# host RAM short: state to disk), recorded, then its report written and checked.
 DEMO_ARGS ?= --preset cpu --num-rollout 2 --offload-train --offload-rollout \
-	--offload-rollout-level kv_cache weight --offload-train-target disk --offload-train-disk-dir /tmp/miles_offload
+	--colocate-memory-peak-device gpu --offload-rollout-level kv_cache weight --optimizer-cpu-offload \
+	--offload-train-target disk --offload-train-disk-dir /tmp/miles_offload
 
 demo: setup
 	rm -rf $(DEMO_LOGS)
 	$(PY) -m miles_profile.record --log-dir $(DEMO_LOGS) -- $(DEMO_ARGS)
-	@echo "log written under $(DEMO_LOGS)"
+	$(PY) -m miles_profile.visualize $(DEMO_LOGS) -o $(DEMO_LOGS)/report.html
 
 test: setup
 	$(PY) -m pytest -q
