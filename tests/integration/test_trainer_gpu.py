@@ -78,15 +78,24 @@ def test_round_trips_free_device_memory_and_are_bit_exact():
 
 
 def test_host_optimizer_matches_device_optimizer_within_tolerance():
+    # The same gradients go into both: GPU backward is not bit-deterministic (atomic adds), and
+    # AdamW's first steps move a parameter by about +-lr whatever its gradient's size, so a run-to-run
+    # difference of 1e-8 in a near-zero gradient became 1e-2 in the parameter (seen on the H200).
+    # What --optimizer-cpu-offload must match is the optimizer, given the same gradients.
     device, host = _actor("cpu"), _actor("cpu", optimizer_cpu_offload=True)
+    g = torch.Generator(device=CUDA).manual_seed(0)
     for step in range(5):
-        device.train(_batch(step))
-        host.train(_batch(step))
+        grads = torch.randn(device.policy.grads.shape, device=CUDA, generator=g) * 1e-3
+        device.policy.grads.copy_(grads)
+        host.policy.grads.copy_(grads)
+        device.policy.step()
+        host.policy.step()
+        torch.cuda.synchronize()
         # The tolerance trainer/actor.py states for --optimizer-cpu-offload on CUDA.
-        a, b = device.policy.params.flat, host.policy.params.flat.to(device.policy.params.flat.device)
+        a, b = device.policy.params.flat, host.policy.params.flat
         diff = (a - b).abs()
-        print(f"  step {step}: max abs diff {diff.max().item():.3e}, max rel {(diff / a.abs().clamp_min(1e-12)).max().item():.3e}")
-        assert torch.allclose(a, b, rtol=1e-5, atol=1e-7)
+        print(f"  step {step}: max abs diff {diff.max().item():.3e}")
+        assert torch.allclose(a, b, rtol=1e-5, atol=1e-7), f"step {step}: max abs diff {diff.max().item():.3e}"
 
 
 def _engine(graphs: bool) -> RolloutEngine:
@@ -105,7 +114,8 @@ def test_engine_release_frees_device_memory_inside_the_call():
     expected = engine.occupied_bytes(tags)
     free_before = torch.cuda.mem_get_info()[0]
     engine.release_memory_occupation(tags)
-    assert torch.cuda.mem_get_info()[0] - free_before >= 0.9 * expected  # back to the driver
+    freed = torch.cuda.mem_get_info()[0] - free_before
+    assert freed >= 0.9 * expected, f"freed {freed} of {expected} bytes"  # back to the driver
     engine.resume_memory_occupation(tags)
     assert not engine.serving_ready  # released weights were discarded
 
