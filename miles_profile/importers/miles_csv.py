@@ -20,7 +20,7 @@ import pandas as pd
 from miles_profile import names
 from miles_profile.errors import MilesProfileError
 from miles_profile.logdir.layout import FORMAT_VERSION
-from miles_profile.logdir.reader import EVENT_COLUMNS, Run, phase_timeline, phases_from_events
+from miles_profile.logdir.reader import Run, events_frame, phase_timeline, phases_from_events
 
 REQUIRED = ("time_s", "used_gb", "available_gb", "percent", "marker")
 ROLE = "miles_cpu_profiler"
@@ -113,7 +113,4 @@ def _events(t: np.ndarray, markers: np.ndarray, warnings: list[str]) -> pd.DataF
                 unmatched += 1
     if unmatched:
         warnings.append(f"skipped {unmatched} end markers without a start")
-    events = pd.DataFrame(rows, columns=EVENT_COLUMNS)
-    events["attrs"] = events["attrs"].map(lambda a: a if isinstance(a, dict) else {})
-    events["t"] = events["t"].astype(float)
-    return events.sort_values("t", kind="stable").reset_index(drop=True)
+    return events_frame(rows)

@@ -284,6 +284,11 @@ def _read_all_events(run_dir: Path, warnings: list[str]) -> pd.DataFrame:
                     bad += 1
     if bad:
         warnings.append(f"skipped {bad} unreadable event lines")
+    return events_frame(rows)
+
+
+def events_frame(rows: list[dict]) -> pd.DataFrame:
+    """Event dicts as the `Run.events` frame: dict attrs, float times, sorted by time."""
     events = pd.DataFrame(rows, columns=EVENT_COLUMNS)
     events["attrs"] = events["attrs"].map(lambda a: a if isinstance(a, dict) else {})
     events["t"] = events["t"].astype(float)
