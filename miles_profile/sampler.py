@@ -21,7 +21,8 @@ class Sampler:
     def __init__(self, probes: Sequence[Probe], writer: SampleWriter, interval_s: float,
                  current_phase: Callable[[], str]):
         self._probes = list(probes)
-        self._widths = [len(p.columns) for p in self._probes]
+        # (probe, columns it fills, whether it takes `full`), worked out once: this is the hot path.
+        self._plan = [(p, len(p.columns), getattr(p, "partial_reads", False)) for p in self._probes]
         self._failed: set[str] = set()
         self._writer = writer
         self._interval_s = interval_s
@@ -43,15 +44,15 @@ class Sampler:
         rows are not `full`: probes with `partial_reads` may then leave their costly columns empty."""
         with self._lock:
             values: list[int | None] = []
-            for probe, width in zip(self._probes, self._widths):
-                values.extend(self._read(probe, width, full))
+            for probe, width, partial in self._plan:
+                values.extend(self._read(probe, width, partial, full))
             self._writer.append(time.time(), self._current_phase() if phase is None else phase, values)
 
-    def _read(self, probe: Probe, width: int, full: bool) -> Sequence[int | None]:
+    def _read(self, probe: Probe, width: int, partial: bool, full: bool) -> Sequence[int | None]:
         if probe.name in self._failed:
             return [None] * width
         try:
-            return probe.read(full) if getattr(probe, "partial_reads", False) else probe.read()
+            return probe.read(full) if partial else probe.read()
         except Exception as exc:  # a source that broke mid-run goes absent, the run goes on
             self._failed.add(probe.name)
             log.warning("miles_profile: probe %s failed and is now absent: %s", probe.name, exc)
