@@ -39,17 +39,61 @@ def phase_ranges(t: np.ndarray, starts, ends) -> tuple[np.ndarray, np.ndarray]:
 
 
 def range_argmax(y: np.ndarray, i0: np.ndarray, i1: np.ndarray) -> np.ndarray:
-    """Index of the (first) maximum of y[i0:i1] for each non-empty range with a finite value."""
+    """Index of the (first) maximum of y[i0:i1] for each non-empty range with a finite value.
+
+    NaN is ignored; indices come in the order of the ranges. No Python loop over the ranges: a run has
+    thousands of phases and a wide zoom reduces every series again. Each range is cut into chunks of
+    _CHUNK samples, one `np.fmax.reduceat` gives every chunk's maximum (hence every range's), and only
+    the first chunk of each range that reaches the range's maximum is searched for its position.
+    """
     y = np.asarray(y, dtype=np.float64)
-    filled = np.where(np.isnan(y), -np.inf, y) if np.isnan(y).any() else y
-    out = []
-    argmax = np.argmax
-    for a, b in zip(np.asarray(i0).tolist(), np.asarray(i1).tolist()):
-        if b > a:
-            k = a + int(argmax(filled[a:b]))
-            if filled[k] != -np.inf:
-                out.append(k)
-    return np.asarray(out, dtype=np.int64)
+    i0, i1 = np.asarray(i0, dtype=np.int64), np.asarray(i1, dtype=np.int64)
+    live = np.flatnonzero(i1 > i0)
+    if not len(live):
+        return np.empty(0, dtype=np.int64)
+    live = live[np.argsort(i0[live], kind="stable")]  # sorted, the gaps reduced in between sum to < len(y)
+    first, end, owner, counts = _chunks(i0[live], i1[live])
+    chunk_peak = _chunk_max(y, first, end, counts)
+    peak = np.fmax.reduceat(chunk_peak, np.cumsum(counts) - counts)  # NaN where a range is all NaN
+    reached = np.flatnonzero(chunk_peak >= peak[owner])  # NaN never compares true
+    _, at = np.unique(owner[reached], return_index=True)
+    chunk = reached[at]  # per range, the first chunk holding its maximum
+    chunk = chunk[peak[owner[chunk]] > -np.inf]
+    offsets = first[chunk][:, None] + np.arange(_CHUNK)
+    values = y[np.minimum(offsets, len(y) - 1)]
+    match = (offsets < end[chunk][:, None]) & (values >= peak[owner[chunk]][:, None])
+    found = offsets[np.arange(len(chunk)), match.argmax(axis=1)]
+    return found[np.argsort(live[owner[chunk]], kind="stable")]  # back to the caller's order
+
+
+_CHUNK = 64  # fewer, longer chunks cost more searching; more, shorter ones cost reduceat per chunk
+
+
+def _chunks(i0: np.ndarray, i1: np.ndarray):
+    """Ranges (sorted by i0, non-empty) cut into chunks of at most _CHUNK: (first, end, owner, counts)."""
+    counts = (i1 - i0 + _CHUNK - 1) // _CHUNK
+    owner = np.repeat(np.arange(len(i0)), counts)
+    step = np.arange(len(owner)) - np.repeat(np.cumsum(counts) - counts, counts)
+    first = i0[owner] + step * _CHUNK
+    return first, np.minimum(first + _CHUNK, i1[owner]), owner, counts
+
+
+def _chunk_max(y: np.ndarray, first: np.ndarray, end: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """max of y[first:end] per chunk, NaN ignored (NaN where all NaN), by one np.fmax.reduceat.
+
+    A range's chunks are contiguous, so its bounds are its chunk starts then its end; the value reduced
+    at each end (the gap up to the next range) is dropped. reduceat takes no bound at len(y): an end
+    there is moved to the last sample, which is then folded into the chunk it ends.
+    """
+    n = len(y)
+    last_of_range = np.cumsum(counts) - 1
+    bounds = np.insert(first, last_of_range + 1, end[last_of_range])
+    is_chunk = np.ones(len(bounds), dtype=bool)
+    is_chunk[last_of_range + np.arange(1, len(counts) + 1)] = False
+    peak = np.fmax.reduceat(y, np.minimum(bounds, n - 1))[is_chunk]
+    clipped = (end == n) & (first < n - 1)
+    peak[clipped] = np.fmax(peak[clipped], y[n - 1])
+    return peak
 
 
 def gap_indices(y: np.ndarray) -> np.ndarray:
@@ -66,22 +110,35 @@ def minmax_indices(t: np.ndarray, y: np.ndarray, n_out: int) -> np.ndarray:
     t = np.asarray(t, dtype=np.float64)
     y = np.asarray(y, dtype=np.float64)
     n_out = max(2, int(n_out) // 2 * 2)
-    bad = ~(np.isfinite(y) & np.isfinite(t))
-    if bad.any():
-        finite = np.flatnonzero(~bad)
-        tf, yf = t[finite], y[finite]
-    else:  # the common case: no gap, no copy
+    if _all_finite(y) and _all_finite(t):  # the common case: no gap, no mask, no copy
         finite = None
         tf, yf = t, y
+    else:
+        finite = np.flatnonzero(np.isfinite(y) & np.isfinite(t))
+        tf, yf = t[finite], y[finite]
     if len(yf) <= max(n_out, _MIN_BUCKETED):
         return np.arange(len(y), dtype=np.int64) if finite is None else finite.astype(np.int64)
     from tsdownsample import MinMaxDownsampler
     if tf[-1] <= tf[0]:  # all at one instant: time buckets are meaningless, keep the extremes
-        picked = np.array([np.argmin(yf), np.argmax(yf)])
+        picked = np.array([np.argmin(yf), np.argmax(yf)], dtype=np.int64)
     else:
         picked = MinMaxDownsampler().downsample(tf, yf, n_out=n_out, parallel=len(yf) > 1_000_000)
-        picked = np.concatenate((picked.astype(np.int64), [np.argmin(yf), np.argmax(yf)]))
-    return picked.astype(np.int64) if finite is None else finite[picked]
+        picked = _with_extremes(picked.astype(np.int64), yf)
+    return picked if finite is None else finite[picked]
+
+
+def _all_finite(a: np.ndarray) -> bool:
+    """True when every value is finite, without a temporary array: a NaN or an infinity makes the sum
+    NaN or infinite (an overflowing sum of finite values only sends the caller down the slow path)."""
+    return bool(np.isfinite(np.add.reduce(a)))
+
+
+def _with_extremes(picked: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """`picked` plus the global minimum and maximum of y where the buckets did not already hold them."""
+    values = y[picked]
+    extra = [np.argmin(y)] if values.min() != y.min() else []
+    extra += [np.argmax(y)] if values.max() != y.max() else []
+    return np.concatenate((picked, np.asarray(extra, dtype=np.int64))) if extra else picked
 
 
 def reduce_series(t: np.ndarray, y: np.ndarray, n_out: int,

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from miles_profile.report.reduce import gap_indices, phase_ranges, range_argmax, reduce_series
+from miles_profile.report.reduce import gap_indices, minmax_indices, phase_ranges, range_argmax, reduce_series
 
 
 def test_one_sample_spike_survives_a_million_points():
@@ -77,6 +77,40 @@ def test_gap_indices_and_range_argmax():
     y = np.array([1, np.nan, np.nan, 3, np.nan, 2], dtype=float)
     assert list(gap_indices(y)) == [1, 4]
     assert list(range_argmax(y, np.array([0, 1, 5]), np.array([4, 3, 5]))) == [3]  # all-NaN and empty skipped
+
+
+def _argmax_by_loop(y, i0, i1):
+    """The obvious reference: the first maximum of each range with a finite value, in range order."""
+    out = []
+    for a, b in zip(i0, i1):
+        part = np.where(np.isnan(y[a:b]), -np.inf, y[a:b])
+        if b > a and part.max() > -np.inf:
+            out.append(a + int(np.argmax(part)))
+    return out
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_range_argmax_matches_a_loop_on_nested_unsorted_ranges_with_ties_and_nans(seed):
+    rng = np.random.default_rng(seed)
+    n = 5_000
+    y = rng.integers(0, 40, n).astype(float)  # many ties: the first maximum must win
+    y[rng.random(n) < 0.2] = np.nan
+    y[n - 1] = 100.0  # a range ending at len(y) keeps the last sample
+    y[300:700] = np.nan  # all-NaN ranges are skipped
+    i0 = rng.integers(0, n, 300)
+    i1 = np.minimum(i0 + rng.integers(-3, 900, 300), n)  # empty, nested, overlapping, unsorted
+    i0[:3], i1[:3] = [n - 50, 310, 0], [n, 690, n]
+    assert list(range_argmax(y, i0, i1)) == _argmax_by_loop(y, i0, i1)
+
+
+def test_minmax_keeps_the_extremes_of_finite_samples_only():
+    t = np.arange(10_000, dtype=float)
+    y = np.sin(t / 50.0) + 2
+    y[4_000] = np.inf  # not a sample value: dropped, as NaN is
+    y[7_000] = -5.0
+    picked = minmax_indices(t, y, 100)
+    assert 4_000 not in picked and 7_000 in picked
+    assert np.isfinite(y[picked]).all() and y[picked].max() == np.nanmax(np.where(np.isinf(y), np.nan, y))
 
 
 @st.composite
