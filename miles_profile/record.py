@@ -16,6 +16,13 @@ from miles_profile.errors import MilesProfileError
 from miles_profile.recorder import DEFAULT_INTERVAL_MS, DEFAULT_LOG_DIR, OPTIONAL_PROBES, Recorder, create_run
 
 
+def positive_ms(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"interval must be positive, got {text} ms")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m miles_profile.record",
@@ -25,7 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "(python -m trainer.train --help lists its arguments) in this process.")
     parser.add_argument("--log-dir", default=DEFAULT_LOG_DIR,
                         help="directory that receives one subdirectory per run (default: %(default)s)")
-    parser.add_argument("--interval-ms", type=float, default=DEFAULT_INTERVAL_MS,
+    parser.add_argument("--interval-ms", type=positive_ms, default=DEFAULT_INTERVAL_MS,
                         help="sampling interval; peaks between samples are kept whatever it is "
                              "(default: %(default)s)")
     parser.add_argument("--watch-dir", action="append", default=[], metavar="DIR",
@@ -46,9 +53,11 @@ def split_argv(argv: list[str]) -> tuple[list[str], list[str]]:
 
 def run_trainer(args: argparse.Namespace, trainer_args: list[str]) -> int:
     try:
+        from trainer.args import parse_args
         from trainer.train import main as train_main  # imports torch first, so the allocator probe sees it
     except ImportError as exc:
         raise MilesProfileError(f"the integrated trainer is not available ({exc}); use --exec") from None
+    parse_args(trainer_args)  # a flag error exits 2 here, before an empty run directory is made
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))  # flush on the way out
     with Recorder(args.log_dir, interval_ms=args.interval_ms, watch_dirs=args.watch_dir,
                   command=sys.argv, disable=args.disable_probe) as recorder:

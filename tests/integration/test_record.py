@@ -137,3 +137,20 @@ def test_kill_9_of_the_exec_recorder_leaves_a_readable_log(tmp_path):
             os.kill(child, signal.SIGKILL)  # the orphaned child; its log stays readable too
         except ProcessLookupError:
             pass
+
+
+def test_bad_trainer_flags_fail_before_any_run_is_made(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "miles_profile.record", "--log-dir", str(tmp_path / "logs"), "--",
+                           "--preset", "nope"], env=python_env(), cwd=REPO, capture_output=True, text=True)
+    assert done.returncode == 2 and "invalid choice" in done.stderr and "Traceback" not in done.stderr
+    assert not (tmp_path / "logs").exists()
+
+
+def test_a_non_positive_interval_is_a_one_line_error(tmp_path):
+    done = record(tmp_path, sys.executable, "-c", "pass")  # sanity: the same call works with 10 ms
+    assert done.returncode == 0
+    bad = subprocess.run([sys.executable, "-m", "miles_profile.record", "--log-dir", str(tmp_path), "--interval-ms",
+                          "0", "--exec", "--", sys.executable, "-c", "pass"],
+                         env=python_env(), cwd=REPO, capture_output=True, text=True)
+    assert bad.returncode == 2 and "interval must be positive" in bad.stderr and "Traceback" not in bad.stderr
+    assert len(find_runs(tmp_path)) == 1  # the refused call made no run
