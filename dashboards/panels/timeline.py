@@ -15,16 +15,11 @@ from dash.exceptions import PreventUpdate
 
 from dashboards.messages import describe, message
 from miles_profile.report.figures import run_start, timeline_figure
-from miles_profile.report.live import thin_phase_bars
 
 FOCUS_PAD = 0.15  # share of a check's span shown on each side of it
 # Points per redraw, all series together. The report's default (1e5) suits a file; a page redrawn on
 # every zoom and every second of a live run wants fewer: this is still ~2 extrema per pixel per series.
 MAX_POINTS = 30_000
-# Past this many phase bars in view their names are unreadable anyway (and hidden), yet Chromium spends
-# seconds laying the text out (7,000 bars: 2.7 s with names, 0.5 s without): names appear on zooming in.
-NAMED_BARS_MAX = 400
-PHASE_BARS_MAX = 600  # per lane: about one bar per two pixel columns; zooming in shows every phase
 
 
 def layout() -> html.Section:
@@ -114,7 +109,10 @@ def _status(run, window) -> str:
 
 
 def build_figure(run, run_id: str, window: tuple[float, float] | None):
-    """The report's timeline of `run` over `window` (Unix seconds; None: all), set up for the page."""
+    """The report's timeline of `run` over `window` (Unix seconds; None: all), set up for the page.
+
+    The figure, its reduction and its phase lane (thinned, names hidden when crowded, bands shaded by
+    the phases in view) are the report's; only the page's layout is set here."""
     t0 = run_start(run)
     t_range = None if window is None else (window[0] - t0, window[1] - t0)
     figure = timeline_figure(run, max_points=MAX_POINTS, t_range=t_range)
@@ -128,8 +126,6 @@ def build_figure(run, run_id: str, window: tuple[float, float] | None):
     else:
         figure.update_xaxes(range=list(t_range), autorange=False)
     figure.update_yaxes(fixedrange=True)  # zoom acts on time; each redraw fits the visible values
-    if thin_phase_bars(figure, PHASE_BARS_MAX) > NAMED_BARS_MAX:
-        figure.update_traces(text=None, textposition="none", selector={"type": "bar"})
     return figure
 
 

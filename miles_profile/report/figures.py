@@ -2,7 +2,8 @@
 
 Public API (stable):
 
-    timeline_figure(run, *, max_points=100_000, t_range=None, height=None) -> go.Figure
+    timeline_figure(run, *, max_points=100_000, t_range=None, height=None,
+                    max_phase_bars=PHASE_BARS_MAX) -> go.Figure
         One subplot per GPU (NVML used, allocator reserved/allocated, true-peak envelope), one for
         the host (RSS, its true-peak envelope, available, pinned, offload files on disk) and a phase
         lane under them whose bars are named (labels show where they fit; zoom in for more).
@@ -10,6 +11,9 @@ Public API (stable):
         At most about `max_points` points in all, reduced by reduce.reduce_series so the global
         peak and every phase's peak are drawn exactly. `t_range=(t0, t1)` (seconds since start)
         draws only that window, at full budget: the dashboard calls it again on zoom.
+        The lane holds about `max_phase_bars` bars per lane (reduce.thin_bars: the longest of each
+        phase name per time bucket), named only when at most NAMED_BARS_MAX are drawn; the top-level
+        phases in view are shaded behind the memory plots when at most SHADED_PHASES_MAX are in view.
     comparison_figure(runs, *, max_points=100_000) -> go.Figure   (in compare.py)
     PHASE_COLORS, phase_color(name) -> str
 
@@ -22,7 +26,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from miles_profile.report.reduce import phase_ranges, reduce_series
+from miles_profile.report.reduce import phase_ranges, reduce_series, thin_bars
 from miles_profile.report.series import SPARSE_SUFFIXES
 from miles_profile.report.series import GiB, Series, main_pid, series_arrays, timeline_series
 
@@ -38,7 +42,11 @@ _LINE = {  # kind -> (color, dash, width)
     "rss": ("#1f77b4", "solid", 1.4), "rss_peak": ("#d62728", "solid", 1.0),
     "host_available": ("#2ca02c", "dash", 1.2), "pinned": ("#9467bd", "solid", 1.0), "disk": ("#8c564b", "dot", 1.2),
 }
-LANE_LABEL_LIMIT = 400  # phase bars also shaded behind the memory plots up to this many
+# A 10-million-sample run has 7,000 phases. Chromium spends about 0.5 s laying out 7,000 bars (2.7 s with
+# their names) on every paint, though at that density a thousand land on one pixel column.
+PHASE_BARS_MAX = 600  # bars per lane: about one per two pixel columns; a narrower window keeps more
+NAMED_BARS_MAX = 400  # past this many bars their names are unreadable anyway: not even laid out
+SHADED_PHASES_MAX = 400  # top-level phases in view shaded behind the memory plots up to this many
 
 
 def phase_color(name: str) -> str:
@@ -108,20 +116,27 @@ def _reduced_trace(run, s: Series, t0: float, t_range, n_out: int, phase_bounds,
     )
 
 
-def _lane_traces(run, t0: float, t_range) -> list[go.Bar]:
-    phases = run.phases
+def _in_view(phases: pd.DataFrame, t0: float, t_range) -> pd.DataFrame:
+    if t_range is None:
+        return phases
+    return phases[(phases["end"] >= t0 + t_range[0]) & (phases["start"] <= t0 + t_range[1])]
+
+
+def _lane_traces(run, t0: float, t_range, max_bars: int) -> list[go.Bar]:
+    phases = _in_view(run.phases, t0, t_range)
     if phases.empty:
         return []
-    if t_range is not None:
-        keep = (phases["end"] >= t0 + t_range[0]) & (phases["start"] <= t0 + t_range[1])
-        phases = phases[keep]
     many_pids = phases["pid"].nunique() > 1
     lanes = [f"pid {p} · " if many_pids else "" for p in phases["pid"]]
     lanes = [f"{lane}{'phases' if d == 0 else f'nested {d}'}" for lane, d in zip(lanes, phases["depth"])]
     phases = phases.assign(_lane=lanes)
-    traces = []
-    span = float(phases["end"].max() - phases["start"].min()) if len(phases) else 0.0
+    span = float(phases["end"].max() - phases["start"].min())
     min_width = span * 0.003  # a 1 ms offload still shows as a sliver; hover gives its true duration
+    kept = thin_bars(phases["start"].to_numpy(float), phases["end"].to_numpy(float),
+                     pd.factorize(phases["_lane"])[0], pd.factorize(phases["name"])[0], max_bars)
+    phases = phases.iloc[kept]
+    named = len(phases) <= NAMED_BARS_MAX
+    traces = []
     for name, group in phases.groupby("name", sort=False):
         duration = np.maximum(group["duration"].to_numpy(float), 1e-9)
         shown = np.maximum(duration, min_width)
@@ -133,7 +148,8 @@ def _lane_traces(run, t0: float, t_range) -> list[go.Bar]:
                                            iteration if iteration is not None else [np.nan] * len(group))]
         traces.append(go.Bar(
             y=group["_lane"], x=shown, base=group["start"].to_numpy(float) - t0, orientation="h",
-            name=str(name), text=[str(name)] * len(group), textposition="inside", insidetextanchor="middle",
+            name=str(name), text=[str(name)] * len(group) if named else None,
+            textposition="inside" if named else "none", insidetextanchor="middle",
             textfont=dict(color="white", size=11), marker=dict(color=phase_color(str(name)), line=dict(width=0)),
             hovertext=hover, hoverinfo="text", legendgroup="phases", legendgrouptitle_text="phases",
             showlegend=True,
@@ -142,7 +158,7 @@ def _lane_traces(run, t0: float, t_range) -> list[go.Bar]:
 
 
 def timeline_figure(run, *, max_points: int = 100_000, t_range: tuple[float, float] | None = None,
-                    height: int | None = None) -> go.Figure:
+                    height: int | None = None, max_phase_bars: int = PHASE_BARS_MAX) -> go.Figure:
     series = timeline_series(run)
     groups = _groups(series)
     t0 = run_start(run)
@@ -179,11 +195,13 @@ def timeline_figure(run, *, max_points: int = 100_000, t_range: tuple[float, flo
                              title_font=dict(color=_LINE["host_available"][0]),
                              tickfont=dict(color=_LINE["host_available"][0]), row=row, col=1, secondary_y=True)
     if has_phases:
-        for trace in _lane_traces(run, t0, t_range):
+        for trace in _lane_traces(run, t0, t_range, max_phase_bars):
             fig.add_trace(trace, row=rows, col=1)
         fig.update_yaxes(autorange="reversed", row=rows, col=1, fixedrange=True)
-        _shade_phases(fig, run, t0, len(groups))
-    _draw_marks(fig, run, t0, len(groups))
+    # Shapes are set at once: plotly's add_vrect/add_vline per shape cost quadratic time (400 bands: 50 s).
+    bands = _phase_bands(fig, run, t0, t_range, len(groups)) if has_phases else []
+    lines, notes = _marks(fig, run, t0, len(groups))
+    fig.update_layout(shapes=bands + lines, annotations=list(fig.layout.annotations) + notes)
     fig.update_xaxes(title_text="seconds since the run started", row=rows, col=1)
     fig.update_layout(
         height=height or (330 * len(groups) + (140 + 30 * n_lanes if has_phases else 0) + 80),
@@ -194,34 +212,51 @@ def timeline_figure(run, *, max_points: int = 100_000, t_range: tuple[float, flo
     return fig
 
 
-def _shade_phases(fig: go.Figure, run, t0: float, memory_rows: int) -> None:
-    """Light bands behind the memory plots for the top-level phases of the main process."""
+def _row_axes(fig: go.Figure, rows: int) -> list[tuple[str, str]]:
+    """(xref, yref) of the primary axes of rows 1..rows, for shapes spanning each row's height."""
+    refs = []
+    for row in range(1, rows + 1):
+        subplot = fig.get_subplot(row, 1)
+        refs.append((subplot.xaxis.plotly_name.replace("axis", ""),
+                     subplot.yaxis.plotly_name.replace("axis", "") + " domain"))
+    return refs
+
+
+def _phase_bands(fig: go.Figure, run, t0: float, t_range, memory_rows: int) -> list[dict]:
+    """Light bands behind the memory plots for the top-level phases of the main process in view.
+
+    Decided by the phases in view, not the run's count: a zoom into a long run shows its bands."""
     pid = main_pid(run)
-    top = run.phases[(run.phases["depth"] == 0) & (run.phases["pid"] == pid)]
-    if memory_rows == 0 or len(top) > LANE_LABEL_LIMIT:
-        return
-    for start, end, name in zip(top["start"], top["end"], top["name"]):
-        for row in range(1, memory_rows + 1):
-            fig.add_vrect(x0=start - t0, x1=end - t0, fillcolor=phase_color(str(name)), opacity=0.10,
-                          line_width=0, layer="below", row=row, col=1)
+    top = _in_view(run.phases[(run.phases["depth"] == 0) & (run.phases["pid"] == pid)], t0, t_range)
+    if memory_rows == 0 or len(top) > SHADED_PHASES_MAX:
+        return []
+    return [dict(type="rect", xref=xref, yref=yref, x0=start - t0, x1=end - t0, y0=0, y1=1,
+                 fillcolor=phase_color(str(name)), opacity=0.10, line_width=0, layer="below")
+            for start, end, name in zip(top["start"], top["end"], top["name"])
+            for xref, yref in _row_axes(fig, memory_rows)]
 
 
 MARK_LIMIT = 60
 
 
-def _draw_marks(fig: go.Figure, run, t0: float, memory_rows: int) -> None:
-    """Marks, errors and OOMs as vertical lines across the memory plots (OOM and errors in red)."""
+def _marks(fig: go.Figure, run, t0: float, memory_rows: int) -> tuple[list[dict], list[dict]]:
+    """Marks, errors and OOMs as vertical lines across the memory plots (OOM and errors in red):
+    (shapes, annotations)."""
     events = run.events
     if memory_rows == 0 or events.empty:
-        return
+        return [], []
     marks = events[~events["kind"].isin(["begin", "end"])]
     severe = marks[marks["kind"].isin(["oom", "error"])]
     marks = pd.concat([severe, marks[~marks.index.isin(severe.index)]]).head(MARK_LIMIT)
+    refs = _row_axes(fig, memory_rows)
+    lines, notes = [], []
     for t, kind, name in zip(marks["t"], marks["kind"], marks["name"]):
         bad = kind in ("oom", "error")
-        for row in range(1, memory_rows + 1):
-            fig.add_vline(x=float(t) - t0, line=dict(color="#c62828" if bad else "#555555", width=1.5 if bad else 1,
-                                                     dash="solid" if bad else "dot"), row=row, col=1)
-        fig.add_annotation(x=float(t) - t0, y=1.0, yref="y domain", xref="x", text=f"{kind}: {name}" if bad else str(name),
-                           showarrow=False, yanchor="bottom", font=dict(size=10, color="#c62828" if bad else "#555555"),
-                           row=1, col=1)
+        color = "#c62828" if bad else "#555555"
+        lines += [dict(type="line", xref=xref, yref=yref, x0=float(t) - t0, x1=float(t) - t0, y0=0, y1=1,
+                       line=dict(color=color, width=1.5 if bad else 1, dash="solid" if bad else "dot"))
+                  for xref, yref in refs]
+        notes.append(dict(x=float(t) - t0, y=1.0, xref=refs[0][0], yref=refs[0][1], showarrow=False,
+                          text=f"{kind}: {name}" if bad else str(name), yanchor="bottom",
+                          font=dict(size=10, color=color)))
+    return lines, notes

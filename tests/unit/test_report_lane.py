@@ -1,54 +1,71 @@
-"""thin_phase_bars: at most about max_bars phase bars, each kept one exactly as the figure had it."""
+"""The phase lane: thin_bars keeps about max_bars bars per lane, each one exactly as recorded, and
+timeline_figure draws the lane thinned, named only when readable, and shaded by the phases in view."""
 from __future__ import annotations
 
 import numpy as np
-import plotly.graph_objects as go
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from miles_profile.report.live import thin_phase_bars
+from miles_profile.report.figures import NAMED_BARS_MAX, PHASE_BARS_MAX, SHADED_PHASES_MAX, timeline_figure
+from miles_profile.report.reduce import thin_bars
+from tests.unit.test_report_fakes import GiB, make_run
 
 
-def lane_figure(n_per_name: int, names=("generate", "train"), seed: int = 0) -> go.Figure:
+def random_bars(n: int, kinds: int = 2, seed: int = 0):
     rng = np.random.default_rng(seed)
-    figure = go.Figure()
-    for k, name in enumerate(names):
-        base = np.sort(rng.uniform(0, 1000, n_per_name))
-        width = rng.uniform(0.01, 2.0, n_per_name)
-        lanes = np.where(rng.random(n_per_name) < 0.2, "nested 1", "phases")
-        figure.add_trace(go.Bar(x=width, base=base, y=lanes, orientation="h", name=name,
-                                text=[name] * n_per_name, hovertext=[f"{name} {b:.6f}" for b in base]))
-    return figure
-
-
-def bars(figure):
-    return {t.name: list(zip(np.asarray(t.base, float), np.asarray(t.x, float), t.y, t.hovertext))
-            for t in figure.data}
+    start = rng.uniform(0, 1000, n)
+    end = start + rng.uniform(0.01, 2.0, n)
+    return start, end, (rng.random(n) < 0.2).astype(int), rng.integers(0, kinds, n)
 
 
 def test_few_bars_are_left_alone():
-    figure = lane_figure(50)
-    before = bars(figure)
-    assert thin_phase_bars(figure, max_bars=600) == 100
-    assert bars(figure) == before
+    start, end, lane, kind = random_bars(100)
+    assert list(thin_bars(start, end, lane, kind, 600)) == list(range(100))
 
 
 @settings(max_examples=30, deadline=None)
 @given(n=st.integers(301, 3000), max_bars=st.integers(2, 400), seed=st.integers(0, 10))
-def test_kept_bars_are_original_and_every_name_keeps_some(n, max_bars, seed):
-    figure = lane_figure(n, seed=seed)
-    before = {name: set(rows) for name, rows in bars(figure).items()}
-    kept = thin_phase_bars(figure, max_bars=max_bars)
-    after = bars(figure)
-    lanes = 2
-    assert kept == sum(len(rows) for rows in after.values()) <= max(max_bars, 2) * lanes
-    for name, rows in after.items():
-        assert rows and set(rows) <= before[name]  # exact bars, nothing invented or moved
-        assert len({r[3] for r in rows}) == len(rows)  # hover text stayed with its bar
+def test_kept_bars_are_few_and_every_kind_keeps_some(n, max_bars, seed):
+    start, end, lane, kind = random_bars(n, seed=seed)
+    kept = thin_bars(start, end, lane, kind, max_bars)
+    assert np.all(np.diff(kept) > 0) and len(kept) <= max(max_bars, 2) * 2  # two lanes
+    assert set(kind[kept]) == set(kind)
 
 
 def test_each_bucket_keeps_its_longest_bar():
-    figure = go.Figure(go.Bar(x=[1.0, 5.0, 2.0, 0.5, 9.0], base=[0.0, 1.0, 2.0, 50.0, 60.0],
-                              y=["phases"] * 5, orientation="h", name="train"))
-    thin_phase_bars(figure, max_bars=2)
-    assert list(np.asarray(figure.data[0].x)) == [5.0, 9.0]
+    start = np.array([0.0, 1.0, 2.0, 50.0, 60.0])
+    end = start + np.array([1.0, 5.0, 2.0, 0.5, 9.0])
+    assert list(thin_bars(start, end, np.zeros(5), np.zeros(5), 2)) == [1, 4]
+
+
+def long_run(iterations: int = 300):
+    """Three top-level phases per iteration (900 > SHADED_PHASES_MAX), 1 s each, sampled every 0.1 s."""
+    t = np.arange(0, 3.0 * iterations, 0.1) + 1000.0
+    names = ["generate", "train", "update_weights"] * iterations
+    phases = [{"name": name, "start": 1000.0 + k, "end": 1000.0 + k + 0.9} for k, name in enumerate(names)]
+    return make_run({"t": t, "rss": np.full(len(t), 2 * GiB), "rss_peak": np.full(len(t), 2 * GiB)}, phases)
+
+
+def bars_and_bands(figure):
+    bars = [tr for tr in figure.data if tr.type == "bar"]
+    bands = [s for s in figure.layout.shapes if s.type == "rect"]
+    return bars, sum(len(b.x) for b in bars), bands
+
+
+def test_the_whole_run_draws_a_thinned_unnamed_lane_and_no_bands():
+    run = long_run()
+    assert len(run.phases) > SHADED_PHASES_MAX
+    bars, n_bars, bands = bars_and_bands(timeline_figure(run))
+    assert NAMED_BARS_MAX < n_bars <= PHASE_BARS_MAX < len(run.phases)
+    assert len(bars) == 3  # every phase name keeps bars, and its colour
+    assert all(b.text is None for b in bars) and not bands
+    bars, n_bars, _ = bars_and_bands(timeline_figure(run, max_phase_bars=300))
+    assert n_bars <= 300 and all(b.text is not None for b in bars)  # few enough to be named
+
+
+def test_a_zoom_into_a_long_run_draws_every_phase_in_view_named_and_shaded():
+    run = long_run()
+    bars, n_bars, bands = bars_and_bands(timeline_figure(run, t_range=(100.0, 120.0)))
+    assert n_bars == 21  # the phases that overlap [100, 120] s
+    assert n_bars <= NAMED_BARS_MAX <= PHASE_BARS_MAX and all(b.text is not None for b in bars)
+    assert len(bands) == 21  # one memory row: the host
