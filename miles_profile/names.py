@@ -37,6 +37,10 @@ Target = Literal["cpu", "disk"]
 # Event kinds in the log.
 BEGIN, END, MARK, ERROR, OOM = "begin", "end", "mark", "error", "oom"
 
+# Status of a phase in the reader's phases table that has no end event yet (a run being written, or a
+# crash): it is drawn up to the last sample.
+OPEN = "open"
+
 # Mark names.
 MARK_OOM = "oom"
 

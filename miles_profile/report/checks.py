@@ -10,12 +10,18 @@ reserved, else allocated; summed over the GPUs it uses; true peaks from `gpu{i}_
 run without GPU columns the checks that make sense on the host use host RSS (`rss`/`rss_peak`)
 instead and say so; the others are "n/a".
 
+A run still being written is judged on what has finished: an open phase (no end event yet) and an
+unfinished iteration (one holding an open phase, and the last one while a recorder process has not
+written its `end_time`) are "n/a" until they end, never a failure on half the data.
+
 Public API (stable; shared with the Dash dashboard):
 
     Thresholds(...)                            # dataclass, documented fields below
     CheckResult(name, title, status, summary, explanation, span, findings)
     Finding(status, message, span, phase, iteration, numbers)
     run_checks(run, thresholds=None) -> list[CheckResult]
+    recording(run) -> bool                     # a recorder process has not written its end_time
+    unfinished_iterations(run) -> set[int]     # iterations not judged yet
     check_offload_drop, check_serialized_peaks, check_transition_spikes, check_disk_offload_host_flat,
     check_host_weight_copies, check_leak, check_headroom   # each (run, thresholds) -> CheckResult
     overall_status(results) -> "pass" | "fail" | "n/a"
@@ -165,6 +171,33 @@ def _nanmin(x: np.ndarray) -> float:
     return float(np.nanmin(x)) if len(x) and np.isfinite(x).any() else float("nan")
 
 
+def recording(run) -> bool:
+    """True while a recorder process has not written its `end_time` (the run is being written, or that
+    recorder died without a clean stop): either way its last iteration did not finish."""
+    return any("start_time" in p and "end_time" not in p for p in run.processes)
+
+
+def unfinished_iterations(run) -> set[int]:
+    """Iterations that hold an open phase, and the last iteration while the run is being recorded."""
+    inst = phase_instances(run)
+    if inst.empty:
+        return set()
+    iterations = inst["iteration"]
+    unfinished = {int(i) for i in iterations[inst["status"] == names.OPEN]}
+    if recording(run):
+        unfinished.add(int(iterations.max()))
+    return {i for i in unfinished if i >= 0}
+
+
+def _still_open(row) -> bool:
+    """Whether a phase instance (a row of phase_instances, as a Series or a namedtuple) has not ended."""
+    return getattr(row, "status", None) == names.OPEN
+
+
+def _open_finding(label: str, where: dict) -> Finding:
+    return Finding("n/a", f"{label}: still open, judged once it ends", **where)
+
+
 def _tags(value) -> list[str]:
     if isinstance(value, (list, tuple)):
         return [str(v) for v in value]
@@ -189,6 +222,9 @@ def check_offload_drop(run, th: Thresholds) -> CheckResult:
         expected = row["expected_bytes"]
         span = (row["start"], row["end"])
         where = dict(span=span, phase=row["name"], iteration=int(row["iteration"]))
+        if _still_open(row):  # its memory may not be released yet: that is no failure
+            findings.append(_open_finding(f"{row['name']} #{row['iteration']}", where))
+            continue
         if not (np.isfinite(expected) and expected > 0):
             findings.append(Finding("n/a", f"{row['name']} #{row['iteration']}: no expected_bytes", **where))
             continue
@@ -266,6 +302,9 @@ def _resident_finding(row, track: Track, floor: float, train: float, rollout: fl
     window = _window(track, row.start, row.end)
     if window.stop <= window.start:
         return None
+    if _still_open(row):  # its lowest level may be still to come
+        return _open_finding(f"{row.name} #{int(getattr(row, 'iteration', -1))}",
+                             dict(span=(row.start, row.end), phase=row.name, iteration=int(getattr(row, "iteration", -1))))
     resident = _nanmin(track.value[window])
     own, other = (train, rollout) if row.name == names.TRAIN else (rollout, train)
     limit = floor + own + share * other
@@ -297,6 +336,8 @@ def check_transition_spikes(run, th: Thresholds) -> CheckResult:
             continue
         rows = list(group.itertuples())
         for a, b in zip(rows, rows[1:]):
+            if _still_open(a) or _still_open(b):
+                continue  # an open neighbour's peak is not known yet
             gap = _window(track, a.end, b.start)
             if gap.stop <= gap.start:
                 continue  # no sample between the phases: nothing happened outside them
@@ -334,6 +375,9 @@ def check_disk_offload_host_flat(run, th: Thresholds) -> CheckResult:
     for row in disk.itertuples():
         track = tracks.host(int(row.pid))
         where = dict(span=(row.start, row.end), phase=row.name, iteration=int(row.iteration))
+        if _still_open(row):
+            findings.append(_open_finding(f"{row.name} #{row.iteration}", where))
+            continue
         if track is None:
             findings.append(Finding("n/a", f"{row.name}: no host RSS", **where))
             continue
@@ -380,7 +424,7 @@ def check_host_weight_copies(run, th: Thresholds) -> CheckResult:
     findings = []
     for row in moves.itertuples():
         track = tracks.host(int(row.pid))
-        if track is None:
+        if track is None or _still_open(row):
             continue
         before = track.at_or_before(row.start)
         growth = _nanmax(track.peak[_window(track, row.start, row.end)]) - before
@@ -407,8 +451,10 @@ def check_leak(run, th: Thresholds) -> CheckResult:
     mine = inst[(inst["pid"] == pid) & (inst["iteration"] >= 0)]
     spans = mine.groupby("iteration").agg(start=("start", "min"), end=("end", "max")).sort_index()
     spans = spans.iloc[th.leak_skip_iterations:]
+    # An unfinished iteration has not reached its floor yet: judging it would report a leak mid-run.
+    spans = spans[~spans.index.isin(list(unfinished_iterations(run)))]
     if len(spans) < 2:
-        return _na(name, title, explanation, f"needs at least {th.leak_skip_iterations + 2} iterations")
+        return _na(name, title, explanation, f"needs at least {th.leak_skip_iterations + 2} finished iterations")
     findings = []
     for track in filter(None, (tracks.device(pid), tracks.host(pid))):
         floors = np.array([_nanmin(track.value[_window(track, s, e)]) for s, e in zip(spans["start"], spans["end"])])

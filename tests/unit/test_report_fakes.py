@@ -16,7 +16,7 @@ PID = 100
 def make_run(samples: dict, phases: list[dict] = (), *, pid: int = PID, devices: list[dict] | None = None,
              host_total: int = 64 * GiB, name: str = "fake-run", processes: list[dict] | None = None) -> Run:
     """`samples`: columns (t required; pid defaults to `pid`); `phases`: dicts with name, start, end
-    and any attributes (pid, parent ids are optional)."""
+    and any attributes (pid, parent ids are optional); `end=None`: not ended yet (status "open")."""
     frame = pd.DataFrame(samples)
     frame.insert(1, "phase", pd.Categorical([""] * len(frame)))
     if "pid" not in frame:
@@ -27,8 +27,9 @@ def make_run(samples: dict, phases: list[dict] = (), *, pid: int = PID, devices:
         who = p.get("pid", pid)
         rows.append({"t": p["start"], "kind": "begin", "name": p["name"], "pid": who, "id": k,
                      "parent": p.get("parent"), "attrs": attrs})
-        rows.append({"t": p["end"], "kind": "end", "name": p["name"], "pid": who, "id": k, "parent": None,
-                     "attrs": {"status": p.get("status", "ok")}})
+        if p["end"] is not None:
+            rows.append({"t": p["end"], "kind": "end", "name": p["name"], "pid": who, "id": k, "parent": None,
+                         "attrs": {"status": p.get("status", "ok")}})
     events = pd.DataFrame(rows, columns=EVENT_COLUMNS).sort_values("t", kind="stable").reset_index(drop=True)
     events["t"] = events["t"].astype(float)
     meta = {"format_version": 1, "command": ["fake"], "host": "test", "start_time": float(frame["t"].min()),
