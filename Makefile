@@ -32,8 +32,13 @@ demo: setup
 test: setup
 	$(PY) -m pytest -q
 
+# Every benchmark, each printing ratios measured side by side (figures: docs/benchmarks.md,
+# docs/trainer.md, docs/report.md, docs/dashboard.md). Minutes; run on an idle machine.
 bench: setup
 	$(PY) bench/bench_sampler.py
+	$(PY) bench/bench_offload.py --preset cpu --disk-dir /tmp/bench-offload
+	$(PY) bench/bench_visualize.py
+	$(PY) bench/bench_dashboard.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis
