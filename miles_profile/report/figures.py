@@ -93,13 +93,13 @@ def _is_outside(run, pid: int) -> bool:
 
 def _reduced_trace(run, s: Series, t0: float, t_range, n_out: int, phase_bounds, outside: bool = False) -> go.Scatter:
     t, y = series_arrays(run, s.pid, s.column)
-    if s.column.endswith(SPARSE_SUFFIXES):
-        read = np.isfinite(y)
-        if not read.all():  # a copy of a 10-million-sample series only when something is left out
-            t, y = t[read], y[read]
-    if t_range is not None:
+    if t_range is not None:  # the window first: a zoom copies only what it shows
         a, b = np.searchsorted(t, t0 + t_range[0], "left"), np.searchsorted(t, t0 + t_range[1], "right")
         t, y = t[a:b], y[a:b]
+    if s.column.endswith(SPARSE_SUFFIXES):
+        read = np.isfinite(y)
+        if not read.all():  # a copy of the (windowed) series only when something is left out
+            t, y = t[read], y[read]
     ranges = phase_ranges(t, *phase_bounds) if phase_bounds is not None else None
     keep = reduce_series(t, y, n_out, ranges)
     x = t[keep] - t0
