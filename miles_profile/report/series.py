@@ -33,9 +33,9 @@ GPU_KINDS = (
     ("alloc_peak", "allocated, true peak"),
 )
 DEVICE_WIDE = ("host_available",)  # plus gpu{i}_used
-# NVML columns are read at phase boundaries and every 100 ms, empty in the rows between: a plot
-# skips those rows rather than break its line at each of them.
-SPARSE_SUFFIXES = ("_used", "_proc")
+# NVML and disk columns are read at phase boundaries and every 100 ms, empty in the rows between: a
+# plot skips those rows rather than break its line at each of them.
+SPARSE_SUFFIXES = ("_used", "_proc", "disk")
 
 
 @dataclass(frozen=True)

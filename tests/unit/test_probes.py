@@ -48,6 +48,8 @@ def test_disk_probe_sums_files_below_watched_dirs(tmp_path):
     (tmp_path / "sub" / "b").write_bytes(b"y" * 24)
     probe.watch(str(tmp_path))
     assert probe.read() == (1024,)
+    assert probe.read(full=False) == (None,)  # periodic rows skip the walk until 100 ms have passed
+    assert probe.read(full=True) == (1024,)  # phase-boundary rows always read
 
 
 def test_missing_gpu_sources_are_absent_with_a_reason():
