@@ -63,7 +63,8 @@ def register(app, state) -> None:
             raise
         except Exception as exc:  # noqa: BLE001 - a message in the page, never a traceback
             return message(describe(exc)), None, None
-        spans = [list(r.span) if r.span else None for r in results]
+        # Tagged with the run: a click on a list not yet redrawn for a newly chosen run is not that run's.
+        spans = {"run": run_id, "spans": [list(r.span) if r.span else None for r in results]}
         items = [_item(i, r, t0) for i, r in enumerate(results)]
         if recording:  # the iteration in progress is judged as it stands
             items.insert(0, message("Still recording: verdicts are provisional until the run ends.", "info"))
@@ -73,11 +74,11 @@ def register(app, state) -> None:
         Output("checks-focus", "data"),
         Input({"type": "checks-item", "index": ALL}, "n_clicks"),
         State("checks-spans", "data"), prevent_initial_call=True)
-    def focus_check(_clicks, spans):
+    def focus_check(_clicks, listed):
         clicked = ctx.triggered_id
-        if not isinstance(clicked, dict) or not ctx.triggered[0]["value"] or not isinstance(spans, list):
+        if not isinstance(clicked, dict) or not ctx.triggered[0]["value"] or not isinstance(listed, dict):
             raise PreventUpdate
-        index = clicked.get("index")
+        spans, index = listed.get("spans") or [], clicked.get("index")
         if not isinstance(index, int) or not 0 <= index < len(spans) or spans[index] is None:
             raise PreventUpdate
-        return {"span": spans[index], "index": index, "at": time.time()}
+        return {"run": listed.get("run"), "span": spans[index], "index": index, "at": time.time()}

@@ -81,11 +81,13 @@ def plan_window(run_id: str, version: int, zoom: object, focus: object, view: ob
     """
     rendered = rendered if isinstance(rendered, dict) else {}
     key = {"run": run_id, "version": version, "zoom_at": _stamp(zoom), "focus_at": _stamp(focus)}
-    if rendered.get("run") != run_id:
-        return None, key  # a new run starts unzoomed; older requests are spent
+    # A check clicked for this run, not yet drawn; it may arrive before the run's first drawing does.
+    new_focus = (isinstance(focus, dict) and focus.get("run") == run_id
+                 and _stamp(focus) != rendered.get("focus_at"))
+    if rendered.get("run") != run_id:  # a new run starts unzoomed; older zooms are spent
+        return (focus_window(focus.get("span")) if new_focus else None), key
     window = tuple(view) if isinstance(view, list) and len(view) == 2 else None
     new_zoom = _stamp(zoom) != rendered.get("zoom_at")
-    new_focus = _stamp(focus) != rendered.get("focus_at") and isinstance(focus, dict)
     if new_zoom and not (new_focus and "checks-focus" in triggers):
         asked = zoom_window(zoom)
         if asked is not False:

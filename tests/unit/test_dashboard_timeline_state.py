@@ -22,6 +22,18 @@ def test_a_new_run_starts_unzoomed_and_spends_earlier_requests():
     assert window is None and key["zoom_at"] == 5 and key["run"] == "a"
 
 
+def test_a_check_clicked_before_the_new_runs_first_drawing_is_still_shown():
+    window, key = plan(focus={"run": "a", "span": [10, 20], "at": 9}, rendered={"run": "b", "focus_at": 1},
+                       triggers={"checks-focus"})
+    assert window == focus_window([10, 20]) and key["focus_at"] == 9
+
+
+def test_a_check_of_another_run_or_an_already_drawn_one_does_not_zoom():
+    assert plan(focus={"run": "b", "span": [10, 20], "at": 9}, rendered={"run": "b", "focus_at": 1})[0] is None
+    rendered = {"run": "a", "version": 0, "zoom_at": None, "focus_at": 9}
+    assert plan(focus={"run": "a", "span": [10, 20], "at": 9}, rendered=rendered) is None
+
+
 def test_a_poll_with_nothing_new_draws_nothing():
     rendered = {"run": "a", "version": 3, "zoom_at": 5, "focus_at": None}
     assert plan(zoom={"range": [1, 2], "at": 5}, view=[1, 2], rendered=rendered, version=3) is None
@@ -47,7 +59,7 @@ def test_autorange_shows_everything_and_a_useless_zoom_keeps_the_window():
 
 def test_a_clicked_check_wins_over_an_older_zoom():
     rendered = {"run": "a", "version": 3, "zoom_at": 5, "focus_at": None}
-    window, _ = plan(zoom={"range": [3, 4], "at": 6}, focus={"span": [10, 20], "at": 1.5}, view=[1, 2],
+    window, _ = plan(zoom={"range": [3, 4], "at": 6}, focus={"run": "a", "span": [10, 20], "at": 1.5}, view=[1, 2],
                      rendered=rendered, version=3, triggers={"checks-focus"})
     assert window == focus_window([10, 20]) and window[0] < 10 and window[1] > 20
 
