@@ -31,6 +31,12 @@ def median(values: list[float]) -> float:
     return statistics.median(values)
 
 
+def quartiles(values: list[float]) -> tuple[float, float]:
+    """The 25th and 75th percentiles."""
+    q1, _, q3 = statistics.quantiles(values, n=4) if len(values) > 1 else (values[0],) * 3
+    return q1, q3
+
+
 def write_result(out: str | None, name: str, result: dict[str, Any]) -> None:
     result = {"machine": machine(), "date": time.strftime("%Y-%m-%d"), **result}
     print(json.dumps(result, indent=1))

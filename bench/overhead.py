@@ -3,6 +3,8 @@
 Modes run interleaved, in a rotated order each round, so drift on a noisy machine hits all alike:
 `off`, `recorder` (ours, default interval), `naive_100hz` (a thread calling the usual per-number
 APIs at 100 Hz) and, on CUDA, `memory_history` (torch.cuda.memory._record_memory_history).
+`off_again` records nothing either: its ratio to `off` is this run's noise floor, printed beside the
+others so a ratio is read against the noise of the same minutes.
 """
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from bench.common import median, sync
+from bench.common import median, quartiles, sync
 from bench.probe_cost import _naive_sample
 from miles_profile.recorder import Recorder
 
@@ -109,7 +111,8 @@ def _time_block(step: Callable[[], None], steps: int, dev: torch.device) -> floa
 def measure_overhead(dev: torch.device, tmp: Path, interval_ms: float, rounds: int,
                      variants: list[str] = ()) -> dict[str, Any]:
     """`variants`: extra recorder modes for diagnosis, e.g. recorder_50ms, recorder_no_nvml."""
-    modes = ["off", "recorder", *variants, "naive_100hz"] + (["memory_history"] if dev.type == "cuda" else [])
+    modes = ["off", "off_again", "recorder", *variants, "naive_100hz"] + (
+        ["memory_history"] if dev.type == "cuda" else [])
     result: dict[str, Any] = {"interval_ms": interval_ms, "rounds": rounds, "loops": {}}
     for kind in ("launch_bound", "compute_bound"):
         step, steps = _loop(dev, kind)
@@ -121,7 +124,10 @@ def measure_overhead(dev: torch.device, tmp: Path, interval_ms: float, rounds: i
                 with _context(mode, tmp, interval_ms):
                     times[mode].append(_time_block(step, steps, dev))
         off = times["off"]
-        ratios = {m: round(median([t / o for t, o in zip(times[m], off)]), 4) for m in modes if m != "off"}
-        result["loops"][kind] = {"steps_per_block": steps, "step_ms_off": round(median(off) * 1e3, 3),
-                                 "ratio_vs_off": ratios}
+        per_round = {m: [t / o for t, o in zip(times[m], off)] for m in modes if m != "off"}
+        result["loops"][kind] = {
+            "steps_per_block": steps, "step_ms_off": round(median(off) * 1e3, 3),
+            "ratio_vs_off": {m: round(median(r), 4) for m, r in per_round.items()},
+            # The middle half of the per-round ratios: how far one round's ratio strays.
+            "ratio_quartiles": {m: [round(q, 4) for q in quartiles(r)] for m, r in per_round.items()}}
     return result
