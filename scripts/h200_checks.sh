@@ -13,7 +13,7 @@ timeout 100 python3 tests/integration/test_trainer_gpu.py > "$out/trainer_gpu_te
 grep -E "^(PASS|FAIL)|step [0-9]:|freed" "$out/trainer_gpu_tests.log"
 timeout 300 python3 bench/bench_sampler.py --rounds 10 --variant recorder_50ms --variant recorder_no_nvml \
   --out "$out/bench" > "$out/bench_sampler.log" 2>&1 || status=1
-grep -E "whole_sample|rate_|recorder|naive_100|memory_history|step_ms" "$out/bench_sampler.log"
+grep -E "whole_sample|rate_|off_again|recorder|naive_100|memory_history|step_ms" "$out/bench_sampler.log"
 timeout 200 python3 bench/bench_offload.py --preset gpu --device cuda --disk-dir /tmp/bench-offload --repeats 1 \
   --out "$out/bench/offload.json" 2>&1 | tail -6 || status=1
 exit $status
