@@ -28,7 +28,7 @@ from dashboards.serve import dashboard_process  # noqa: E402
 CHROMIUM = os.environ.get("MILES_PROFILE_CHROMIUM", "/usr/bin/chromium")
 GRAPH = "document.querySelector('#timeline-graph .js-plotly-plot')"
 SPAN_JS = f"""() => {{ const g = {GRAPH}; if (!g || !g._fullData) return null;
-  const d = g._fullData.find(d => d.type === 'scatter' && d.x && d.x.length);
+  const d = g._fullData.find(d => d.type === 'scatter' && d.legendgroup !== 'phases' && d.x && d.x.length);
   return d ? [d.x[0], d.x[d.x.length - 1], d.x.length] : null; }}"""
 ZOOM_SHARES = (0.3, 0.1, 0.01, 0.001, 0.0001)
 

@@ -19,7 +19,7 @@ from miles_profile.report.figures import run_start, timeline_figure
 FOCUS_PAD = 0.15  # share of a check's span shown on each side of it
 # Points per redraw, all series together. The report's default (1e5) suits a file; a page redrawn on
 # every zoom and every second of a live run wants fewer: this is still ~2 extrema per pixel per series.
-MAX_POINTS = 30_000
+MAX_POINTS = 18_000
 
 
 def layout() -> html.Section:
@@ -117,10 +117,10 @@ def build_figure(run, run_id: str, window: tuple[float, float] | None):
     the phases in view) are the report's; only the page's layout is set here."""
     t0 = run_start(run)
     t_range = None if window is None else (window[0] - t0, window[1] - t0)
-    figure = timeline_figure(run, max_points=MAX_POINTS, t_range=t_range)
+    figure = timeline_figure(run, max_points=MAX_POINTS, t_range=t_range, phase_peaks=False)
     # Beside a training run the page is narrow: the legend goes above the plots, not beside them.
     # Items flow in rows (traceorder "normal"), not one column per legend group.
-    figure.update_layout(uirevision=run_id, margin=dict(t=100, r=10),
+    figure.update_layout(uirevision=run_id, margin=dict(t=115),
                          legend=dict(orientation="h", x=0, y=0.995, yanchor="top", yref="container",
                                      traceorder="normal", entrywidth=0))
     if t_range is None:

@@ -3,7 +3,7 @@
 Public API (stable):
 
     timeline_figure(run, *, max_points=100_000, t_range=None, height=None,
-                    max_phase_bars=PHASE_BARS_MAX) -> go.Figure
+                    max_phase_bars=PHASE_BARS_MAX, phase_peaks=True) -> go.Figure
         One subplot per GPU (NVML used, allocator reserved/allocated, true-peak envelope), one for
         the host (RSS, its true-peak envelope, available, pinned, offload files on disk) and a phase
         lane under them whose bars are named (labels show where they fit; zoom in for more).
@@ -11,6 +11,9 @@ Public API (stable):
         At most about `max_points` points in all, reduced by reduce.reduce_series so the global
         peak and every phase's peak are drawn exactly. `t_range=(t0, t1)` (seconds since start)
         draws only that window, at full budget: the dashboard calls it again on zoom.
+        `phase_peaks=False` keeps only the min/max envelope: for a viewer that re-reduces on every
+        zoom (the dashboard), where a budget of a few points per pixel already draws each bucket's
+        maximum and thousands of phase peaks per trace would only slow every redraw.
         The lane holds about `max_phase_bars` bars per lane (reduce.thin_bars: the longest of each
         phase name per time bucket), named only when at most NAMED_BARS_MAX are drawn; the top-level
         phases in view are shaded behind the memory plots when at most SHADED_PHASES_MAX are in view.
@@ -47,6 +50,7 @@ _LINE = {  # kind -> (color, dash, width)
 PHASE_BARS_MAX = 600  # bars per lane: about one per two pixel columns; a narrower window keeps more
 NAMED_BARS_MAX = 400  # past this many bars their names are unreadable anyway: not even laid out
 SHADED_PHASES_MAX = 400  # top-level phases in view shaded behind the memory plots up to this many
+_LANE_WIDTH_PX = 1000  # the plot width names are fitted to (a page's width is not known here)
 
 
 def phase_color(name: str) -> str:
@@ -123,7 +127,12 @@ def _in_view(phases: pd.DataFrame, t0: float, t_range) -> pd.DataFrame:
     return phases[(phases["end"] >= t0 + t_range[0]) & (phases["start"] <= t0 + t_range[1])]
 
 
-def _lane_traces(run, t0: float, t_range, max_bars: int) -> list[go.Bar]:
+def _lane_traces(run, t0: float, t_range, max_bars: int, line_px: float) -> list[go.Scatter]:
+    """The phase lane: each phase a thick line segment on its lane (start, middle, end, gap).
+
+    Segments, not go.Bar: Plotly recomputes every bar trace on each x-range change (0.2 s for 600 bars
+    in Chromium, on every zoom), while line segments only move. Hover finds the nearest point, so
+    each segment carries its text at both ends and in the middle. Names go where they fit."""
     phases = _in_view(run.phases, t0, t_range)
     if phases.empty:
         return []
@@ -131,7 +140,9 @@ def _lane_traces(run, t0: float, t_range, max_bars: int) -> list[go.Bar]:
     lanes = [f"pid {p} · " if many_pids else "" for p in phases["pid"]]
     lanes = [f"{lane}{'phases' if d == 0 else f'nested {d}'}" for lane, d in zip(lanes, phases["depth"])]
     phases = phases.assign(_lane=lanes)
-    span = float(phases["end"].max() - phases["start"].min())
+    lo = float(phases["start"].min()) if t_range is None else t0 + t_range[0]
+    hi = float(phases["end"].max()) if t_range is None else t0 + t_range[1]
+    span = max(hi - lo, 1e-9)
     min_width = span * 0.003  # a 1 ms offload still shows as a sliver; hover gives its true duration
     kept = thin_bars(phases["start"].to_numpy(float), phases["end"].to_numpy(float),
                      pd.factorize(phases["_lane"])[0], pd.factorize(phases["name"])[0], max_bars)
@@ -141,25 +152,38 @@ def _lane_traces(run, t0: float, t_range, max_bars: int) -> list[go.Bar]:
     for name, group in phases.groupby("name", sort=False):
         duration = np.maximum(group["duration"].to_numpy(float), 1e-9)
         shown = np.maximum(duration, min_width)
+        start = group["start"].to_numpy(float) - t0
         iteration = group["rollout_id"] if "rollout_id" in group else None
         hover = [f"{name}<br>{s - t0:.3f} s → {e - t0:.3f} s ({d:.3f} s)" +
                  (f"<br>rollout {int(i)}" if iteration is not None and np.isfinite(i) else "") +
                  ("" if st == "ok" else f"<br>status: {st}")
                  for s, e, d, st, i in zip(group["start"], group["end"], duration, group["status"],
                                            iteration if iteration is not None else [np.nan] * len(group))]
-        traces.append(go.Bar(
-            y=group["_lane"], x=shown, base=group["start"].to_numpy(float) - t0, orientation="h",
-            name=str(name), text=[str(name)] * len(group) if named else None,
-            textposition="inside" if named else "none", insidetextanchor="middle",
-            textfont=dict(color="white", size=11), marker=dict(color=phase_color(str(name)), line=dict(width=0)),
-            hovertext=hover, hoverinfo="text", legendgroup="phases", legendgrouptitle_text="phases",
-            showlegend=True,
+        n = len(group)
+        x = np.column_stack([start, start + shown / 2, start + shown, np.full(n, np.nan)]).ravel()
+        y = np.repeat(group["_lane"].to_numpy(object), 4)
+        y[3::4] = None
+        hovertext = np.repeat(np.array(hover, dtype=object), 4)
+        hovertext[3::4] = None
+        traces.append(go.Scatter(
+            x=x, y=y, mode="lines", name=str(name), line=dict(color=phase_color(str(name)), width=line_px),
+            connectgaps=False, hovertext=hovertext, hoverinfo="text", legendgroup="phases",
+            legendgrouptitle_text="phases", showlegend=True,
         ))
+        fits = shown / span * _LANE_WIDTH_PX >= 7 * len(str(name)) + 8  # about 7 px a letter at 11 px
+        if named and fits.any():  # names in a trace of their own: Plotly culls text on line points
+            traces.append(go.Scatter(
+                x=(start + shown / 2)[fits], y=group["_lane"].to_numpy(object)[fits], mode="text",
+                text=[str(name)] * int(fits.sum()), textposition="middle center",
+                textfont=dict(color="white", size=11), hoverinfo="skip", legendgroup="phases",
+                showlegend=False, name=str(name),
+            ))
     return traces
 
 
 def timeline_figure(run, *, max_points: int = 100_000, t_range: tuple[float, float] | None = None,
-                    height: int | None = None, max_phase_bars: int = PHASE_BARS_MAX) -> go.Figure:
+                    height: int | None = None, max_phase_bars: int = PHASE_BARS_MAX,
+                    phase_peaks: bool = True) -> go.Figure:
     series = timeline_series(run)
     groups = _groups(series)
     t0 = run_start(run)
@@ -180,9 +204,9 @@ def timeline_figure(run, *, max_points: int = 100_000, t_range: tuple[float, flo
         row_heights=[memory_share] * len(groups) + ([lane_share] if has_phases else []),
     )
     bounds = None
-    if has_phases:
+    if has_phases and phase_peaks:
         bounds = (run.phases["start"].to_numpy(float), run.phases["end"].to_numpy(float))
-    n_out = _budget(series, len(run.phases), max_points)
+    n_out = _budget(series, len(run.phases) if bounds is not None else 0, max_points)
     for row, group in enumerate(groups, start=1):
         for s in (s for s in series if s.group == group):
             trace = _reduced_trace(run, s, t0, t_range, n_out, bounds, outside=_is_outside(run, s.pid))
@@ -195,8 +219,10 @@ def timeline_figure(run, *, max_points: int = 100_000, t_range: tuple[float, flo
             fig.update_yaxes(title_text="available GiB", rangemode="tozero", showgrid=False,
                              title_font=dict(color=_LINE["host_available"][0]),
                              tickfont=dict(color=_LINE["host_available"][0]), row=row, col=1, secondary_y=True)
+    total_height = height or (330 * len(groups) + (140 + 30 * n_lanes if has_phases else 0) + 80)
     if has_phases:
-        for trace in _lane_traces(run, t0, t_range, max_phase_bars):
+        lane_px = lane_share * (total_height - 100) / max(1, n_lanes)  # one lane's height in pixels
+        for trace in _lane_traces(run, t0, t_range, max_phase_bars, line_px=max(4.0, 0.6 * lane_px)):
             fig.add_trace(trace, row=rows, col=1)
         fig.update_yaxes(autorange="reversed", row=rows, col=1, fixedrange=True)
     # Shapes are set at once: plotly's add_vrect/add_vline per shape cost quadratic time (400 bands: 50 s).
@@ -204,10 +230,17 @@ def timeline_figure(run, *, max_points: int = 100_000, t_range: tuple[float, flo
     lines, notes = _marks(fig, run, t0, len(groups))
     fig.update_layout(shapes=bands + lines, annotations=list(fig.layout.annotations) + notes)
     fig.update_xaxes(title_text="seconds since the run started", row=rows, col=1)
+    # Fixed margins, sized here, instead of Plotly's automargin: automargin measures and re-lays out
+    # every axis on each redraw, half of a zoom's redraw in Chromium (72 -> 38 ms for a relayout).
+    lane_labels = [t.y for t in fig.data if t.legendgroup == "phases"]
+    longest = max((len(str(v)) for y in lane_labels for v in y if v is not None), default=0)
+    right_axis = any(s.kind == "host_available" for s in series)
+    fig.update_xaxes(automargin=False)
+    fig.update_yaxes(automargin=False)
     fig.update_layout(
-        height=height or (330 * len(groups) + (140 + 30 * n_lanes if has_phases else 0) + 80),
-        barmode="overlay", bargap=0.25, hovermode="closest", template="plotly_white",
-        uniformtext=dict(minsize=9, mode="hide"), margin=dict(l=70, r=20, t=50, b=50),
+        height=total_height,
+        hovermode="closest", template="plotly_white",
+        margin=dict(l=max(70, 7 * longest + 24), r=65 if right_axis else 20, t=50, b=50),
         legend=dict(groupclick="toggleitem", tracegroupgap=12),
     )
     return fig

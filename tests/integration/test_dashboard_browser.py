@@ -24,7 +24,7 @@ GiB = 1024 ** 3
 GRAPH = "document.querySelector('#timeline-graph .js-plotly-plot')"
 # Per trace of the timeline: [name, points, first x, last x, max y] (y in GiB, as drawn).
 TRACES_JS = f"""() => {{ const g = {GRAPH}; if (!g || !g._fullData) return [];
-  return g._fullData.filter(d => d.type === 'scatter' || d.type === 'scattergl').map(d => {{
+  return g._fullData.filter(d => (d.type === 'scatter' || d.type === 'scattergl') && d.legendgroup !== 'phases').map(d => {{
     const x = Array.from(d.x), y = Array.from(d.y).filter(v => v !== null && !isNaN(v));
     return [d.name, x.length, x[0], x[x.length - 1], y.length ? Math.max(...y) : null]; }}); }}"""
 

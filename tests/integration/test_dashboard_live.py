@@ -18,9 +18,10 @@ pytestmark = pytest.mark.browser
 
 REPO = Path(__file__).resolve().parents[2]
 GRAPH = "document.querySelector('#timeline-graph .js-plotly-plot')"
-# The newest x drawn by any memory trace (seconds since the run started), or null.
+# The newest x drawn by any memory trace (seconds since the run started), or null; the phase lane's
+# segments are scatter traces too (legend group "phases").
 LAST_X_JS = f"""() => {{ const g = {GRAPH}; if (!g || !g._fullData) return null;
-  const xs = g._fullData.filter(d => d.type === 'scatter' && d.x && d.x.length).map(d => d.x[d.x.length - 1]);
+  const xs = g._fullData.filter(d => d.type === 'scatter' && d.legendgroup !== 'phases' && d.x && d.x.length).map(d => d.x[d.x.length - 1]);
   return xs.length ? Math.max(...xs) : null; }}"""
 UPDATE_WITHIN_S = 2.0
 FLUSH_S = 0.5  # the recorder's writer flushes at least this often: a sample can be that old when it lands

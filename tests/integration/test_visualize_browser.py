@@ -34,10 +34,13 @@ def test_report_renders_offline_in_chromium(browser, artifacts, tmp_path):
     try:
         assert not errors, errors
         assert not requests, f"the report fetched {requests}"
-        # The timeline drew its memory lines and the named phase bars.
-        assert page.locator("#timeline-0 .scatterlayer .trace").count() >= 2
-        assert page.locator("#timeline-0 .barlayer .point").count() >= 9
-        texts = page.eval_on_selector_all("#timeline-0 .barlayer text", "els => els.map(e => e.textContent)")
+        # The timeline drew its memory lines and the named phase bars (segments of the lane's traces).
+        lane = page.evaluate("""() => {
+          const g = document.querySelector('#timeline-0.js-plotly-plot, #timeline-0 .js-plotly-plot');
+          return g._fullData.filter(d => d.legendgroup === 'phases' && d.mode === 'lines').map(d => Array.from(d.x).filter(isNaN).length); }""")
+        assert len(lane) == 3 and sum(lane) >= 9  # three phase names, three rounds
+        assert page.locator("#timeline-0 .scatterlayer .trace").count() >= 2 + len(lane)
+        texts = page.eval_on_selector_all("#timeline-0 .scatterlayer .textpoint text", "els => els.map(e => e.textContent)")
         assert "generate" in texts
         # The checks table, with the failing check flagged.
         rows = page.locator("#checks tbody tr")

@@ -47,9 +47,16 @@ def long_run(iterations: int = 300):
 
 
 def bars_and_bands(figure):
-    bars = [tr for tr in figure.data if tr.type == "bar"]
+    """The lane's traces (one per phase name; each bar a segment start, middle, end, gap), the number
+    of bars drawn, and the shaded bands."""
+    bars = [tr for tr in figure.data if tr.legendgroup == "phases" and tr.mode == "lines"]
     bands = [s for s in figure.layout.shapes if s.type == "rect"]
-    return bars, sum(len(b.x) for b in bars), bands
+    return bars, sum(int(np.isnan(np.asarray(b.x, float)).sum()) for b in bars), bands
+
+
+def names(figure) -> dict[str, int]:
+    """Phase name -> how many of its bars carry the name (a text trace beside the segments)."""
+    return {tr.name: len(tr.text) for tr in figure.data if tr.legendgroup == "phases" and tr.mode == "text"}
 
 
 def test_the_whole_run_draws_a_thinned_unnamed_lane_and_no_bands():
@@ -58,14 +65,21 @@ def test_the_whole_run_draws_a_thinned_unnamed_lane_and_no_bands():
     bars, n_bars, bands = bars_and_bands(timeline_figure(run))
     assert NAMED_BARS_MAX < n_bars <= PHASE_BARS_MAX < len(run.phases)
     assert len(bars) == 3  # every phase name keeps bars, and its colour
-    assert all(b.text is None for b in bars) and not bands
-    bars, n_bars, _ = bars_and_bands(timeline_figure(run, max_phase_bars=300))
-    assert n_bars <= 300 and all(b.text is not None for b in bars)  # few enough to be named
+    assert names(timeline_figure(run)) == {} and not bands  # too many bars to be named
+    figure = timeline_figure(run, max_phase_bars=300)
+    assert bars_and_bands(figure)[1] <= 300
+    assert names(figure) == {}  # few enough to be named, but 0.9 s of 900 s is too narrow for a name
+    # 0.9 s of 9 s is 100 px: "generate" and "train" fit, "update_weights" (14 letters) does not
+    assert names(timeline_figure(long_run(3))) == {"generate": 3, "train": 3}
 
 
 def test_a_zoom_into_a_long_run_draws_every_phase_in_view_named_and_shaded():
     run = long_run()
     bars, n_bars, bands = bars_and_bands(timeline_figure(run, t_range=(100.0, 120.0)))
     assert n_bars == 21  # the phases that overlap [100, 120] s
-    assert n_bars <= NAMED_BARS_MAX <= PHASE_BARS_MAX and all(b.text is not None for b in bars)
+    assert n_bars <= NAMED_BARS_MAX <= PHASE_BARS_MAX
+    # 0.9 s of 20 s is 45 px of a 1000 px plot: room for "train", not for "generate" (about 7 px a letter)
+    assert names(timeline_figure(run, t_range=(100.0, 120.0))) == {"train": 7}
     assert len(bands) == 21  # one memory row: the host
+    figure = timeline_figure(run, t_range=(100.0, 106.0))
+    assert bars_and_bands(figure)[1] == 7 and sum(names(figure).values()) == 7  # 150 px each: all fit
