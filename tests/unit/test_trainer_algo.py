@@ -15,7 +15,11 @@ def test_grpo_advantages_are_normalised_within_each_group(groups, size, resp_len
     adv = algo.grpo_advantages(rewards, size, resp_len)
     assert adv.shape == (groups * size, resp_len)
     per_group = adv[:, 0].view(groups, size)
-    assert torch.allclose(per_group.mean(dim=1), torch.zeros(groups), atol=1e-5)
+    # Centred rewards cancel up to float32 rounding of the rewards, which dividing by the group's std
+    # magnifies: a group of near-equal rewards is spread to about +-1 from differences of a few ulps.
+    grouped = rewards.view(groups, size)
+    rounding = size * torch.finfo(torch.float32).eps * grouped.abs().amax(dim=1) / (grouped.std(dim=1) + 1e-6)
+    assert torch.all(per_group.mean(dim=1).abs() <= 1e-5 + rounding)
     assert torch.all(adv == adv[:, :1])  # the sequence's advantage on every token
 
 
