@@ -7,6 +7,12 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
+
+# CI runs the same examples every time (a failure there is reproducible, never a new random draw);
+# a developer's run keeps exploring new ones. .ci/run sets HYPOTHESIS_PROFILE=ci.
+settings.register_profile("ci", derandomize=True, print_blob=True)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 
 REPO = Path(__file__).resolve().parents[1]
 CHROMIUM = os.environ.get("MILES_PROFILE_CHROMIUM", "/usr/bin/chromium")
