@@ -2,8 +2,10 @@
 samples being written, and keeps the user's zoom while it grows."""
 from __future__ import annotations
 
+import contextlib
 import json
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -33,19 +35,23 @@ def samples_shown(page) -> int:
     return int(match.group(1).replace(",", "")) if match else 0
 
 
-@pytest.fixture
-def recorder_and_page(browser, tmp_path):
+@contextlib.contextmanager
+def _recording(browser, tmp_path, finished_run: Path | None = None, rounds: int = 14):
+    """A dashboard on an empty log dir (or one holding a copy of `finished_run`), a page open on it,
+    and then a real recorder writing a new run into that dir."""
     logs = tmp_path / "logs"
     logs.mkdir()
+    if finished_run is not None:
+        shutil.copytree(finished_run, logs / finished_run.name)
     stderr_path = tmp_path / "dashboard-stderr.txt"
     context = browser.new_context(viewport={"width": 1400, "height": 900})
     with open(stderr_path, "w") as stderr, dashboard_process(logs, stderr=stderr) as url:
         page = context.new_page()
         page.goto(url)
-        page.wait_for_selector(".runs-empty")
+        page.wait_for_selector(".runs-empty" if finished_run is None else "#runs-list .runs-item")
         child = subprocess.Popen(
             [sys.executable, "-m", "miles_profile.record", "--log-dir", str(logs), "--exec", "--", sys.executable,
-             "examples/phased_allocations.py", "--rounds", "14", "--mib", "96", "--hold-s", "0.3"],
+             "examples/phased_allocations.py", "--rounds", str(rounds), "--mib", "96", "--hold-s", "0.3"],
             cwd=REPO, env=python_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
             yield logs, page, child
@@ -55,6 +61,12 @@ def recorder_and_page(browser, tmp_path):
             child.wait(timeout=30)
             context.close()
     assert "Traceback" not in stderr_path.read_text()
+
+
+@pytest.fixture
+def recorder_and_page(browser, tmp_path):
+    with _recording(browser, tmp_path) as fixture:
+        yield fixture
 
 
 def test_a_recording_run_appears_grows_and_keeps_the_zoom(recorder_and_page, artifacts):
@@ -86,3 +98,38 @@ def test_a_recording_run_appears_grows_and_keeps_the_zoom(recorder_and_page, art
     last_x = page.evaluate(LAST_X_JS)
     page.wait_for_timeout(1500)
     assert page.evaluate(LAST_X_JS) >= last_x  # the finished run stays drawn in full
+
+
+COMPARE_POINTS_JS = """() => { const g = document.querySelector('#compare-graph .js-plotly-plot');
+  return g && g._fullData ? g._fullData.reduce((n, d) => n + (d.x ? d.x.length : 0), 0) : 0; }"""
+
+
+def test_a_comparison_with_a_recording_run_grows_with_it(browser, tmp_path, artifacts):
+    with _recording(browser, tmp_path, REPO / "sample_logs" / "cpu", rounds=40) as (logs, page, child):
+        page.wait_for_selector("#runs-list .badge-live", timeout=8_000)  # appears beside the finished run
+        live = page.locator("#runs-list .runs-item:has(.badge-live) .runs-id").inner_text()
+        page.click("#compare-runs")
+        for run_id in (live, "cpu"):
+            page.get_by_role("option", name=run_id).click()
+        page.keyboard.press("Escape")
+        page.wait_for_function(f"() => ({COMPARE_POINTS_JS})() > 0", timeout=20_000)
+        drawn = page.evaluate(COMPARE_POINTS_JS)
+        # The recording run adds phases (and so points at new phase slots) while the page only polls.
+        page.wait_for_function(f"() => ({COMPARE_POINTS_JS})() > {drawn}", timeout=15_000)
+        # Zoom as a user does, dragging across the plot (uirevision keeps only interactive edits).
+        compare_graph = "document.querySelector('#compare-graph .js-plotly-plot')"
+        page.locator("#compare-graph").scroll_into_view_if_needed()
+        box = page.locator("#compare-graph .nsewdrag").first.bounding_box()
+        y = box["y"] + box["height"] / 2
+        page.mouse.move(box["x"] + 0.3 * box["width"], y)
+        page.mouse.down()
+        page.mouse.move(box["x"] + 0.6 * box["width"], y, steps=8)
+        page.mouse.up()
+        page.wait_for_function(f"() => {compare_graph}._fullLayout.xaxis.autorange === false")
+        zoomed = page.evaluate(f"() => {compare_graph}._fullLayout.xaxis.range.slice()")
+        drawn = page.evaluate(COMPARE_POINTS_JS)
+        page.wait_for_function(f"() => ({COMPARE_POINTS_JS})() > {drawn}", timeout=15_000)  # redrawn...
+        assert page.evaluate(f"() => {compare_graph}._fullLayout.xaxis.range.slice()") == zoomed  # ...zoom kept
+        page.locator("#compare-section").screenshot(path=str(artifacts / "dashboard-compare-live.png"))
+        child.terminate()  # enough seen; a terminated recording still ends its run cleanly
+        assert child.wait(timeout=30) in (0, -15, 143)
