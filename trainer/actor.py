@@ -4,8 +4,9 @@ training state in flat buffers that `offload` moves to host memory or disk and `
 With `optimizer_on_host` (--optimizer-cpu-offload) the AdamW state and an fp32 master copy of the
 weights live in host memory and the step runs there: gradients go down, updated weights come back.
 The element-wise AdamW arithmetic is the same, so on a CPU run it matches the on-device optimizer bit
-for bit; on CUDA the host and device kernels may round differently: weights agree to within
-rtol 1e-5, atol 1e-7 after each step (tests/unit/test_trainer_actor.py checks this on CPU).
+for bit; on CUDA the host and device kernels may round differently: the stated tolerance is rtol 1e-5,
+atol 1e-7 on the weights after each step, given the same gradients (tests/unit/test_trainer_actor.py
+checks it on CPU, tests/integration/test_trainer_gpu.py on a GPU).
 """
 from __future__ import annotations
 
