@@ -9,8 +9,8 @@ from __future__ import annotations
 import threading
 
 import pandas as pd
-from dash import ClientsideFunction, Input, Output, State, ctx, dash_table, dcc, html, no_update
 import plotly.graph_objects as go
+from dash import ClientsideFunction, Input, Output, State, ctx, dash_table, dcc, html, no_update
 from dash.exceptions import PreventUpdate
 
 from dashboards.messages import describe, message
@@ -80,7 +80,9 @@ def register(app, state) -> None:
             if newest.get("key") != key:
                 runs = [live_run.current for live_run in live_runs]
                 figure = comparison_figure(runs, max_points=MAX_POINTS)
-                figure.update_layout(uirevision="compare")  # a redraw keeps the user's zoom
+                # Keeps legend clicks across redraws; the x zoom is put back by with_zoom (uirevision
+                # kept it only for edits Plotly saw made by hand, not after the graph's own re-render).
+                figure.update_layout(uirevision="compare")
                 newest.update(key=key, value=(figure, phase_peak_comparison(runs)))
             return newest["value"]
 
