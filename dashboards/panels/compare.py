@@ -80,8 +80,8 @@ def register(app, state) -> None:
             if newest.get("key") != key:
                 runs = [live_run.current for live_run in live_runs]
                 figure = comparison_figure(runs, max_points=MAX_POINTS)
-                # Keeps legend clicks across redraws; the x zoom is put back by with_zoom (uirevision
-                # kept it only for edits Plotly saw made by hand, not after the graph's own re-render).
+                # For legend clicks across redraws. The x zoom is put back by with_zoom: uirevision alone
+                # lost it on these redraws (seen in the browser test with a real drag).
                 figure.update_layout(uirevision="compare")
                 newest.update(key=key, value=(figure, phase_peak_comparison(runs)))
             return newest["value"]
