@@ -127,6 +127,12 @@ def _in_view(phases: pd.DataFrame, t0: float, t_range) -> pd.DataFrame:
     return phases[(phases["end"] >= t0 + t_range[0]) & (phases["start"] <= t0 + t_range[1])]
 
 
+def _lane_labels(phases: pd.DataFrame, many_pids: bool) -> list[str]:
+    """Each phase's lane: its nesting depth, and its process when the run has several."""
+    pids = [f"pid {p} · " if many_pids else "" for p in phases["pid"]]
+    return [f"{pid}{'phases' if d == 0 else f'nested {d}'}" for pid, d in zip(pids, phases["depth"])]
+
+
 def _lane_traces(run, t0: float, t_range, max_bars: int, line_px: float) -> list[go.Scatter]:
     """The phase lane: each phase a thick line segment on its lane (start, middle, end, gap).
 
@@ -136,10 +142,7 @@ def _lane_traces(run, t0: float, t_range, max_bars: int, line_px: float) -> list
     phases = _in_view(run.phases, t0, t_range)
     if phases.empty:
         return []
-    many_pids = phases["pid"].nunique() > 1
-    lanes = [f"pid {p} · " if many_pids else "" for p in phases["pid"]]
-    lanes = [f"{lane}{'phases' if d == 0 else f'nested {d}'}" for lane, d in zip(lanes, phases["depth"])]
-    phases = phases.assign(_lane=lanes)
+    phases = phases.assign(_lane=_lane_labels(phases, many_pids=run.phases["pid"].nunique() > 1))
     lo = float(phases["start"].min()) if t_range is None else t0 + t_range[0]
     hi = float(phases["end"].max()) if t_range is None else t0 + t_range[1]
     span = max(hi - lo, 1e-9)
@@ -232,8 +235,11 @@ def timeline_figure(run, *, max_points: int = 100_000, t_range: tuple[float, flo
     fig.update_xaxes(title_text="seconds since the run started", row=rows, col=1)
     # Fixed margins, sized here, instead of Plotly's automargin: automargin measures and re-lays out
     # every axis on each redraw, half of a zoom's redraw in Chromium (72 -> 38 ms for a relayout).
-    lane_labels = [t.y for t in fig.data if t.legendgroup == "phases"]
-    longest = max((len(str(v)) for y in lane_labels for v in y if v is not None), default=0)
+    # Sized for every lane of the run, not the window's: the plot must not shift sideways on a zoom.
+    longest = 0
+    if has_phases:
+        lanes = run.phases.drop_duplicates(["pid", "depth"])
+        longest = max(map(len, _lane_labels(lanes, many_pids=lanes["pid"].nunique() > 1)))
     right_axis = any(s.kind == "host_available" for s in series)
     fig.update_xaxes(automargin=False)
     fig.update_yaxes(automargin=False)
