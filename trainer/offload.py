@@ -47,30 +47,35 @@ def host_buffer(like: torch.Tensor) -> torch.Tensor:
     registered with CUDA, rather than taken from the pinned caching allocator, which rounds every
     request up to a power of two (a 4.4 GB buffer would pin 8 GiB)."""
     buf = torch.empty(like.shape, dtype=like.dtype)
-    if like.device.type == "cuda":
-        buf = _pin(buf)
+    if like.device.type == "cuda" and not pin_in_place(buf):
+        buf = torch.empty(like.shape, dtype=like.dtype, pin_memory=True)
     return buf
 
 
-# Registered buffers by data pointer, kept alive here until `unpin`: memory freed while still
-# registered leaves its range registered, and the next buffer at that address then fails to register
-# (cudaErrorHostMemoryAlreadyRegistered, seen on the H200 when an actor was dropped without close()).
+# Registered buffers by data pointer, kept alive here until `unpin`. Memory freed while still
+# registered leaves its range registered to the *old* physical pages: once glibc returns them
+# (free, malloc_trim), a new buffer at that address reads as pinned, and DMA copies from it read the
+# stale pages, not what the program wrote (the H200's 1e-2 host-optimizer mismatch: the disk offload
+# freed the registered master weights). So every free of a registered buffer goes through `unpin`.
 _REGISTERED: dict[int, torch.Tensor] = {}
 
 
-def _pin(buf: torch.Tensor) -> torch.Tensor:
+def pin_in_place(buf: torch.Tensor) -> bool:
+    """Page-lock `buf`'s own memory (cudaHostRegister); False if CUDA refused, `buf` unchanged."""
+    if buf.data_ptr() in _REGISTERED:
+        return True
     try:
         err = torch.cuda.cudart().cudaHostRegister(buf.data_ptr(), buf.numel() * buf.element_size(), 0)
-        if int(err) == 0:
-            _REGISTERED[buf.data_ptr()] = buf
-            if buf.is_pinned():
-                return buf
-            unpin(buf)
-        else:
-            _clear_cuda_error()
     except (AttributeError, RuntimeError):
-        pass
-    return buf.pin_memory()
+        return False
+    if int(err) != 0:
+        _clear_cuda_error()
+        return False
+    _REGISTERED[buf.data_ptr()] = buf
+    if buf.is_pinned():
+        return True
+    unpin(buf)
+    return False
 
 
 def _clear_cuda_error() -> None:
@@ -82,10 +87,30 @@ def _clear_cuda_error() -> None:
         pass
 
 
+def is_registered(buf: torch.Tensor) -> bool:
+    return buf.data_ptr() in _REGISTERED
+
+
 def unpin(buf: torch.Tensor) -> None:
     """Unregister a buffer pinned by `host_buffer` before it is freed (else its pages stay locked)."""
     if _REGISTERED.pop(buf.data_ptr(), None) is not None:
         torch.cuda.cudart().cudaHostUnregister(buf.data_ptr())
+
+
+def _free(t: torch.Tensor) -> bool:
+    """Free a state tensor's memory, unregistering it first if it is a registered host buffer;
+    True if it was, so `_realloc` registers the new memory again."""
+    registered = t.device.type == "cpu" and is_registered(t)
+    if registered:
+        unpin(t)
+    free_storage(t)
+    return registered
+
+
+def _realloc(t: torch.Tensor, pinned: bool) -> None:
+    alloc_storage(t)
+    if pinned:
+        pin_in_place(t)  # if CUDA refuses, the buffer stays pageable: slower copies, same bytes
 
 
 def _sync(device: torch.device) -> None:
@@ -158,6 +183,7 @@ class DiskOffloader:
         self.state, self.directory = state, Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
         self._staging: list[torch.Tensor | None] = []  # pinned on CUDA, allocated once, reused
+        self._pinned: set[str] = set()  # registered host tensors freed by offload, registered again by onload
         self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="offload-io")
         self._cleanup: Future = self._pool.submit(lambda: None)
         self.offloaded = False
@@ -182,7 +208,8 @@ class DiskOffloader:
             self._remove_files(ignore_errors=True)
             raise OffloadError(self._describe(exc)) from None
         for s in self.state:  # only now: every byte is on disk
-            free_storage(s.tensor)
+            if _free(s.tensor):
+                self._pinned.add(s.name)
         self.offloaded = True
         _return_memory(self.state[0].tensor.device)
 
@@ -227,13 +254,14 @@ class DiskOffloader:
         entries = disk_store.read_manifest(self.directory)
         by_name = {s.name: s for s in self.state}
         for s in self.state:
-            alloc_storage(s.tensor)
+            _realloc(s.tensor, s.name in self._pinned)
         try:
             self._read_all(entries, by_name)
         except BaseException:
             for s in self.state:  # the state is still offloaded: the disk copy is the only copy
-                free_storage(s.tensor)
+                _free(s.tensor)
             raise
+        self._pinned.clear()
         for s in self.state:
             if s.mirror is not None:
                 s.tensor.copy_(s.mirror)
@@ -294,7 +322,9 @@ class DiskOffloader:
             size = max((e - b) * s.tensor.element_size() for s in self.state for b, e in s.chunks)
             on_cuda = any(s.tensor.device.type == "cuda" for s in self.state)
             buf = torch.empty(size, dtype=torch.uint8)
-            self._staging[slot] = _pin(buf) if on_cuda else buf
+            if on_cuda and not pin_in_place(buf):
+                buf = torch.empty(size, dtype=torch.uint8, pin_memory=True)
+            self._staging[slot] = buf
         itemsize = torch.empty((), dtype=dtype).element_size()
         return self._staging[slot][:numel * itemsize].view(dtype)
 
