@@ -78,6 +78,10 @@ def load_inputs(paths: list[str]) -> tuple[list, list[str]]:
                 if len(targets) == 1:
                     raise
                 notes.append(f"skipped {target}: {exc}")
+            except Exception as exc:  # noqa: BLE001 - one damaged run never costs the others
+                if len(targets) == 1:
+                    raise
+                notes.append(f"skipped {target}: could not read it ({type(exc).__name__}: {str(exc)[:200]})")
             bar.update()
     if not runs:
         raise MilesProfileError("; ".join(notes) or "nothing to report")
