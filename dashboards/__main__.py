@@ -18,7 +18,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="Serve a live dashboard of the miles-profile runs under LOG_DIR (a run directory or a "
                     "directory of runs). Runs being recorded update while they are written.")
     parser.add_argument("log_dir", metavar="LOG_DIR", help="e.g. /tmp/memory_logs")
-    parser.add_argument("--host", default=DEFAULT_HOST, help="address to listen on (default: %(default)s)")
+    parser.add_argument("--host", default=DEFAULT_HOST,
+                        help="address to listen on (default: %(default)s); requests are answered only for the "
+                             "loopback names and this one (0.0.0.0: also this machine's name and any IP address)")
     parser.add_argument("--port", type=int, default=DEFAULT_PORT, help="port (default: %(default)s)")
     parser.add_argument("--poll-ms", type=int, default=1000,
                         help="how often the page looks for new runs and samples (default: %(default)s)")
@@ -30,7 +32,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         _check_address(args.host, args.port)
         from dashboards.app import create_app
-        app = create_app(args.log_dir, poll_ms=args.poll_ms)
+        from dashboards.hosts import HostPolicy
+        app = create_app(args.log_dir, poll_ms=args.poll_ms, hosts=HostPolicy.for_listen_address(args.host))
     except MilesProfileError as exc:
         print(f"dashboards: {exc}", file=sys.stderr)
         return exc.exit_code

@@ -17,6 +17,7 @@ from dash import dcc, html
 from flask import request
 from werkzeug.exceptions import HTTPException
 
+from dashboards.hosts import HostPolicy
 from dashboards.live_run import RunCache
 from dashboards.panels import checks, compare, phases, runs, timeline
 from dashboards.paths import LogRoot
@@ -33,7 +34,9 @@ class State:
     poll_ms: int
 
 
-def create_app(log_dir: str | Path, poll_ms: int = 1000, preload: bool = True) -> dash.Dash:
+def create_app(log_dir: str | Path, poll_ms: int = 1000, preload: bool = True,
+               hosts: HostPolicy = HostPolicy()) -> dash.Dash:
+    """`hosts`: which Host headers are answered (loopback names by default; see dashboards/hosts.py)."""
     state = State(root=(root := LogRoot(log_dir)), cache=RunCache(root), poll_ms=poll_ms)
     app = dash.Dash(__name__, title="miles-profile", update_title=None,
                     assets_folder=str(Path(__file__).with_name("assets")),
@@ -56,6 +59,7 @@ def create_app(log_dir: str | Path, poll_ms: int = 1000, preload: bool = True) -
     for panel in (runs, timeline, checks, phases, compare):
         panel.register(app, state)
     app.server.register_error_handler(Exception, _refuse_request)
+    app.server.before_request(lambda: _refuse_foreign_host(hosts))
     if preload:
         threading.Thread(target=preload_default_run, args=(state,), name="dashboards-preload", daemon=True).start()
     return app
@@ -86,6 +90,21 @@ def _refuse_request(exc: Exception):
         return exc
     log.warning("refused %s %s: %s", request.method, request.path[:200], exc.__class__.__name__)
     return "bad request\n", 400
+
+
+def _refuse_foreign_host(hosts: HostPolicy):
+    """Every request, pages and callbacks alike: a Host the dashboard was not started for gets 403."""
+    host = request.headers.get("Host")
+    if hosts.allows(host):
+        return None
+    if len(_refused) < 100 and host not in _refused:  # one line per name: a page polling us can't flood the log
+        _refused.add(host)
+        log.warning("refused a request for Host %r (DNS rebinding?); start with --host NAME to serve NAME",
+                    (host or "")[:100])
+    return "forbidden host\n", 403
+
+
+_refused: set[str | None] = set()
 
 
 def _on_error(exc: Exception) -> None:

@@ -2,8 +2,9 @@
 
 Columns: `time_s, used_gb, available_gb, percent, marker`. `marker` holds zero or more labels joined
 by `;`; a label `step_3/generate_start` opens phase `generate` of iteration 3 (its `rollout_id`) and
-`step_3/generate_end` closes it; any other label becomes a mark. GB are taken as GiB (1024**3 bytes,
-what psutil-based profilers print); the values are rounded by the profiler, so bytes are approximate.
+`step_3/generate_end` closes it; any other label becomes a mark. GB are decimal: Miles'
+`tools/cpu_memory_profiler.py` writes `psutil.virtual_memory().used / 1e9` with three decimals, so a
+value is exact to ±0.5 MB (reading it as GiB made every value 7.37 % too high).
 `used_gb` is the host's used memory (not one process's RSS) and has no true peak between samples;
 the report labels it as such.
 
@@ -27,7 +28,7 @@ ROLE = "miles_cpu_profiler"
 IMPORT_PID = 0
 _LABEL = re.compile(r"^(?:(?P<prefix>[^/]*)/)?(?P<name>.+?)_(?P<edge>start|end|begin)$")
 _STEP = re.compile(r"(?:step|rollout|iter(?:ation)?)_?(\d+)$")
-GiB = 1024 ** 3
+GB = 10 ** 9  # the profiler's unit (decimal), not GiB
 
 
 def _read(path: Path) -> pd.DataFrame:
@@ -65,8 +66,8 @@ def load_miles_csv(path: str | Path) -> Run:
     events = _events(t, markers, warnings)
     samples = pd.DataFrame({
         "t": t, "phase": "", "pid": np.int64(IMPORT_PID),
-        "rss": pd.array(np.where(np.isfinite(used), np.round(used * GiB), np.nan), dtype="Float64").astype("Int64"),
-        "host_available": pd.array(np.where(np.isfinite(available), np.round(available * GiB), np.nan),
+        "rss": pd.array(np.where(np.isfinite(used), np.round(used * GB), np.nan), dtype="Float64").astype("Int64"),
+        "host_available": pd.array(np.where(np.isfinite(available), np.round(available * GB), np.nan),
                                    dtype="Float64").astype("Int64"),
     })
     samples["rss"] = samples["rss"].astype("float64")
@@ -79,7 +80,7 @@ def load_miles_csv(path: str | Path) -> Run:
     interval = float(np.median(np.diff(t)) * 1000) if len(t) > 1 else None
     meta = {"format_version": FORMAT_VERSION, "command": [f"imported from {path}"], "host": "",
             "start_time": float(t[0]), "interval_ms": interval, "source": "Miles CPU memory profiler CSV"}
-    total = float(np.nanmedian(used + available)) * GiB if np.isfinite(used + available).any() else None
+    total = float(np.nanmedian(used + available)) * GB if np.isfinite(used + available).any() else None
     processes = [{"pid": IMPORT_PID, "role": ROLE, "rank": 0, "devices": [],
                   "probes": [{"name": "host", "active": True, "total": total}]}]
     return Run(path, meta, processes, samples, events, phases_from_events(events, samples), warnings)

@@ -21,6 +21,7 @@ import pyarrow.csv as pacsv
 
 from miles_profile import names
 from miles_profile.errors import MilesProfileError
+from miles_profile.logdir.events import EventProblems, parse_event_line
 from miles_profile.logdir.layout import (
     EVENTS_SUFFIX, FORMAT_VERSION, PROCESS_META_SUFFIX, RUN_META, SAMPLES_SUFFIX, find_runs,
 )
@@ -66,7 +67,7 @@ def _read_json(path: Path, what: str) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise MilesProfileError(f"{path}: {what} is not a JSON object")
     version = data.get("format_version")
-    if version != FORMAT_VERSION:
+    if type(version) is not int or version != FORMAT_VERSION:  # `true == 1` in Python: not a version
         raise MilesProfileError(
             f"{path}: log format version {version!r}; this miles-profile reads version {FORMAT_VERSION}")
     return data
@@ -270,20 +271,14 @@ def _clean_times(samples: pd.DataFrame, warnings: list[str], source: str) -> pd.
 
 # -- events and phases -------------------------------------------------------------------------
 def _read_all_events(run_dir: Path, warnings: list[str]) -> pd.DataFrame:
-    rows, bad = [], 0
+    rows, problems = [], EventProblems()
     for path in sorted(run_dir.glob(f"*{EVENTS_SUFFIX}")):
         with open(path, "rb") as file:
             for line in file:
-                try:
-                    event = json.loads(line)
-                    if not isinstance(event, dict) or not np.isfinite(float(event["t"])):
-                        raise ValueError
-                    event.setdefault("pid", _pid_of(path, EVENTS_SUFFIX))
+                event = parse_event_line(line, _pid_of(path, EVENTS_SUFFIX), problems)
+                if event is not None:
                     rows.append(event)
-                except (ValueError, KeyError, TypeError):
-                    bad += 1
-    if bad:
-        warnings.append(f"skipped {bad} unreadable event lines")
+    warnings.extend(problems.warnings())
     return events_frame(rows)
 
 

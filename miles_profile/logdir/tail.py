@@ -7,7 +7,6 @@ those of `reader.py`, so appended rows concatenate with a frame that `load_run` 
 from __future__ import annotations
 
 import io
-import json
 import os
 from pathlib import Path
 
@@ -16,6 +15,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.csv as pacsv
 
+from miles_profile.logdir.events import EventProblems, parse_event_line
 from miles_profile.logdir.reader import EVENT_COLUMNS, phase_timeline
 
 _CHUNK = 64 * 1024 * 1024  # at most this much per call: a huge backlog is read over several calls
@@ -129,6 +129,7 @@ class EventsTail:
         self.pid = pid
         self.offset = offset
         self.skipped_lines = 0
+        self.problems = EventProblems()  # what the reader would warn about, counted the same way
 
     def read(self) -> pd.DataFrame | None:
         data = _read_lines_from(self.path, self.offset)
@@ -137,15 +138,10 @@ class EventsTail:
         self.offset += len(data)
         rows = []
         for line in data.splitlines():
-            try:
-                event = json.loads(line)
-                if not isinstance(event, dict) or not np.isfinite(float(event["t"])):
-                    raise ValueError
-            except (ValueError, KeyError, TypeError):
-                self.skipped_lines += 1
-                continue
-            event.setdefault("pid", self.pid)
-            rows.append(event)
+            event = parse_event_line(line, self.pid, self.problems)
+            if event is not None:
+                rows.append(event)
+        self.skipped_lines = self.problems.bad_lines
         if not rows:
             return None
         events = pd.DataFrame(rows, columns=EVENT_COLUMNS)

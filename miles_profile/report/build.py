@@ -6,6 +6,7 @@ Public API:
                      thresholds=Thresholds(), max_points=100_000)
     load_inputs(paths) -> (runs, notes)      # run dirs, dirs of runs, Miles CPU-profiler CSVs
     visualize(options, echo=print) -> int    # exit code: 0 pass/n-a, 1 a check failed, 2 bad input
+        # (raises MilesProfileError, exit 2, when an extra export failed: after the report and verdicts)
     default_output(paths) -> Path
 """
 from __future__ import annotations
@@ -78,6 +79,10 @@ def load_inputs(paths: list[str]) -> tuple[list, list[str]]:
                 if len(targets) == 1:
                     raise
                 notes.append(f"skipped {target}: {exc}")
+            except Exception as exc:  # noqa: BLE001 - one damaged run never costs the others
+                if len(targets) == 1:
+                    raise
+                notes.append(f"skipped {target}: could not read it ({type(exc).__name__}: {str(exc)[:200]})")
             bar.update()
     if not runs:
         raise MilesProfileError("; ".join(notes) or "nothing to report")
@@ -117,28 +122,38 @@ def visualize(options: VisualizeOptions, echo: Callable[[str], None] = print) ->
                                             max_points=options.max_points, progress=bar))
     comparison = comparison_html(runs, max_points=options.max_points) if len(runs) > 1 else None
     output = Path(options.output) if options.output else default_output(options.paths)
-    try:
-        write_html(output, reports, comparison=comparison, notes=tuple(notes))
-        if options.png:
-            export.write_png(reports[0].figure, options.png)
-        if options.trace:
-            export.write_trace(runs, options.trace, max_points=options.max_points)
-        if options.csv:
-            export.write_phase_csv(runs, options.csv)
-        if options.json:
-            export.write_json(reports, options.json)
-    except OSError as exc:
-        raise MilesProfileError(f"cannot write {exc.filename or output}: {exc.strerror or exc}") from None
+    _write(output, lambda: write_html(output, reports, comparison=comparison, notes=tuple(notes)))
+    extras = [(options.png, lambda: export.write_png(reports[0].figure, options.png)),
+              (options.trace, lambda: export.write_trace(runs, options.trace, max_points=options.max_points)),
+              (options.csv, lambda: export.write_phase_csv(runs, options.csv)),
+              (options.json, lambda: export.write_json(reports, options.json))]
+    written, failed = [], []
+    for path, write in extras:
+        if path:
+            try:
+                _write(path, write)
+                written.append(path)
+            except MilesProfileError as exc:  # the report is written: say which extra is missing, at the end
+                failed.append(str(exc))
     for note in notes:
         echo(f"warning: {note}")
     for report in reports:
         for warning in report.skipped:
             echo(f"warning: {report.run.name}: {warning}")
     echo(f"report written to {output} ({output.stat().st_size / 1e6:.1f} MB, {time.perf_counter() - started:.1f} s)")
-    for extra in (options.png, options.trace, options.csv, options.json):
-        if extra:
-            echo(f"also wrote {extra}")
+    for extra in written:
+        echo(f"also wrote {extra}")
     for line in _verdict_table(reports):
         echo(line)
+    if failed:  # exit 2 even though the HTML exists: a CI step reading the missing file must not go on
+        raise MilesProfileError(f"{'; '.join(failed)} (the report {output} was written)")
     statuses = [overall_status(r.checks) for r in reports if r.checks]
     return 1 if "fail" in statuses else 0
+
+
+def _write(path, write: Callable[[], object]) -> None:
+    """Run one writer; an OSError names the file being written (e.g. `--json /dev/full`), not another."""
+    try:
+        write()
+    except OSError as exc:
+        raise MilesProfileError(f"cannot write {path}: {exc.strerror or exc}") from None

@@ -12,7 +12,11 @@ instead and say so; the others are "n/a".
 
 A run still being written is judged on what has finished: an open phase (no end event yet) and an
 unfinished iteration (one holding an open phase, and the last one while a recorder process has not
-written its `end_time`) are "n/a" until they end, never a failure on half the data.
+written its `end_time`) are "n/a" until they end, never a failure on half the data. Likewise a phase
+whose samples are not all there: events are written at once but samples every 0.5 s, so after a
+`kill -9`, or while a run is written, the phases of the last half second have their events and not
+yet their samples. A phase is judged only when its memory series has a sample at or before its start,
+one inside it, and reaches its end (`Track.sample_gap`); otherwise its finding is "n/a" with the reason.
 
 Public API (stable; shared with the Dash dashboard):
 
@@ -46,8 +50,9 @@ MiB = 1024 ** 2
 class Thresholds:
     """Every tolerance a check uses. Shares are fractions (0.5 = 50 %); bytes are integers."""
 
-    # offload drop: memory must fall by at least this share of the phase's expected_bytes ...
-    offload_min_drop_share: float = 0.5
+    # offload drop: memory must fall by more than this share of the phase's expected_bytes (strictly:
+    # an offload that leaves half its state behind must fail; docs/checks.md gives the measured margin) ...
+    offload_min_drop_share: float = 0.8
     # ... by the end of the phase; a drop that only comes within this many seconds after it is "late".
     offload_late_window_s: float = 5.0
     # serialized peaks: fail when device memory reaches floor + train bytes + rollout bytes minus
@@ -120,12 +125,16 @@ def _verdict(name: str, title: str, explanation: str, findings: list[Finding], s
     failed = [f for f in findings if f.status == "fail"]
     judged = [f for f in findings if f.status != "n/a"]
     if not judged:
-        return CheckResult(name, title, "n/a", findings[0].message if findings else "nothing to check",
-                           explanation, _span(findings), findings, series)
+        summary = findings[0].message if len(findings) == 1 else (
+            f"{len(findings)} not judged; first: {findings[0].message}" if findings else "nothing to check")
+        return CheckResult(name, title, "n/a", summary, explanation, _span(findings), findings, series)
     if failed:
         summary = f"{len(failed)} of {len(judged)} {bad}; first: {failed[0].message}"
         return CheckResult(name, title, "fail", summary, explanation, _span(judged), findings, series)
     summary = judged[0].message if len(judged) == 1 else f"{len(judged)} {ok}"
+    unjudged = [f for f in findings if f.status == "n/a"]
+    if unjudged:  # say so: a pass over some phases is not a pass over all of them
+        summary += f"; {len(unjudged)} not judged, first: {unjudged[0].message}"
     return CheckResult(name, title, "pass", summary, explanation, _span(judged), findings, series)
 
 
@@ -207,7 +216,7 @@ def _tags(value) -> list[str]:
 # -- offload drop ------------------------------------------------------------------------------
 def check_offload_drop(run, th: Thresholds) -> CheckResult:
     name, title = "offload_drop", "Offload drops memory"
-    explanation = (f"After each offload_* phase the memory it moved must be gone: the level fell by at least "
+    explanation = (f"After each offload_* phase the memory it moved must be gone: the level fell by more than "
                    f"{th.offload_min_drop_share:.0%} of the phase's expected_bytes, and within the phase — a "
                    f"release that returns early and frees later is flagged (the 'OOM at wake-up' story).")
     inst = phase_instances(run)
@@ -242,6 +251,10 @@ def check_offload_drop(run, th: Thresholds) -> CheckResult:
 
 
 def _judge_offload(track: Track, row, expected: float, th: Thresholds, where: dict) -> Finding:
+    label = f"{row['name']} #{row['iteration']}"
+    gap = track.sample_gap(row["start"], row["end"])
+    if gap:
+        return Finding("n/a", f"{label}: not judged, {gap}", numbers=dict(series=track.label), **where)
     before = track.at_or_before(row["start"])
     at_end = track.at_or_before(row["end"])
     after = track.value[_window(track, row["end"], row["end"] + th.offload_late_window_s)]
@@ -251,16 +264,15 @@ def _judge_offload(track: Track, row, expected: float, th: Thresholds, where: di
     total = before - later_low
     numbers = dict(before=before, at_end=at_end, later_low=later_low, expected_bytes=expected,
                    dropped_inside=inside, needed=need, series=track.label)
-    label = f"{row['name']} #{row['iteration']}"
     if not np.isfinite(inside):
         return Finding("n/a", f"{label}: no sample before and at the end of the phase", numbers=numbers, **where)
-    if inside >= need:
+    if inside > need:
         return Finding("pass", f"{label}: dropped {gib(inside)} of {gib(expected)} expected", numbers=numbers, **where)
-    if total >= need:
+    if total > need:
         return Finding("fail", f"{label}: returned having dropped {gib(inside)}; {gib(total)} was freed only "
                                f"after the phase ended (expected {gib(expected)} inside)",
                        numbers=numbers, **where)
-    return Finding("fail", f"{label}: dropped {gib(inside)}, expected at least {gib(need)} "
+    return Finding("fail", f"{label}: dropped {gib(inside)}, expected more than {gib(need)} "
                            f"({th.offload_min_drop_share:.0%} of {gib(expected)})", numbers=numbers, **where)
 
 
@@ -302,9 +314,13 @@ def _resident_finding(row, track: Track, floor: float, train: float, rollout: fl
     window = _window(track, row.start, row.end)
     if window.stop <= window.start:
         return None
+    iteration = int(getattr(row, "iteration", -1))
+    where = dict(span=(row.start, row.end), phase=row.name, iteration=iteration)
     if _still_open(row):  # its lowest level may be still to come
-        return _open_finding(f"{row.name} #{int(getattr(row, 'iteration', -1))}",
-                             dict(span=(row.start, row.end), phase=row.name, iteration=int(getattr(row, "iteration", -1))))
+        return _open_finding(f"{row.name} #{iteration}", where)
+    gap = track.sample_gap(row.start, row.end, before=False)
+    if gap:  # its lowest level may be in the samples not written yet
+        return Finding("n/a", f"{row.name} #{iteration}: not judged, {gap}", **where)
     resident = _nanmin(track.value[window])
     own, other = (train, rollout) if row.name == names.TRAIN else (rollout, train)
     limit = floor + own + share * other
@@ -341,9 +357,15 @@ def check_transition_spikes(run, th: Thresholds) -> CheckResult:
             gap = _window(track, a.end, b.start)
             if gap.stop <= gap.start:
                 continue  # no sample between the phases: nothing happened outside them
+            written = track.measured_times(peak=True)
+            if not len(written) or written[-1] < b.end:  # b's peak may be in the samples not written yet
+                findings.append(Finding("n/a", f"{a.name} → {b.name} (#{b.iteration}): not judged, the samples "
+                                               "end before the phase after it does", (a.end, b.start), b.name,
+                                        int(b.iteration)))
+                continue
             spike = _nanmax(track.peak[gap])
-            neighbours = max(_nanmax(track.peak[_window(track, a.start, a.end)]),
-                             _nanmax(track.peak[_window(track, b.start, b.end)]))
+            neighbours = np.fmax(_nanmax(track.peak[_window(track, a.start, a.end)]),
+                                 _nanmax(track.peak[_window(track, b.start, b.end)]))
             if not (np.isfinite(spike) and np.isfinite(neighbours)):
                 continue
             limit = neighbours * (1 + th.transition_tolerance_share) + th.transition_abs_bytes
@@ -380,6 +402,10 @@ def check_disk_offload_host_flat(run, th: Thresholds) -> CheckResult:
             continue
         if track is None:
             findings.append(Finding("n/a", f"{row.name}: no host RSS", **where))
+            continue
+        gap = track.sample_gap(row.start, row.end, peak=True)
+        if gap:
+            findings.append(Finding("n/a", f"{row.name} #{row.iteration}: not judged, {gap}", **where))
             continue
         before = track.at_or_before(row.start)
         peak = _nanmax(track.peak[_window(track, row.start, row.end)])
@@ -426,6 +452,11 @@ def check_host_weight_copies(run, th: Thresholds) -> CheckResult:
         track = tracks.host(int(row.pid))
         if track is None or _still_open(row):
             continue
+        gap = track.sample_gap(row.start, row.end, peak=True)
+        if gap:
+            findings.append(Finding("n/a", f"{row.name} #{row.iteration}: not judged, {gap}",
+                                    (row.start, row.end), row.name, int(row.iteration)))
+            continue
         before = track.at_or_before(row.start)
         growth = _nanmax(track.peak[_window(track, row.start, row.end)]) - before
         if not np.isfinite(growth):
@@ -457,7 +488,10 @@ def check_leak(run, th: Thresholds) -> CheckResult:
         return _na(name, title, explanation, f"needs at least {th.leak_skip_iterations + 2} finished iterations")
     findings = []
     for track in filter(None, (tracks.device(pid), tracks.host(pid))):
-        floors = np.array([_nanmin(track.value[_window(track, s, e)]) for s, e in zip(spans["start"], spans["end"])])
+        written = track.measured_times()
+        reached = written[-1] if len(written) else -np.inf  # an iteration past it has not its floor on disk
+        floors = np.array([_nanmin(track.value[_window(track, s, e)]) if e <= reached else np.nan
+                           for s, e in zip(spans["start"], spans["end"])])
         ok = np.isfinite(floors)
         if ok.sum() < 2:
             continue

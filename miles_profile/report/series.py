@@ -11,13 +11,14 @@ Public API (stable; shared with the Dash dashboard):
     timeline_series(run) -> list[Series]  # what the timeline plots, grouped "gpu0", ..., "host"
     series_arrays(run, pid, column) -> (t, y)   # float64 arrays, t sorted
     process_label(run, pid) -> str
-    Track(name, label, pid, t, value, peak)     # one memory level and its true-peak envelope
+    Track(name, label, pid, t, value, peak)     # one memory level and its true-peak envelope;
+                                                #   .sample_gap(start, end): why it can't judge a span
     host_track(run, pid) / device_track(run, pid) -> Track | None
     main_pid(run) -> int | None           # the process whose phases drive the report
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -57,11 +58,38 @@ class Track:
     t: np.ndarray
     value: np.ndarray
     peak: np.ndarray
+    _measured: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def at_or_before(self, when: float) -> float:
         """The last level recorded at or before `when` (NaN if none)."""
         k = int(np.searchsorted(self.t, when, side="right")) - 1
         return float(self.value[k]) if k >= 0 else float("nan")
+
+    def measured_times(self, peak: bool = False) -> np.ndarray:
+        """Times of the samples where the level (or the peak) was measured: NVML and disk columns are
+        empty between their reads, and those rows say nothing. Computed once per track."""
+        if peak not in self._measured:
+            self._measured[peak] = self.t[np.isfinite(self.peak if peak else self.value)]
+        return self._measured[peak]
+
+    def sample_gap(self, start: float, end: float, *, before: bool = True, peak: bool = False) -> str | None:
+        """Why these samples cannot judge the span start..end, or None when they can.
+
+        Judged when a measured sample lies at or before `start` (with `before`), one lies inside
+        (start < t <= end), and the series reaches `end`: the last samples of a run being written, or
+        of a recorder killed with `kill -9`, are not on disk yet while its last events are.
+        """
+        t = self.measured_times(peak)
+        if not len(t):
+            return "no measured sample at all"
+        if t[-1] < end:
+            return "the samples end before it does (log cut off, or samples not written yet)"
+        if before and t[0] > start:
+            return "no sample before it"
+        k = int(np.searchsorted(t, start, "right"))
+        if k >= len(t) or t[k] > end:
+            return "no sample inside it (shorter than the sampling interval)"
+        return None
 
 
 def _cache(run) -> dict[str, Any]:

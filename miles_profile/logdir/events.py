@@ -1,0 +1,146 @@
+"""One events line into a clean event dict, or a reason why it can't be one (no pandas, no numpy).
+
+The events file is written by user code (`phase(name, **attrs)` takes any JSON value), so a line can
+hold anything: a string `rollout_id`, a dict `id`, a float `pid`, NaN bytes, 100,000 nested brackets
+or a lone surrogate. One such line must cost the report that line, never the run: the reader keeps
+what is well-formed, drops an event whose structure is broken, and drops (only) an attribute the
+checks read whose type is wrong, each counted in one warning (`EventProblems.warnings()`).
+
+    parse_event_line(line, default_pid, problems) -> dict | None
+    EventProblems()                                 # counts and first examples; .warnings() -> list[str]
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+# Nesting deeper than this is no phase attribute anyone writes; bounding it keeps every later
+# recursive walk (JSON export, HTML) far from Python's recursion limit.
+MAX_DEPTH = 32
+INT64 = 2 ** 63
+_REAL = (int, float)
+
+
+@dataclass
+class EventProblems:
+    """What was dropped while reading events: counts, and the first reason of each kind."""
+    bad_lines: int = 0
+    first_bad: str = ""
+    bad_attrs: int = 0
+    attr_examples: list[str] = field(default_factory=list)
+
+    def line(self, reason: str) -> None:
+        self.bad_lines += 1
+        self.first_bad = self.first_bad or reason
+
+    def attr(self, example: str) -> None:
+        self.bad_attrs += 1
+        if len(self.attr_examples) < 3 and example not in self.attr_examples:
+            self.attr_examples.append(example)
+
+    def warnings(self, where: str = "") -> list[str]:
+        prefix = f"{where}: " if where else ""
+        out = []
+        if self.bad_lines:
+            out.append(f"{prefix}dropped {self.bad_lines} bad event line{'s' * (self.bad_lines != 1)} "
+                       f"(first: {self.first_bad})")
+        if self.bad_attrs:
+            out.append(f"{prefix}ignored {self.bad_attrs} phase attribute{'s' * (self.bad_attrs != 1)} of the wrong "
+                       f"type ({', '.join(self.attr_examples)}{', ...' if self.bad_attrs > len(self.attr_examples) else ''})")
+        return out
+
+
+def _is_int(value: Any) -> bool:
+    return type(value) is int and -INT64 < value < INT64  # bool is an int in Python: not here
+
+
+def _is_number(value: Any) -> bool:
+    return type(value) in _REAL and math.isfinite(value) and abs(value) < INT64
+
+
+def _shape_problem(value: Any) -> str | None:
+    """Too deep, or a string that is not valid Unicode (a lone surrogate can't be written as UTF-8)."""
+    stack = [(value, 0)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            return f"nested deeper than {MAX_DEPTH} levels"
+        if isinstance(node, str):
+            try:
+                node.encode("utf-8")
+            except UnicodeEncodeError:
+                return "a string that is not valid Unicode"
+        elif isinstance(node, dict):
+            stack.extend((k, depth + 1) for k in node.keys())
+            stack.extend((v, depth + 1) for v in node.values())
+        elif isinstance(node, list):
+            stack.extend((v, depth + 1) for v in node)
+    return None
+
+
+def _structure_problem(event: dict, default_pid: int) -> str | None:
+    if not _is_number(event.get("t")):
+        return "no finite number t"
+    if not isinstance(event.get("kind"), str) or not isinstance(event.get("name"), str):
+        return "kind or name is not a string"
+    if not _is_int(event.setdefault("pid", default_pid)):
+        return f"pid {str(event['pid'])[:40]!r} is not an integer"
+    for key in ("id", "parent"):
+        if event.get(key) is not None and not _is_int(event[key]):
+            return f"{key} {str(event[key])[:40]!r} is not an integer"
+    if event.get("attrs") is None:
+        event["attrs"] = {}
+    if not isinstance(event["attrs"], dict):
+        return "attrs is not an object"
+    return _shape_problem(event)
+
+
+def _tags_ok(value: Any) -> bool:
+    return isinstance(value, str) or (isinstance(value, list) and all(isinstance(v, str) for v in value))
+
+
+# The attributes the checks and statistics read, and what each must be. `None` means "not given".
+_ATTR_TYPES = {
+    "rollout_id": _is_int,
+    "expected_bytes": lambda v: _is_number(v) and v >= 0,
+    "target": lambda v: isinstance(v, str),
+    "tags": _tags_ok,
+    "status": lambda v: isinstance(v, str),
+}
+
+
+def _clean_attrs(attrs: dict, problems: EventProblems) -> None:
+    for key, ok in _ATTR_TYPES.items():
+        if key not in attrs:
+            continue
+        value = attrs[key]
+        if type(value) is float and value.is_integer() and key == "rollout_id" and abs(value) < 2 ** 53:
+            attrs[key] = int(value)  # 3.0 written by a float counter means rollout 3
+        elif value is None:
+            del attrs[key]
+        elif not ok(value):
+            del attrs[key]
+            problems.attr(f"{key}={json.dumps(value)[:40]}")
+
+
+def parse_event_line(line: bytes | str, default_pid: int, problems: EventProblems) -> dict | None:
+    """The event on `line` with `pid` filled in and only well-typed known attributes, or None (counted)."""
+    try:
+        event = json.loads(line)
+    except ValueError:
+        problems.line("not JSON")
+        return None
+    except RecursionError:  # thousands of nested brackets
+        problems.line(f"nested deeper than {MAX_DEPTH} levels")
+        return None
+    if not isinstance(event, dict):
+        problems.line("not a JSON object")
+        return None
+    reason = _structure_problem(event, default_pid)
+    if reason:
+        problems.line(reason)
+        return None
+    _clean_attrs(event["attrs"], problems)
+    return event
