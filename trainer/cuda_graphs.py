@@ -28,9 +28,15 @@ class DecodeGraph:
             for _ in range(2):
                 model(self.tokens, kv, self.pos)
         torch.cuda.current_stream(device).wait_stream(side)
+        torch.cuda.synchronize(device)
+        before = torch.cuda.memory_reserved(device)
         self.graph = torch.cuda.CUDAGraph()
         with capture(self.graph):  # the memory backend's capture context (memory_backend.*.graph)
             self.logits = model(self.tokens, kv, self.pos)  # (B, 1, V), overwritten by each replay
+        torch.cuda.synchronize(device)
+        # What the capture itself put in its pool (the warm-up's blocks and workspaces are not in it):
+        # the bytes a torch_memory_saver pause of `cuda_graph` returns.
+        self.capture_bytes = max(0, torch.cuda.memory_reserved(device) - before)
 
     def __call__(self, tokens: torch.Tensor, pos: int) -> torch.Tensor:
         self.tokens.copy_(tokens)

@@ -116,7 +116,8 @@ class RolloutEngine:
             return
         self.graph_captures += 1
         self._graphs[(batch, seq_len)] = graph
-        self._graph_bytes += nbytes
+        # builtin frees the warm-up's leftovers with the graph (empty_cache); a pause frees the capture's pool
+        self._graph_bytes += graph.capture_bytes if self.memory.keeps_graphs else nbytes
         self._last_graph_bytes = self._graph_bytes
 
     def _held(self, tag: str) -> bool:
