@@ -188,7 +188,10 @@ class SaverMemory:
         return not is_paused(tag)
 
     def settle(self, device: torch.device) -> None:
-        torch.cuda.synchronize(device)  # a pause returns its bytes itself; nothing is cached
+        # A pause returns its own bytes; torch's cache (generate's activations) goes back as with builtin.
+        # Not cuBLAS's per-stream workspaces: the kept graphs recorded the capture stream's one.
+        torch.cuda.synchronize(device)
+        torch.cuda.empty_cache()
 
     def close(self) -> None:
         unclaim(self.TAGS, self)

@@ -344,6 +344,7 @@ class SaverOffloader:
     def offload(self) -> None:
         memory_backend.pause(TRAIN_STATE)
         self.offloaded = True
+        torch.cuda.empty_cache()  # the training step's cached activations go too, as with builtin
 
     def onload(self) -> None:
         memory_backend.resume(TRAIN_STATE)
