@@ -178,6 +178,13 @@ def _rss() -> int:
 @needs_tms
 def test_tms_engine_release_returns_tagged_bytes_keeps_graphs_and_output():
     engine = _engine(graphs=True, memory_backend=TORCH_MEMORY_SAVER, weights_cpu_backup=True)
+    try:
+        _check_tms_engine(engine)
+    finally:
+        engine.close()  # hands the tags back even when a check failed: the next test needs them
+
+
+def _check_tms_engine(engine: RolloutEngine) -> None:
     prompts = torch.randint(0, 10, (8, 6), generator=torch.Generator().manual_seed(0))
     first = engine.generate(prompts, 4, seed=0)  # captures a decode graph inside the cuda_graph region
     captures, graph_bytes = engine.graph_captures, engine.occupied_bytes(["cuda_graph"])
@@ -197,7 +204,6 @@ def test_tms_engine_release_returns_tagged_bytes_keeps_graphs_and_output():
     assert engine.serving_ready  # the weights came back from their CPU backup
     assert torch.equal(engine.generate(prompts, 4, seed=0), first)
     assert engine.graph_captures == captures, "a graph was captured again after resume"
-    engine.close()
 
 
 def _tms_round_trips(host_optimizer: bool) -> None:
