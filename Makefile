@@ -36,6 +36,7 @@ test: setup
 # docs/trainer.md, docs/report.md, docs/dashboard.md). Minutes; run on an idle machine.
 bench: setup
 	$(PY) bench/bench_sampler.py
+	$(PY) bench/overhead_ab.py
 	$(PY) bench/wake_cost.py
 	$(PY) bench/bench_offload.py --preset cpu --disk-dir /tmp/bench-offload
 	$(PY) bench/bench_visualize.py

@@ -30,6 +30,15 @@ WEIGHTS = "weights"
 CUDA_GRAPH = "cuda_graph"
 Tag = Literal["kv_cache", "weights", "cuda_graph"]
 TAGS = (KV_CACHE, WEIGHTS, CUDA_GRAPH)
+# The actor's training state, when torch_memory_saver holds it (one tag for all of it).
+TRAIN_STATE = "train_state"
+
+# How memory is given back and taken again (phase attribute `backend`, process annotations
+# `rollout_memory_backend` / `train_memory_backend`): `builtin` frees storages and empties torch's
+# cache; `torch_memory_saver` pauses tagged regions (invisible to the allocator's counters).
+BUILTIN = "builtin"
+TORCH_MEMORY_SAVER = "torch_memory_saver"
+MEMORY_BACKENDS = (BUILTIN, TORCH_MEMORY_SAVER)
 
 # Where offloaded training state goes.
 Target = Literal["cpu", "disk"]

@@ -1,4 +1,4 @@
-"""The phase API the trainer calls: `phase()`, `mark()`, `watch_dir()`.
+"""The phase API the trainer calls: `phase()`, `mark()`, `watch_dir()`, `annotate()`.
 
 Without an active recorder each is a function call and nothing more. A child started by
 `record --exec` finds its run directory in MILES_PROFILE_RUN_DIR and starts its own recorder there
@@ -96,3 +96,11 @@ def watch_dir(path: str | os.PathLike) -> None:
     rec = _recorder()
     if rec is not None:
         rec.watch_dir(os.fspath(path))
+
+
+def annotate(**fields: Any) -> None:
+    """Facts about this process for its meta.json (e.g. `rollout_memory_backend="torch_memory_saver"`),
+    merged into `annotations` there; JSON values. A no-op without a recorder."""
+    rec = _recorder()
+    if rec is not None:
+        rec.annotate(fields)

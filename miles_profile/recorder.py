@@ -197,6 +197,11 @@ class Recorder:
         self._meta["probes"] = [p if p["name"] != "disk" else self._disk.describe() for p in self._meta["probes"]]
         write_process_meta(self.run_dir, self._stem, self._meta)
 
+    def annotate(self, fields: dict[str, Any]) -> None:
+        """Merge `fields` into this process's meta under `annotations` (the file is rewritten atomically)."""
+        self._meta["annotations"] = {**self._meta.get("annotations", {}), **fields}
+        write_process_meta(self.run_dir, self._stem, self._meta)
+
     def _stack(self) -> list[int]:
         stack = getattr(self._local, "stack", None)
         if stack is None:

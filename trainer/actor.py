@@ -1,5 +1,7 @@
 """The actor: the policy (and, with --use-critic, a value model), each trained by AdamW, with all
-training state in flat buffers that `offload` moves to host memory or disk and `onload` brings back.
+training state in flat buffers that `offload` moves to host memory or disk and `onload` brings back
+(`offload_backend` builtin: the actor's own pinned buffers or disk files; torch_memory_saver: the state
+is allocated in a region tagged `train_state` and paused with a CPU backup, see `offload`).
 
 With `optimizer_on_host` (--optimizer-cpu-offload) the AdamW state and an fp32 master copy of the
 weights live in host memory and the step runs there: gradients go down, updated weights come back.
@@ -19,11 +21,12 @@ from typing import Iterator
 import torch
 from torch import nn
 
+from miles_profile.names import BUILTIN, TORCH_MEMORY_SAVER
 from trainer import algo
 from trainer.config import ModelConfig
 from trainer.flat import FlatParams, trim_host_heap
 from trainer.model import GPT, init_weights
-from trainer.offload import DiskOffloader, HostOffloader, StateTensor, host_buffer
+from trainer.offload import DiskOffloader, HostOffloader, SaverOffloader, StateTensor, host_buffer
 
 BETAS, WEIGHT_DECAY, MAX_GRAD_NORM = (0.9, 0.95), 0.01, 1.0
 
@@ -107,15 +110,23 @@ def _init_adamw_state(optimizer: torch.optim.AdamW, p: nn.Parameter) -> None:
 class Actor:
     def __init__(self, cfg: ModelConfig, device: torch.device, *, lr: float, seed: int, use_critic: bool,
                  optimizer_cpu_offload: bool, micro_batch_size: int, offload_target: str = "cpu",
-                 disk_dir: Path | None = None, chunk_bytes: int):
+                 disk_dir: Path | None = None, chunk_bytes: int, offload_backend: str = BUILTIN):
         self.device, self.micro_batch_size, self.chunk_bytes = device, micro_batch_size, chunk_bytes
-        self.policy = TrainModel("policy", cfg, None, device, lr, optimizer_cpu_offload, seed)
-        self.critic = (TrainModel("critic", cfg, 1, device, lr, optimizer_cpu_offload, seed + 1)
-                       if use_critic else None)
+        saver = offload_backend == TORCH_MEMORY_SAVER
+        if saver and (device.type != "cuda" or offload_target != "cpu"):
+            raise ValueError("the torch_memory_saver offload backend needs CUDA and target cpu")
+        # With torch_memory_saver every device buffer of the training state lives in one tagged region.
+        with SaverOffloader.region(self) if saver else contextlib.nullcontext():
+            self.policy = TrainModel("policy", cfg, None, device, lr, optimizer_cpu_offload, seed)
+            self.critic = (TrainModel("critic", cfg, 1, device, lr, optimizer_cpu_offload, seed + 1)
+                           if use_critic else None)
         state = [t for m in self.models for t in m.state_tensors(chunk_bytes)]
         self.state = state
-        self.offloader = (DiskOffloader(state, disk_dir) if offload_target == "disk"
-                          else HostOffloader(state))
+        if saver:
+            self.offloader = SaverOffloader(state, self)
+        else:
+            self.offloader = (DiskOffloader(state, disk_dir) if offload_target == "disk"
+                              else HostOffloader(state))
 
     @property
     def models(self) -> list[TrainModel]:
@@ -189,7 +200,8 @@ class Actor:
             for start, buf in self.offloader.iter_chunks(name):
                 yield list(flat.views(buf, start, start + buf.numel(), buffer_start=start))
             return
-        source = self.offloader.host_copy(name) if isinstance(self.offloader, HostOffloader) else None
+        source = (self.offloader.host_copy(name) if isinstance(self.offloader, (HostOffloader, SaverOffloader))
+                  else None)
         source = flat.flat if source is None else source
         for start, end in flat.chunk_ranges(self.chunk_bytes, flat.flat.element_size()):
             yield list(flat.views(source, start, end))

@@ -12,7 +12,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from miles_profile.names import KV_CACHE, WEIGHTS
+from miles_profile.names import BUILTIN, KV_CACHE, MEMORY_BACKENDS, TORCH_MEMORY_SAVER, WEIGHTS
+from trainer import memory_backend
 from trainer.config import PRESETS, Preset, model_config
 
 LEVELS = {"kv_cache": KV_CACHE, "weight": WEIGHTS}  # --offload-rollout-level value -> engine tag
@@ -32,6 +33,7 @@ class RunConfig:
     micro_batch_size: int
     kv_cache_bytes: int
     cuda_graph: bool
+    rollout_memory_backend: str  # builtin or torch_memory_saver, resolved from auto
     lr: float
     use_critic: bool
     optimizer_cpu_offload: bool
@@ -39,6 +41,7 @@ class RunConfig:
     offload_rollout: bool
     offload_rollout_tags: tuple[str, ...]  # engine tags from --offload-rollout-level
     offload_train_target: str
+    offload_train_backend: str
     offload_train_disk_dir: Path | None
     chunk_bytes: int
     colocate_memory_peak_device: str
@@ -98,6 +101,10 @@ def _add_rollout_arguments(g) -> None:
                    help="rollout engine KV pool, allocated up front (preset: 192MiB cpu, 12GiB gpu)")
     g.add_argument("--cuda-graph", action=argparse.BooleanOptionalAction, default=None,
                    help="capture decode steps as CUDA graphs (default: on with cuda; cuda only)")
+    g.add_argument("--rollout-memory-backend", choices=memory_backend.CHOICES, default="auto",
+                   help="how the engine releases memory: builtin (free storages, empty torch's cache) or "
+                        "torch_memory_saver (pause tagged regions; cuda, package installed); auto picks "
+                        "torch_memory_saver where it can (default: %(default)s)")
 
 
 def _add_train_arguments(g) -> None:
@@ -119,6 +126,10 @@ def _add_offload_arguments(g) -> None:
                         "(default: kv_cache weight)")
     g.add_argument("--offload-train-target", choices=["cpu", "disk"], default="cpu",
                    help="where --offload-train puts the state (default: %(default)s)")
+    g.add_argument("--offload-train-backend", choices=MEMORY_BACKENDS, default=BUILTIN,
+                   help="how --offload-train-target cpu moves the state: builtin (pinned host buffers) or "
+                        "torch_memory_saver (pause with a CPU backup; cuda, package installed) "
+                        "(default: %(default)s)")
     g.add_argument("--offload-train-disk-dir", type=Path,
                    help="directory for --offload-train-target disk (a fast local disk)")
     g.add_argument("--offload-chunk-bytes", type=parse_bytes,
@@ -163,12 +174,30 @@ def validate(args: argparse.Namespace, cuda_available: bool) -> str | None:
             return f"--offload-train-disk-dir {args.offload_train_disk_dir} is not writable: {problem}"
     elif args.offload_train_disk_dir is not None:
         return "--offload-train-disk-dir needs --offload-train-target disk"
+    problem = _backend_problem(args, device)
+    if problem:
+        return problem
     if args.colocate_memory_peak_device == "gpu":
         if not (args.offload_train and args.offload_rollout):
             return "--colocate-memory-peak-device gpu needs --offload-train and --offload-rollout"
         if args.use_critic:
             return "--colocate-memory-peak-device gpu does not support --use-critic"
     return _kv_problem(args, preset, device)
+
+
+def _backend_problem(args: argparse.Namespace, device: str) -> str | None:
+    if args.offload_train_backend == TORCH_MEMORY_SAVER:
+        if not args.offload_train:
+            return "--offload-train-backend torch_memory_saver needs --offload-train"
+        if args.offload_train_target != "cpu":
+            return ("--offload-train-backend torch_memory_saver keeps the state in host memory (its CPU "
+                    "backup): use it with --offload-train-target cpu")
+    for flag, value in (("--rollout-memory-backend", args.rollout_memory_backend),
+                        ("--offload-train-backend", args.offload_train_backend)):
+        problem = memory_backend.unavailable_reason(device) if value == TORCH_MEMORY_SAVER else None
+        if problem:
+            return f"{flag} torch_memory_saver: {problem}"
+    return None
 
 
 def _kv_problem(args: argparse.Namespace, preset: Preset, device: str) -> str | None:
@@ -210,9 +239,11 @@ def resolve(args: argparse.Namespace, cuda_available: bool) -> RunConfig:
         micro_batch_size=args.micro_batch_size or p.micro_batch_size,
         kv_cache_bytes=args.kv_cache_bytes or p.kv_cache_bytes,
         cuda_graph=device == "cuda" if args.cuda_graph is None else args.cuda_graph,
+        rollout_memory_backend=memory_backend.resolve(args.rollout_memory_backend, device),
         lr=args.lr or p.lr, use_critic=args.use_critic, optimizer_cpu_offload=args.optimizer_cpu_offload,
         offload_train=args.offload_train, offload_rollout=args.offload_rollout,
         offload_rollout_tags=levels, offload_train_target=args.offload_train_target,
+        offload_train_backend=args.offload_train_backend,
         offload_train_disk_dir=args.offload_train_disk_dir,
         chunk_bytes=args.offload_chunk_bytes or p.chunk_bytes,
         colocate_memory_peak_device=args.colocate_memory_peak_device)

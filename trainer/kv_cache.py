@@ -2,7 +2,8 @@
 
 Layout (n_layer, 2, capacity_tokens, n_head, head_dim). A batch of B sequences of S tokens uses the
 first B*S token slots of every layer, viewed as (B, S, H, D); the engine splits a larger batch into
-sub-batches that fit, so the pool size bounds concurrency, not correctness.
+sub-batches that fit, so the pool size bounds concurrency, not correctness. The engine releases and
+resumes the buffer through its memory backend (`memory_backend`).
 """
 from __future__ import annotations
 
@@ -10,7 +11,6 @@ import torch
 
 from trainer.config import ModelConfig
 from trainer.errors import EngineError
-from trainer.flat import alloc_storage, free_storage, is_allocated, trim_host_heap
 from trainer.model import KV
 
 
@@ -29,10 +29,6 @@ class KVPool:
     def nbytes(self) -> int:
         return self.buffer.numel() * self.buffer.element_size()
 
-    @property
-    def allocated(self) -> bool:
-        return is_allocated(self.buffer)
-
     def max_batch(self, seq_len: int) -> int:
         return self.capacity_tokens // seq_len
 
@@ -41,14 +37,6 @@ class KVPool:
         _, _, _, H, D = self.buffer.shape
         return [(layer[0, :n].view(batch, seq_len, H, D), layer[1, :n].view(batch, seq_len, H, D))
                 for layer in self.buffer]
-
-    def release(self) -> None:
-        free_storage(self.buffer)
-        trim_host_heap()
-
-    def resume(self) -> None:
-        alloc_storage(self.buffer)
-        self.buffer.zero_()
 
     def clear(self) -> None:
         self.buffer.zero_()

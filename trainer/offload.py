@@ -11,6 +11,10 @@ host-side optimizer, identical after every step) is freed without being saved an
   memory), goes to chunk files (`disk_store`) written by a small thread pool; device tensors pass
   through reused pinned staging buffers. Memory is freed only once every chunk and the manifest are on
   disk, so any write error leaves the state intact.
+- `SaverOffloader` (target cpu, backend torch_memory_saver, CUDA): the device state was allocated in a
+  region tagged `train_state` with a CPU backup; offload pauses the tag (the package copies the bytes
+  to a host buffer and unmaps the device memory), onload resumes it at the same addresses, as Miles'
+  Megatron actor sleeps and wakes.
 """
 from __future__ import annotations
 
@@ -24,7 +28,8 @@ from typing import Iterator
 
 import torch
 
-from trainer import disk_store
+from miles_profile.names import BUILTIN, TORCH_MEMORY_SAVER, TRAIN_STATE
+from trainer import disk_store, memory_backend
 from trainer.disk_store import ChunkEntry
 from trainer.errors import OffloadError
 from trainer.flat import alloc_storage, check_flat, free_storage, trim_host_heap
@@ -126,7 +131,7 @@ def _return_memory(device: torch.device) -> None:
 
 
 class HostOffloader:
-    target = "cpu"
+    target, backend = "cpu", BUILTIN
 
     def __init__(self, state: list[StateTensor]):
         for s in state:
@@ -173,7 +178,7 @@ class HostOffloader:
 
 
 class DiskOffloader:
-    target = "disk"
+    target, backend = "disk", BUILTIN
 
     def __init__(self, state: list[StateTensor], directory: Path, workers: int | None = None):
         for s in state:
@@ -345,6 +350,46 @@ class DiskOffloader:
         self._staging.clear()
         if not self.offloaded:
             self._remove_files(ignore_errors=True)
+
+
+class SaverOffloader:
+    """The state's device tensors must have been allocated inside `region()`."""
+
+    target, backend = "cpu", TORCH_MEMORY_SAVER
+
+    def __init__(self, state: list[StateTensor], owner: object):
+        self.state = [s for s in state if s.tensor.device.type != "cpu"]
+        self._owner = owner
+        self.offloaded = False
+
+    @staticmethod
+    def region(owner: object):
+        """Where the actor allocates its device state; claims the tag for `owner` until `close()`."""
+        memory_backend.claim([TRAIN_STATE], owner)
+        return memory_backend.saver().region(tag=TRAIN_STATE, enable_cpu_backup=True)
+
+    def expected_bytes(self) -> int:
+        return sum(s.nbytes for s in self.state)
+
+    def offload(self) -> None:
+        memory_backend.pause(TRAIN_STATE)
+        self.offloaded = True
+        torch.cuda.empty_cache()  # the training step's cached activations go too, as with builtin
+
+    def onload(self) -> None:
+        memory_backend.resume(TRAIN_STATE)
+        self.offloaded = False
+
+    def host_copy(self, name: str) -> torch.Tensor | None:
+        """The CPU backup of `name` while paused (a view into the package's buffer)."""
+        s = next((s for s in self.state if s.name == name), None)
+        if not self.offloaded or s is None:
+            return None
+        return s.mirror if s.mirror is not None else memory_backend.cpu_backup(s.tensor)
+
+    def close(self) -> None:
+        memory_backend.unclaim([TRAIN_STATE], self._owner)  # resumes first: a paused buffer is never freed
+        self.offloaded = False
 
 
 def _finish_read(job: Future, buf: torch.Tensor, dst: torch.Tensor) -> None:

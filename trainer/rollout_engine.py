@@ -3,7 +3,10 @@
 Memory, by tag (`miles_profile.names`):
 - `weights`: the engine's own copy of the policy (bf16 on CUDA, fp32 on CPU), one flat buffer.
 - `kv_cache`: a pool allocated up front, `kv_cache_bytes` in size (`kv_cache.KVPool`).
-- `cuda_graph`: captured decode steps and their private pool (CUDA, when enabled).
+- `cuda_graph`: captured decode steps and their memory pool (CUDA, when enabled).
+
+How memory goes and comes back is the memory backend's (`memory_backend`): `builtin` frees storages
+and empties torch's cache, `torch_memory_saver` allocates each tag in its own region and pauses it.
 
 Semantics, as in SGLang with torch_memory_saver:
 - `release_memory_occupation(tags)` frees that memory for real (CUDA: back to the driver; host:
@@ -11,8 +14,10 @@ Semantics, as in SGLang with torch_memory_saver:
   `weights_cpu_backup=True`, which copies them to host memory first and restores them on resume.
 - `resume_memory_occupation(tags)` reallocates in the order cuda_graph -> weights -> kv_cache. Resumed
   KV is zeroed; resumed weights without a backup are zeros and must be refilled by
-  `update_weights_from_tensor` before the engine serves again. Graphs are re-captured once weights and
-  KV are both present (they hold raw addresses, see `cuda_graphs`).
+  `update_weights_from_tensor` before the engine serves again. With `builtin` graphs are re-captured
+  once weights and KV are both present (they hold raw addresses, see `cuda_graphs`); with
+  `torch_memory_saver` the addresses survive, the graphs are kept and never captured again
+  (`graph_captures` counts captures).
 - `update_weights_from_tensor(named_tensors)` copies each tensor into the existing weight buffer
   (casting dtype in the copy): no second copy of the weights is ever allocated, so callers send chunks.
   An update starts with the first tensor sent while the weights are complete and ends when every
@@ -27,12 +32,13 @@ from typing import Iterable, Sequence
 import torch
 import torch.nn.functional as F
 
-from miles_profile.names import CUDA_GRAPH, KV_CACHE, TAGS, WEIGHTS
+from miles_profile.names import BUILTIN, CUDA_GRAPH, KV_CACHE, TAGS, WEIGHTS
 from trainer import cuda_graphs
 from trainer.config import ModelConfig
 from trainer.errors import EngineError
-from trainer.flat import FlatParams, alloc_storage, free_storage, is_allocated, trim_host_heap
+from trainer.flat import FlatParams
 from trainer.kv_cache import KVPool
+from trainer.memory_backend import engine_memory
 from trainer.model import GPT
 from trainer.offload import host_buffer
 
@@ -41,23 +47,29 @@ RESUME_ORDER = (CUDA_GRAPH, WEIGHTS, KV_CACHE)
 
 class RolloutEngine:
     def __init__(self, cfg: ModelConfig, device: torch.device, kv_cache_bytes: int,
-                 cuda_graph: bool = False, weights_cpu_backup: bool = False):
+                 cuda_graph: bool = False, weights_cpu_backup: bool = False, memory_backend: str = BUILTIN):
         self.cfg, self.device = cfg, device
+        self.memory = engine_memory(memory_backend)
         self.dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
         with torch.device("meta"):
             self.model = GPT(cfg).eval()
-        self.weights = FlatParams(self.model, device, self.dtype, requires_grad=False)
+        with self.memory.region(WEIGHTS, cpu_backup=weights_cpu_backup):
+            self.weights = FlatParams(self.model, device, self.dtype, requires_grad=False)
         self.weights.flat.zero_()
         self._params = dict(self.weights.views(self.weights.flat))
         self._missing = set(self._params)  # parameters not yet filled by the current update
         self._updating = False
-        self.kv = KVPool(cfg, kv_cache_bytes, device, self.dtype)
-        self._backup = host_buffer(self.weights.flat) if weights_cpu_backup else None
+        with self.memory.region(KV_CACHE):
+            self.kv = KVPool(cfg, kv_cache_bytes, device, self.dtype)
+        self._weights_backed_up = weights_cpu_backup
+        self._backup = (host_buffer(self.weights.flat) if weights_cpu_backup and not self.memory.backs_up_weights
+                        else None)
         self._use_graphs = cuda_graph and device.type == "cuda"  # turned off if a capture fails
         self._graphs_released = False
         self._graphs: dict[tuple[int, int], cuda_graphs.DecodeGraph] = {}
         self._graph_bytes = self._last_graph_bytes = 0
         self._last_shape: tuple[int, int] | None = None
+        self.graph_captures = 0  # graphs captured so far: torch_memory_saver never captures one again
 
     # --- generation -----------------------------------------------------------------------------
 
@@ -98,18 +110,28 @@ class RolloutEngine:
         return lambda tokens, pos: self.model(tokens, kv, torch.tensor([pos], device=self.device))
 
     def _capture(self, batch: int, seq_len: int) -> None:
-        graph, nbytes = cuda_graphs.capture(self.model, self.kv.views(batch, seq_len), batch)
+        graph, nbytes = cuda_graphs.capture(self.model, self.kv.views(batch, seq_len), batch, self.memory.graph)
         if graph is None:
             self._use_graphs = False
             return
+        self.graph_captures += 1
         self._graphs[(batch, seq_len)] = graph
-        self._graph_bytes += nbytes
+        # builtin frees the warm-up's leftovers with the graph (empty_cache); a pause frees the capture's pool
+        self._graph_bytes += graph.capture_bytes if self.memory.keeps_graphs else nbytes
         self._last_graph_bytes = self._graph_bytes
 
+    def _held(self, tag: str) -> bool:
+        """Whether `tag`'s memory is on the device now (graphs: whether any graph memory is held)."""
+        if tag == WEIGHTS:
+            return self.memory.held(WEIGHTS, [self.weights.flat])
+        if tag == KV_CACHE:
+            return self.memory.held(KV_CACHE, [self.kv.buffer])
+        return bool(self._graphs) and self.memory.held(CUDA_GRAPH, [])
+
     def _check_can_serve(self) -> None:
-        if not is_allocated(self.weights.flat):
+        if not self._held(WEIGHTS):
             raise EngineError("generate called while the engine's weights are released")
-        if not self.kv.allocated:
+        if not self._held(KV_CACHE):
             raise EngineError("generate called while the KV cache is released")
         if self._missing:
             raise EngineError(f"weights incomplete: {len(self._missing)} of {len(self._params)} tensors "
@@ -121,70 +143,78 @@ class RolloutEngine:
         """Bytes that releasing `tags` would free from the engine's device (host on a CPU run)."""
         tags = _check_tags(tags)
         total = 0
-        if WEIGHTS in tags and is_allocated(self.weights.flat):
-            total += self.weights.flat.numel() * self.weights.flat.element_size()
-        if KV_CACHE in tags and self.kv.allocated:
+        if WEIGHTS in tags and self._held(WEIGHTS):
+            total += self.weights_bytes
+        if KV_CACHE in tags and self._held(KV_CACHE):
             total += self.kv.nbytes
-        if self._graphs and set(tags) & {CUDA_GRAPH, WEIGHTS, KV_CACHE}:
+        # builtin: graphs point into weights and KV and go whenever either goes; torch_memory_saver
+        # keeps them, and only the cuda_graph tag releases their memory
+        graph_tags = {CUDA_GRAPH} if self.memory.keeps_graphs else {CUDA_GRAPH, WEIGHTS, KV_CACHE}
+        if self._held(CUDA_GRAPH) and set(tags) & graph_tags:
             total += self._graph_bytes
         if WEIGHTS in tags and self._backup is not None and self.device.type == "cpu":
-            total -= self.weights.flat.numel() * self.weights.flat.element_size()  # the backup stays
+            total -= self.weights_bytes  # the backup stays
         return max(total, 0)
 
     def released_bytes(self, tags: Sequence[str]) -> int:
         """Bytes that resuming `tags` would allocate again (graphs: their size when last captured)."""
         tags = _check_tags(tags)
         total = 0
-        if WEIGHTS in tags and not is_allocated(self.weights.flat):
+        if WEIGHTS in tags and not self._held(WEIGHTS):
             total += self.weights_bytes
-        if KV_CACHE in tags and not self.kv.allocated:
+        if KV_CACHE in tags and not self._held(KV_CACHE):
             total += self.kv.nbytes
-        if CUDA_GRAPH in tags and self._use_graphs and not self._graphs:
-            total += self._last_graph_bytes
+        if CUDA_GRAPH in tags and self._use_graphs:
+            # builtin: graphs are captured again once both buffers are back; torch_memory_saver:
+            # their paused memory comes back
+            back = self._graphs_released and bool(self._graphs) if self.memory.keeps_graphs else not self._graphs
+            total += self._last_graph_bytes if back else 0
         return total
 
     def release_memory_occupation(self, tags: Sequence[str]) -> None:
         tags = _check_tags(tags)
-        if self._graphs:  # graphs point into weights and KV: they go whenever either goes
+        if self._graphs and not self.memory.keeps_graphs:  # they point into weights and KV
             self._graphs.clear()
             self._graph_bytes = 0
         if CUDA_GRAPH in tags:
             self._graphs_released = True
-        if WEIGHTS in tags and is_allocated(self.weights.flat):
+            self.memory.release(CUDA_GRAPH, [])
+        if WEIGHTS in tags and self._held(WEIGHTS):
             self._release_weights()
-        if KV_CACHE in tags and self.kv.allocated:
-            self.kv.release()
-        _return_memory(self.device)
+        if KV_CACHE in tags and self._held(KV_CACHE):
+            self.memory.release(KV_CACHE, [self.kv.buffer])
+        self.memory.settle(self.device)
 
     def resume_memory_occupation(self, tags: Sequence[str]) -> None:
         tags = _check_tags(tags)
         for tag in RESUME_ORDER:
             if tag == CUDA_GRAPH and tag in tags:
+                self.memory.resume(CUDA_GRAPH, [])
                 self._graphs_released = False
-            elif tag == WEIGHTS and tag in tags and not is_allocated(self.weights.flat):
+            elif tag == WEIGHTS and tag in tags and not self._held(WEIGHTS):
                 self._resume_weights()
-            elif tag == KV_CACHE and tag in tags and not self.kv.allocated:
-                self.kv.resume()
+            elif tag == KV_CACHE and tag in tags and not self._held(KV_CACHE):
+                self.memory.resume(KV_CACHE, [self.kv.buffer])
+                self.kv.clear()
         if CUDA_GRAPH in tags and self._use_graphs and self._last_shape and self._can_capture():
             self._capture(*self._last_shape)
 
     def _can_capture(self) -> bool:
-        return is_allocated(self.weights.flat) and self.kv.allocated and not self._graphs
+        return self._held(WEIGHTS) and self._held(KV_CACHE) and not self._graphs
 
     def _release_weights(self) -> None:
         if self._backup is not None:
             self._backup.copy_(self.weights.flat)
-        else:
+        elif not self._weights_backed_up:  # the bytes are lost: a full update must refill them
             self._missing = set(self._params)
             self._updating = False
-        free_storage(self.weights.flat)
-        trim_host_heap()
+        self.memory.release(WEIGHTS, [self.weights.flat])
 
     def _resume_weights(self) -> None:
-        alloc_storage(self.weights.flat)
+        self.memory.resume(WEIGHTS, [self.weights.flat])
         if self._backup is not None:
             self.weights.flat.copy_(self._backup)
-        else:
+        elif not self._weights_backed_up:
             self.weights.flat.zero_()
 
     # --- weights --------------------------------------------------------------------------------
@@ -192,7 +222,7 @@ class RolloutEngine:
     @torch.no_grad()
     def update_weights_from_tensor(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copy a chunk of (name, tensor) into the existing weight buffers; see the module docstring."""
-        if not is_allocated(self.weights.flat):
+        if not self._held(WEIGHTS):
             raise EngineError("update_weights_from_tensor called while the engine's weights are released")
         if not self._updating:
             self._missing, self._updating = set(self._params), True
@@ -209,8 +239,13 @@ class RolloutEngine:
             self.flush_cache()
 
     def flush_cache(self) -> None:
-        if self.kv.allocated:
+        if self._held(KV_CACHE):
             self.kv.clear()
+
+    def close(self) -> None:
+        """Resume whatever torch_memory_saver holds paused and hand its tags back, so another engine
+        in this process may use them (a no-op with the builtin backend)."""
+        self.memory.close()
 
     @property
     def weights_bytes(self) -> int:
@@ -218,7 +253,7 @@ class RolloutEngine:
 
     @property
     def serving_ready(self) -> bool:
-        return is_allocated(self.weights.flat) and self.kv.allocated and not self._missing
+        return self._held(WEIGHTS) and self._held(KV_CACHE) and not self._missing
 
 
 def _check_tags(tags: Sequence[str]) -> tuple[str, ...]:
@@ -227,15 +262,3 @@ def _check_tags(tags: Sequence[str]) -> tuple[str, ...]:
         raise ValueError(f"unknown memory tag(s) {unknown}; known: {list(TAGS)}")
     return tuple(tags)
 
-
-def _return_memory(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-        # cuBLAS keeps a workspace (32 MiB + 1 MiB on Hopper) per stream it ran on, cached for the
-        # life of the process: the graph's warm-up and capture streams each left one, the capture's
-        # inside the graph's private pool, which it kept alive (measured on the H200: 66 of 130 MiB
-        # came back without this, all of it with). torch's own CUDA-graph trees clear them too.
-        clear_workspaces = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
-        if clear_workspaces is not None:
-            clear_workspaces()
-        torch.cuda.empty_cache()

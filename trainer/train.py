@@ -15,8 +15,8 @@ import torch
 import miles_profile as mp
 from miles_profile.names import (CLEAR_MEMORY, CUDA_GRAPH, GENERATE, KV_CACHE, OFFLOAD_KV, OFFLOAD_ROLLOUT,
                                  OFFLOAD_TRAIN, OFFLOAD_WEIGHTS, ONLOAD_KV, ONLOAD_TRAIN, ONLOAD_WEIGHTS,
-                                 TRAIN, UPDATE_WEIGHTS, WEIGHTS)
-from trainer import task
+                                 TORCH_MEMORY_SAVER, TRAIN, UPDATE_WEIGHTS, WEIGHTS)
+from trainer import memory_backend, task
 from trainer.actor import Actor, Batch, TrainStats
 from trainer.args import RunConfig, parse_args
 from trainer.config import gib, model_config
@@ -77,17 +77,19 @@ def generate(i: int, cfg: RunConfig, engine: RolloutEngine) -> Batch:
 
 
 def release(engine: RolloutEngine, name: str, tags: tuple[str, ...], i: int) -> None:
-    with mp.phase(name, rollout_id=i, tags=list(tags), expected_bytes=engine.occupied_bytes(tags)):
+    with mp.phase(name, rollout_id=i, tags=list(tags), expected_bytes=engine.occupied_bytes(tags),
+                  backend=engine.memory.name):
         engine.release_memory_occupation(tags)
 
 
 def resume(engine: RolloutEngine, name: str, tags: tuple[str, ...], i: int) -> None:
-    with mp.phase(name, rollout_id=i, tags=list(tags), expected_bytes=engine.released_bytes(tags)):
+    with mp.phase(name, rollout_id=i, tags=list(tags), expected_bytes=engine.released_bytes(tags),
+                  backend=engine.memory.name):
         engine.resume_memory_occupation(tags)
 
 
 def onload_train(actor: Actor, i: int | None) -> None:
-    with mp.phase(ONLOAD_TRAIN, **_ids(i), target=actor.offloader.target,
+    with mp.phase(ONLOAD_TRAIN, **_ids(i), target=actor.offloader.target, backend=actor.offloader.backend,
                   expected_bytes=actor.offloader.expected_bytes()):
         actor.onload()
 
@@ -98,7 +100,7 @@ def train(actor: Actor, batch: Batch, i: int) -> TrainStats:
 
 
 def offload_train(actor: Actor, i: int | None) -> None:
-    with mp.phase(OFFLOAD_TRAIN, **_ids(i), target=actor.offloader.target,
+    with mp.phase(OFFLOAD_TRAIN, **_ids(i), target=actor.offloader.target, backend=actor.offloader.backend,
                   expected_bytes=actor.offloader.expected_bytes()):
         actor.offload()
 
@@ -133,15 +135,21 @@ def _run(cfg: RunConfig) -> list[tuple[float, TrainStats]]:
     disk_dir = _own_disk_dir(cfg)
     actor = Actor(model_cfg, device, lr=cfg.lr, seed=cfg.seed, use_critic=cfg.use_critic,
                   optimizer_cpu_offload=cfg.optimizer_cpu_offload, micro_batch_size=cfg.micro_batch_size,
-                  offload_target=cfg.offload_train_target, disk_dir=disk_dir, chunk_bytes=cfg.chunk_bytes)
+                  offload_target=cfg.offload_train_target, disk_dir=disk_dir, chunk_bytes=cfg.chunk_bytes,
+                  offload_backend=cfg.offload_train_backend)
+    engine = None
     try:
         if cfg.offload_train:  # before the engine exists (as in Miles): the two footprints never meet
             offload_train(actor, None)
-        engine = RolloutEngine(model_cfg, device, cfg.kv_cache_bytes, cuda_graph=cfg.cuda_graph)
+        engine = RolloutEngine(model_cfg, device, cfg.kv_cache_bytes, cuda_graph=cfg.cuda_graph,
+                               memory_backend=cfg.rollout_memory_backend)
         _print_setup(cfg, actor, engine)
+        _announce_backends(actor, engine)
         update_weights(actor, engine, None)  # the engine starts empty
         return _loop(cfg, actor, engine)
     finally:
+        if engine is not None:
+            engine.close()
         actor.close()
         if disk_dir is not None:
             shutil.rmtree(disk_dir, ignore_errors=True)
@@ -173,6 +181,19 @@ def _print_setup(cfg: RunConfig, actor: Actor, engine: RolloutEngine) -> None:
     print(f"trainer: preset {cfg.preset_name} on {cfg.device}: policy {actor.policy.params.numel / 1e6:.2f}M "
           f"params, training state {gib(actor.state_bytes())}, engine weights {gib(engine.weights_bytes)}, "
           f"KV pool {gib(engine.kv.nbytes)} ({engine.kv.capacity_tokens} tokens)", flush=True)
+
+
+def _announce_backends(actor: Actor, engine: RolloutEngine) -> None:
+    """One line saying which memory backend each side uses; the same into this process's meta.json,
+    so the checks know which series can see a release."""
+    backends = {"rollout_memory_backend": engine.memory.name, "train_memory_backend": actor.offloader.backend}
+    hook = ""
+    if TORCH_MEMORY_SAVER in backends.values():
+        backends["torch_memory_saver_hook_mode"] = memory_backend.hook_mode()
+        hook = f" (torch_memory_saver hook mode {backends['torch_memory_saver_hook_mode']})"
+    mp.annotate(**backends)
+    print(f"trainer: memory backend: rollout {engine.memory.name}, train offload {actor.offloader.backend}"
+          f"{hook}", flush=True)
 
 
 def _seed(seed: int, rollout_id: int, stream: int) -> int:

@@ -39,7 +39,7 @@ import numpy as np
 import pandas as pd
 
 from miles_profile import names
-from miles_profile.report.series import GiB, Track, device_track, host_track, main_pid
+from miles_profile.report.series import DRIVER_KINDS, GiB, Track, device_track, host_track, main_pid
 from miles_profile.report.stats import phase_instances
 
 Status = Literal["pass", "fail", "n/a"]
@@ -166,6 +166,13 @@ class _Tracks:
         """Device memory, or host RSS on a run without GPU columns."""
         return self.device(pid) if self.gpu else self.host(pid)
 
+    def driver(self, pid: int) -> Track | None:
+        """Device memory as the driver sees it (NVML per process, else NVML device used)."""
+        key = ("driver", pid)
+        if key not in self._cache:
+            self._cache[key] = device_track(self.run, pid, DRIVER_KINDS)
+        return self._cache[key]
+
 
 def _window(track: Track, a: float, b: float) -> slice:
     """Samples with a < t <= b (their peaks fall in that span)."""
@@ -241,13 +248,28 @@ def check_offload_drop(run, th: Thresholds) -> CheckResult:
             findings.append(Finding("n/a", f"{row['name']} #{row['iteration']}: moves to CPU memory on a CPU-only "
                                            "run, nothing measurable is freed", **where))
             continue
-        track = tracks.memory(int(row["pid"]))
+        backend = _backend(run, phases, k, int(row["pid"]))
+        paused = tracks.gpu and backend == names.TORCH_MEMORY_SAVER  # the allocator never sees a pause
+        track = tracks.driver(int(row["pid"])) if paused else tracks.memory(int(row["pid"]))
         if track is None:
-            findings.append(Finding("n/a", f"{row['name']}: no memory series for its process", **where))
+            findings.append(Finding("n/a", f"{row['name']}: no memory series for its process"
+                                           + (" that sees a torch_memory_saver pause (NVML)" if paused else ""),
+                                    **where))
             continue
-        findings.append(_judge_offload(track, row, expected, th, where))
+        finding = _judge_offload(track, row, expected, th, where)
+        finding.numbers["backend"] = backend
+        findings.append(finding)
     return _verdict(name, title, explanation, findings, "device memory" if tracks.gpu else "host RSS (no GPU columns)",
                     "offloads dropped what they moved", "offloads did not drop in time")
+
+
+def _backend(run, phases, k, pid: int) -> str:
+    """The phase's `backend` attribute, else torch_memory_saver when its process's annotations name it."""
+    value = phases.loc[k, "backend"] if "backend" in phases else None
+    if isinstance(value, str):
+        return value
+    notes = next((p.get("annotations", {}) for p in run.processes if p.get("pid") == pid), {})
+    return names.TORCH_MEMORY_SAVER if names.TORCH_MEMORY_SAVER in notes.values() else names.BUILTIN
 
 
 def _judge_offload(track: Track, row, expected: float, th: Thresholds, where: dict) -> Finding:

@@ -13,7 +13,7 @@ Public API (stable; shared with the Dash dashboard):
     process_label(run, pid) -> str
     Track(name, label, pid, t, value, peak)     # one memory level and its true-peak envelope;
                                                 #   .sample_gap(start, end): why it can't judge a span
-    host_track(run, pid) / device_track(run, pid) -> Track | None
+    host_track(run, pid) / device_track(run, pid, kinds=ALLOCATOR_KINDS | DRIVER_KINDS) -> Track | None
     main_pid(run) -> int | None           # the process whose phases drive the report
 """
 from __future__ import annotations
@@ -205,11 +205,16 @@ def host_track(run, pid: int | None) -> Track | None:
     return Track("host", f"host RSS of {process_label(run, pid)}", pid, t, value, peak)
 
 
-def _device_columns(run, pid: int) -> list[tuple[str, str | None]]:
+ALLOCATOR_KINDS = ("proc", "reserved", "alloc", "used")
+# torch_memory_saver pauses are invisible to the allocator's counters: only the driver's series see them.
+DRIVER_KINDS = ("proc", "used")
+
+
+def _device_columns(run, pid: int, kinds: tuple[str, ...] = ALLOCATOR_KINDS) -> list[tuple[str, str | None]]:
     """Per GPU this process uses: (level column, peak column) in order of preference."""
     chosen = []
     for i in run.gpu_indices:
-        for kind in ("proc", "reserved", "alloc", "used"):
+        for kind in kinds:
             column = f"gpu{i}_{kind}"
             y = series_arrays(run, pid, column)[1] if column in run.samples else None
             if y is not None and np.isfinite(y).any() and np.nanmax(y) > 0:
@@ -219,13 +224,14 @@ def _device_columns(run, pid: int) -> list[tuple[str, str | None]]:
     return chosen
 
 
-def device_track(run, pid: int | None) -> Track | None:
-    """GPU memory of `pid` summed over the GPUs it uses (NVML per process, else allocator), or None."""
+def device_track(run, pid: int | None, kinds: tuple[str, ...] = ALLOCATOR_KINDS) -> Track | None:
+    """GPU memory of `pid` summed over the GPUs it uses (NVML per process, else allocator; with
+    `kinds=DRIVER_KINDS` NVML per process, else NVML device used), or None."""
     if not run.gpu_indices:
         return None
     order = ([pid] if pid is not None else []) + [p for p in pids(run) if p != pid]
     for candidate in order:
-        columns = _device_columns(run, candidate)
+        columns = _device_columns(run, candidate, kinds)
         if columns:
             break
     else:

@@ -27,6 +27,7 @@ def _train(*argv: str, timeout: int = 120) -> subprocess.CompletedProcess:
     ["--offload-train", "--offload-train-target", "disk"],
     ["--device", "tpu"],
     ["--bogus-flag"],
+    ["--device", "cpu", "--rollout-memory-backend", "torch_memory_saver"],
 ])
 def test_bad_flags_exit_2_with_one_line(argv):
     result = _train(*argv)

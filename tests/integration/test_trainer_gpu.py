@@ -1,8 +1,10 @@
-"""The trainer's CUDA paths: pinned buffers, device memory really freed, CUDA graphs, every loop order.
+"""The trainer's CUDA paths: pinned buffers, device memory really freed, CUDA graphs, every loop order,
+and the torch_memory_saver backends (skipped unless the package imports).
 
 Skipped without a GPU. The GPU machine may lack pytest, so this file also runs as a script
-(`PYTHONPATH=. python3 tests/integration/test_trainer_gpu.py`), printing PASS/FAIL per test and
-exiting 1 on any failure.
+(`PYTHONPATH=. python3 tests/integration/test_trainer_gpu.py [NAME_PART ...]`), running the tests
+whose names contain a NAME_PART (all without one), printing PASS/FAIL/SKIP per test and exiting 1 on
+any failure.
 """
 from __future__ import annotations
 
@@ -11,9 +13,13 @@ import tempfile
 import traceback
 from pathlib import Path
 
+import psutil
 import torch
 
-from trainer import train
+import miles_profile as mp
+from miles_profile.names import TORCH_MEMORY_SAVER
+from miles_profile.report.checks import Thresholds, check_offload_drop
+from trainer import memory_backend, train
 from trainer.actor import Actor, Batch
 from trainer.config import PRESETS, ModelConfig, model_config
 from trainer.flat import is_allocated
@@ -30,6 +36,13 @@ except ImportError:  # run as a script on a machine without pytest
 CFG = ModelConfig(vocab_size=16, d_model=64, n_layer=2, n_head=4, max_seq_len=10)
 CUDA = torch.device("cuda")
 KV_BYTES = 64 * 1024**2
+NO_TMS = memory_backend.unavailable_reason("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def needs_tms(fn):
+    """Skipped (pytest and script alike) unless CUDA and torch_memory_saver are both there."""
+    fn.skip_reason = NO_TMS and f"torch_memory_saver: {NO_TMS}"
+    return pytest.mark.skipif(bool(NO_TMS), reason=fn.skip_reason or "")(fn) if pytest else fn
 
 
 def _actor(target: str, disk_dir: Path | None = None, **kw) -> Actor:
@@ -115,9 +128,9 @@ def test_host_optimizer_matches_device_optimizer_within_tolerance():
         assert torch.allclose(a, b, rtol=1e-5, atol=1e-7), f"step {step}: max abs diff {diff.max().item():.3e}"
 
 
-def _engine(graphs: bool) -> RolloutEngine:
+def _engine(graphs: bool, **kw) -> RolloutEngine:
     ref = _actor("cpu")
-    engine = RolloutEngine(CFG, CUDA, KV_BYTES, cuda_graph=graphs)
+    engine = RolloutEngine(CFG, CUDA, KV_BYTES, cuda_graph=graphs, **kw)
     for chunk in ref.weight_chunks():
         engine.update_weights_from_tensor(chunk)
     return engine
@@ -170,6 +183,95 @@ def test_every_loop_order_runs_on_cuda():
             assert train.main([*base, *flags]) == 0, flags
 
 
+def _driver_free() -> int:
+    torch.cuda.synchronize()
+    return torch.cuda.mem_get_info()[0]
+
+
+def _rss() -> int:
+    return psutil.Process().memory_info().rss
+
+
+@needs_tms
+def test_tms_engine_release_returns_tagged_bytes_keeps_graphs_and_output():
+    engine = _engine(graphs=True, memory_backend=TORCH_MEMORY_SAVER, weights_cpu_backup=True)
+    try:
+        _check_tms_engine(engine)
+    finally:
+        engine.close()  # hands the tags back even when a check failed: the next test needs them
+
+
+def _check_tms_engine(engine: RolloutEngine) -> None:
+    prompts = torch.randint(0, 10, (8, 6), generator=torch.Generator().manual_seed(0))
+    first = engine.generate(prompts, 4, seed=0)  # captures a decode graph inside the cuda_graph region
+    captures, graph_bytes = engine.graph_captures, engine.occupied_bytes(["cuda_graph"])
+    assert captures >= 1
+    tags = ["kv_cache", "weights", "cuda_graph"]
+    expected = engine.occupied_bytes(tags)
+    free = _driver_free()
+    engine.release_memory_occupation(["cuda_graph"])
+    freed_graph = _driver_free() - free
+    engine.release_memory_occupation(["kv_cache", "weights"])
+    freed = _driver_free() - free
+    print(f"  hook mode {memory_backend.hook_mode()}: freed {freed} of {expected} tagged bytes inside the "
+          f"calls; graph memory {freed_graph} of {graph_bytes}")
+    assert freed >= 0.9 * expected, f"freed {freed} of {expected} bytes"  # back to the driver
+    assert freed_graph >= 0.9 * graph_bytes, f"graph memory: freed {freed_graph} of {graph_bytes} bytes"
+    engine.resume_memory_occupation(tags)
+    assert engine.serving_ready  # the weights came back from their CPU backup
+    assert torch.equal(engine.generate(prompts, 4, seed=0), first)
+    assert engine.graph_captures == captures, "a graph was captured again after resume"
+
+
+def _tms_round_trips(host_optimizer: bool) -> None:
+    actor = _actor("cpu", offload_backend=TORCH_MEMORY_SAVER, optimizer_cpu_offload=host_optimizer)
+    expected = actor.offloader.expected_bytes()
+    try:
+        for cycle in range(3):
+            actor.train(_batch(cycle))
+            snap = {s.name: s.tensor.clone() for s in actor.state}
+            rss, free = _rss(), _driver_free()
+            actor.offload()
+            freed = _driver_free() - free
+            rss_paused = _rss()
+            # update_weights reads the paused weights from the CPU backup
+            got = dict(pair for chunk in actor.weight_chunks() for pair in chunk)
+            want = dict(actor.policy.params.views(snap["policy.params"]))
+            assert all(torch.equal(got[n].cpu(), want[n].cpu()) for n in want)
+            actor.onload()
+            print(f"  optimizer on host {host_optimizer}, cycle {cycle}: freed {freed} of {expected} bytes; host "
+                  f"RSS {rss_paused - rss:+d} while paused, {_rss() - rss:+d} after onload (torch_memory_saver #90)")
+            assert freed >= 0.9 * expected, f"freed {freed} of {expected} bytes"
+            for s in actor.state:
+                assert torch.equal(s.tensor, snap[s.name]), (host_optimizer, s.name)
+    finally:
+        actor.close()
+
+
+@needs_tms
+def test_tms_actor_round_trips_are_bit_exact_and_free_the_device():
+    for host_optimizer in (False, True):
+        _tms_round_trips(host_optimizer)
+
+
+@needs_tms
+def test_tms_trainer_runs_both_orders_and_offload_drop_passes_on_nvml():
+    base = ["--preset", "tiny", "--device", "cuda", "--num-rollout", "2", "--kv-cache-bytes", "256MiB",
+            "--offload-train", "--offload-rollout", "--rollout-memory-backend", "torch_memory_saver",
+            "--offload-train-backend", "torch_memory_saver"]
+    with tempfile.TemporaryDirectory() as tmp:
+        for order in ("cpu", "gpu"):
+            with mp.Recorder(Path(tmp) / order) as rec:
+                assert train.main([*base, "--colocate-memory-peak-device", order]) == 0, order
+            run = mp.load(rec.run_dir)
+            assert run.processes[0]["annotations"]["rollout_memory_backend"] == TORCH_MEMORY_SAVER
+            result = check_offload_drop(run, Thresholds())
+            print(f"  order {order}: offload_drop {result.status}: {result.summary}")
+            for f in result.findings:
+                print(f"    {f.status} {f.message} [{f.numbers.get('series')}]")
+            assert result.status == "pass", result.summary
+
+
 def test_gpu_preset_shapes():
     p = PRESETS["gpu"]
     cfg = model_config(p, p.digits)
@@ -180,9 +282,12 @@ if __name__ == "__main__":
     if not torch.cuda.is_available():
         print("SKIP: no CUDA device")
         sys.exit(0)
-    failed = 0
+    failed, wanted = 0, sys.argv[1:]
     for name, fn in list(globals().items()):
-        if name.startswith("test_") and callable(fn):
+        if name.startswith("test_") and callable(fn) and (not wanted or any(w in name for w in wanted)):
+            if getattr(fn, "skip_reason", None):
+                print(f"SKIP {name}: {fn.skip_reason}", flush=True)
+                continue
             try:
                 fn()
                 print(f"PASS {name}", flush=True)

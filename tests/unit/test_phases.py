@@ -93,3 +93,15 @@ def test_marks_and_watched_dirs(tmp_path):
     run = mp.load(rec.run_dir)
     assert run.events[run.events["kind"] == "mark"].iloc[0]["attrs"] == {"step": 2}
     assert run.samples["disk"].max() == 4096
+
+
+def test_annotate_merges_into_this_process_meta_and_survives_stop(tmp_path):
+    mp.annotate(rollout_memory_backend="ignored")  # no recorder: nothing written anywhere
+    assert list(tmp_path.iterdir()) == []
+    with mp.Recorder(tmp_path, interval_ms=1000) as rec:
+        mp.annotate(rollout_memory_backend="torch_memory_saver")
+        mp.annotate(train_memory_backend="builtin", rollout_memory_backend="builtin")
+        run_dir = rec.run_dir
+    meta = mp.load(run_dir).processes[0]
+    assert meta["annotations"] == {"rollout_memory_backend": "builtin", "train_memory_backend": "builtin"}
+    assert "end_time" in meta and meta["pid"] > 0  # the recorder's own fields are untouched

@@ -5,6 +5,7 @@ import argparse
 
 import pytest
 
+from trainer import memory_backend
 from trainer.args import build_parser, parse_args, parse_bytes, parse_levels, validate
 
 ALL_OFFLOAD = ["--offload-train", "--offload-rollout", "--optimizer-cpu-offload"]
@@ -58,6 +59,11 @@ INVALID = [
     (["--n-samples-per-prompt", "1"], "at least 2 for GRPO"),
     (["--kv-cache-bytes", "1024"], "holds less than one sequence"),
     (["--lr", "-1"], "--lr must be positive"),
+    (["--rollout-memory-backend", "torch_memory_saver"], "torch_memory_saver: needs a CUDA device"),
+    (["--offload-train-backend", "torch_memory_saver"], "needs --offload-train"),
+    (["--offload-train", "--offload-train-backend", "torch_memory_saver"], "torch_memory_saver: needs a CUDA device"),
+    (["--offload-train", "--offload-train-backend", "torch_memory_saver", "--offload-train-target", "disk",
+      "--offload-train-disk-dir", "/tmp"], "use it with --offload-train-target cpu"),
 ]
 
 
@@ -126,7 +132,28 @@ def test_help_groups_every_flag(capsys):
     for flag in ("--offload-train", "--no-offload-train", "--offload-rollout", "--no-offload-rollout",
                  "--offload-rollout-level", "--colocate-memory-peak-device", "--offload-train-target",
                  "--offload-train-disk-dir", "--optimizer-cpu-offload", "--use-critic", "--device",
-                 "--num-rollout", "--seed", "--preset", "--kv-cache-bytes"):
+                 "--num-rollout", "--seed", "--preset", "--kv-cache-bytes", "--rollout-memory-backend",
+                 "--offload-train-backend"):
         assert flag in out
     for group in ("run:", "rollout:", "train:", "offload and colocation:"):
         assert group in out
+
+
+def _tms_importable() -> bool:
+    return memory_backend.unavailable_reason("cuda") is None
+
+
+@pytest.mark.skipif(_tms_importable(), reason="torch_memory_saver is installed here")
+@pytest.mark.parametrize("flag", [["--rollout-memory-backend", "torch_memory_saver"],
+                                  ["--offload-train", "--offload-train-backend", "torch_memory_saver"]])
+def test_torch_memory_saver_without_the_package_is_a_flag_error(flag):
+    problem = _problem(["--device", "cuda", *flag], cuda=True)
+    assert problem is not None and "not importable" in problem and "\n" not in problem
+
+
+def test_auto_memory_backend_resolves_to_what_can_run():
+    assert parse_args([], cuda_available=False).rollout_memory_backend == "builtin"
+    expected = "torch_memory_saver" if _tms_importable() else "builtin"
+    assert parse_args([], cuda_available=True).rollout_memory_backend == expected
+    assert parse_args(["--rollout-memory-backend", "builtin"], cuda_available=True).rollout_memory_backend == "builtin"
+    assert parse_args([], cuda_available=True).offload_train_backend == "builtin"
