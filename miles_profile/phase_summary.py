@@ -75,7 +75,7 @@ class _Segment:
                 self.last[k] = later.last[k]
 
 
-def _stamp(t: float) -> float:
+def stamp(t: float) -> float:
     return float(f"{t:.6f}")  # the time exactly as the samples file holds it
 
 
@@ -125,6 +125,6 @@ class PhaseSummaries:
                 series[name] = {"peak": total.peak[k], "floor": total.floor[k],
                                 "first": total.first[k], "last": total.last[k]}
         return {"rows": total.rows,
-                "t_first": _stamp(total.t_first) if total.t_first is not None else None,
-                "t_last": _stamp(total.t_last) if total.t_last is not None else None,
+                "t_first": stamp(total.t_first) if total.t_first is not None else None,
+                "t_last": stamp(total.t_last) if total.t_last is not None else None,
                 "series": series}

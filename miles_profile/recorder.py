@@ -19,7 +19,7 @@ from miles_profile.errors import MilesProfileError
 from miles_profile.identity import RUN_ID_ENV, cuda_identity, host_name, process_identity
 from miles_profile.logdir.layout import new_run_dir, process_stem
 from miles_profile.logdir.writer import EventWriter, SampleWriter, write_process_meta, write_run_meta
-from miles_profile.phase_summary import PhaseSummaries
+from miles_profile.phase_summary import PhaseSummaries, stamp
 from miles_profile.probes.disk import DiskProbe
 from miles_profile.probes.host import HostProbe
 from miles_profile.probes.nvml import open_nvml
@@ -59,6 +59,12 @@ def _run_id_of(run_dir: Path) -> str:
         return str(json.loads((run_dir / "meta.json").read_text()).get("run_id") or run_dir.name)
     except (OSError, ValueError, AttributeError):
         return run_dir.name
+
+
+def _after(t_row: float) -> float:
+    """An event time after the row just written, as the file holds it (6 decimals) and before any
+    later row: so a phase's rows are exactly those of its process with start < t <= end."""
+    return max(time.time(), stamp(t_row) + 1e-6)
 
 
 class Recorder:
@@ -216,11 +222,11 @@ class Recorder:
         stack = self._stack()
         phase_id = next(self._ids)
 
-        def opened() -> float:  # under the sampler's lock, right after the "before" row
+        def opened(t_row: float) -> float:  # under the sampler's lock, right after the "before" row
             self._summaries.open(phase_id)
             with self._phase_lock:
                 self._open[phase_id] = name
-            return time.time()
+            return _after(t_row)
 
         t = self._sampler.sample(then=opened)  # the "before" row, in the enclosing phase
         self._events.write(names.BEGIN, name, attrs, t=t, id=phase_id, parent=stack[-1] if stack else None)
@@ -229,11 +235,11 @@ class Recorder:
         return phase_id
 
     def end(self, phase_id: int, name: str, status: str = "ok") -> None:
-        def closed() -> tuple[float, dict[str, Any] | None]:  # under the sampler's lock, after the "after" row
+        def closed(t_row: float) -> tuple[float, dict[str, Any] | None]:  # likewise, after the "after" row
             summary = self._summaries.close(phase_id)
             with self._phase_lock:
                 self._open.pop(phase_id, None)
-            return time.time(), summary
+            return _after(t_row), summary
 
         # The "after" row: its peak covers the phase's last stretch.
         t, summary = self._sampler.sample(phase=name, then=closed)

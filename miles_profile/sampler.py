@@ -41,11 +41,11 @@ class Sampler:
         self.sample()
         self._thread.start()
 
-    def sample(self, phase: str | None = None, full: bool = True, then: Callable[[], Any] | None = None) -> Any:
+    def sample(self, phase: str | None = None, full: bool = True, then: Callable[[float], Any] | None = None) -> Any:
         """Take one row now; `phase` overrides the current phase (a phase's closing sample). Periodic
         rows are not `full`: probes with `partial_reads` may then leave their costly columns empty.
-        `then` runs in the same hold of the lock right after the row (a phase opening or closing
-        there, so no other row falls between); its result is returned."""
+        `then(t)` runs in the same hold of the lock right after the row taken at `t` (a phase opening
+        or closing there, so no other row falls between); its result is returned."""
         with self._lock:
             values: list[int | None] = []
             for probe, width, partial in self._plan:
@@ -54,7 +54,7 @@ class Sampler:
             self._writer.append(t, self._current_phase() if phase is None else phase, values)
             if self._on_row is not None:
                 self._on_row(t, values)
-            return then() if then is not None else None
+            return then(t) if then is not None else None
 
     def _read(self, probe: Probe, width: int, partial: bool, full: bool) -> Sequence[int | None]:
         if probe.name in self._failed:
