@@ -33,8 +33,11 @@ class HostWriter:
         self._proc_rows: list[str] = []
         self._flush_interval_s = flush_interval_s
         self._last_flush = time.monotonic()
-        os.write(self._samples, (",".join(["t", *columns]) + "\n").encode())
-        os.write(self._procs, (",".join(GPU_PROCS_COLUMNS) + "\n").encode())
+        # A sampler of the same process taking the role again appends under the existing header.
+        if not os.fstat(self._samples).st_size:
+            os.write(self._samples, (",".join(["t", *columns]) + "\n").encode())
+        if not os.fstat(self._procs).st_size:
+            os.write(self._procs, (",".join(GPU_PROCS_COLUMNS) + "\n").encode())
 
     def append(self, t: float, values: Sequence[Any], procs: Sequence[tuple[str, int, int | None]]) -> None:
         stamp = f"{t:.6f}"

@@ -61,8 +61,8 @@ class CgroupProbe:
         self._limits: list[Path] = []
         self._v1_stat: Path | None = None
         v1 = root / "memory"
-        if (v1 / "memory.usage_in_bytes").exists():
-            where = _inside(v1, own.get("memory", "/"))
+        where = _inside(v1, own.get("memory", "/")) if v1.is_dir() else v1
+        if (where / "memory.usage_in_bytes").exists():
             self.version, self._usage = 1, where / "memory.usage_in_bytes"
             self._limits, self._v1_stat = [where / "memory.limit_in_bytes"], where / "memory.stat"
         else:
