@@ -191,3 +191,38 @@ def test_recorder_meta_says_who_it_is(tmp_path, monkeypatch):
     assert meta["host_sampler"] is True and meta["gpu_uuid"] is None  # local rank 0 took the role; no CUDA
     assert (rec.run_dir / "fakehost.host.lock").exists()
     assert mp.load(rec.run_dir).meta["run_id"] == "job-17"
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_the_process_names_its_gpu_and_the_host_sampler_sees_its_bytes(tmp_path):
+    """The real pynvml backend and torch: the UUID in meta is NVML's, and the host files list this
+    process on that GPU with the bytes it holds. Run on the device machine."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    import pynvml
+    with mp.Recorder(tmp_path, interval_ms=20) as rec:
+        with mp.phase("train"):
+            block = torch.empty(512 * 1024 ** 2, dtype=torch.uint8, device="cuda")
+            time.sleep(0.5)
+        with mp.phase("offload_train"):
+            del block
+            torch.cuda.empty_cache()
+    run = mp.load(rec.run_dir)
+    meta = run.processes[0]
+    pynvml.nvmlInit()
+    try:
+        index = torch.cuda.current_device()
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        nvml_index = int(visible.split(",")[index]) if visible and visible.split(",")[index].isdigit() else index
+        expected = pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(nvml_index))
+    finally:
+        pynvml.nvmlShutdown()
+    expected = expected.decode() if isinstance(expected, bytes) else expected
+    assert meta["gpu_uuid"] == expected
+    mine = run.gpu_procs[(run.gpu_procs["pid"] == os.getpid()) & (run.gpu_procs["gpu_uuid"] == expected)]
+    assert mine["bytes"].max() >= 512 * 1024 ** 2
+    used = run.gpu_samples[run.gpu_samples["gpu_uuid"] == expected]["used"]
+    assert used.max() >= mine["bytes"].max()
+    train = run.phase_summaries[(run.phase_summaries["name"] == "train")].set_index("series")
+    assert train.loc["gpu0_alloc", "peak"] >= 512 * 1024 ** 2
