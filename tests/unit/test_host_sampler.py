@@ -136,6 +136,8 @@ def test_cgroup_v2_limit_is_the_tightest_on_the_path(tmp_path):
     probe = CgroupProbe(root, tmp_path / "self_cgroup")
     assert probe.version == 2 and probe.read() == (GiB // 2, 8 * GiB)
     write(root / "pod" / "memory.max", "max\n")
+    assert probe.read() == (GiB // 2, 8 * GiB)  # limits are re-read every LIMIT_REFRESH_S, not each sample
+    probe._limit_due = 0.0  # as if LIMIT_REFRESH_S had passed
     assert probe.read() == (GiB // 2, None)  # unlimited: empty, never a made-up number
 
 
