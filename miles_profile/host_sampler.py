@@ -145,9 +145,42 @@ class HostSampler:
 
     def start(self) -> "HostSampler":
         if self.prefer and self._role.take(fallback=True):
-            self._activate()
-        self._thread.start()
+            self._activate_or_give_up()
+        if not self._stop.is_set():
+            self._thread.start()
         return self
+
+    def _activate_or_give_up(self) -> bool:
+        try:
+            self._activate()
+            return True
+        except Exception as exc:  # never the program's problem: let another process of the host sample
+            log.warning("miles_profile: host sampler could not start, leaving the role: %s", exc)
+            self._give_up()
+            return False
+
+    def _give_up(self) -> None:
+        with self._lock:
+            writer, self._writer = self._writer, None
+        if writer is not None:
+            try:
+                writer.close()
+            except OSError:
+                pass
+        self._close_probes()
+        self._role.release()
+        self._stop.set()
+
+    def _close_probes(self) -> None:
+        probes, self._probes = self._probes, []
+        if self._gpus is not None:
+            probes.append(self._gpus)
+            self._gpus = None
+        for probe in probes:
+            try:
+                probe.close()
+            except Exception:
+                pass
 
     def _activate(self) -> None:
         memory, cgroup = HostMemoryProbe(), CgroupProbe()
@@ -182,12 +215,13 @@ class HostSampler:
                 if self._stop.wait(self._standby_s):
                     return
                 try:
-                    if self._role.take(fallback=self.prefer):
-                        self._activate()
-                        next_due = time.monotonic()
-                except Exception as exc:  # never the program's problem
-                    log.warning("miles_profile: host sampler could not start: %s", exc)
+                    taken = self._role.take(fallback=self.prefer)
+                except OSError as exc:
+                    log.warning("miles_profile: host sampler lock unusable: %s", exc)
                     return
+                if taken and not self._activate_or_give_up():
+                    return
+                next_due = time.monotonic()
                 continue
             next_due += self.interval_s
             delay = next_due - time.monotonic()
@@ -198,7 +232,8 @@ class HostSampler:
             try:
                 self.sample()
             except Exception as exc:
-                log.warning("miles_profile: host sampler stopped: %s", exc)
+                log.warning("miles_profile: host sampler failed, leaving the role to another process: %s", exc)
+                self._give_up()
                 return
 
     def stop(self) -> None:
@@ -210,10 +245,7 @@ class HostSampler:
             with self._lock:
                 self._writer.close()
                 self._writer = None
-            for probe in self._probes:
-                probe.close()
-            if self._gpus is not None:
-                self._gpus.close()
+            self._close_probes()
             self.meta["end_time"] = time.time()
             write_host_meta(self.run_dir, self.stem, self.meta)
         self._role.release()

@@ -145,6 +145,7 @@ class EventsTail:
                 self.skipped_lines += 1
                 continue
             event.setdefault("pid", self.pid)
+            event.setdefault("host", self.path.name.rsplit(".events.jsonl", 1)[0].rsplit("-", 1)[0])
             rows.append(event)
         if not rows:
             return None

@@ -228,3 +228,28 @@ def test_on_a_gpu_the_process_names_its_gpu_and_the_host_sampler_sees_its_bytes(
     assert used.max() >= mine["bytes"].max()
     train = run.phase_summaries[(run.phase_summaries["name"] == "train")].set_index("series")
     assert train.loc["gpu0_alloc", "peak"] >= 512 * 1024 ** 2
+
+
+class BrokenNvml(FakeNvml):
+    """The NVML stand-in whose device listing fails, as a broken driver would."""
+
+    def devices(self):
+        raise RuntimeError("driver gone")
+
+
+def test_a_host_sampler_that_cannot_start_leaves_the_role_to_another(tmp_path):
+    run_dir = make_run(tmp_path)
+    broken = HostSampler(run_dir, interval_s=0.01, prefer=True, backend=BrokenNvml(), standby_s=0.05).start()
+    assert broken.active  # NVML absent is not a failure: host memory and cgroup still sampled
+    broken.stop()
+
+    class Unwritable(HostSampler):
+        def _activate(self):
+            raise OSError(28, "No space left on device")
+
+    failed = Unwritable(run_dir, interval_s=0.01, prefer=True, backend=FakeNvml(), standby_s=0.05).start()
+    assert not failed.active
+    other = HostSampler(run_dir, interval_s=0.01, prefer=True, backend=FakeNvml(), standby_s=0.05).start()
+    assert other.active  # the lock was released, not kept by a sampler that samples nothing
+    other.stop()
+    failed.stop()
