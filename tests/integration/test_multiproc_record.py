@@ -134,3 +134,14 @@ def test_record_exec_is_the_host_sampler_and_hands_the_run_id_down(tmp_path):
     inner = next(p for p in run.processes if p["role"] == "in_process")
     assert parent["host_sampler"] and not inner["host_sampler"]
     assert [h["pid"] for h in run.hosts] == [parent["pid"]]  # record took the role before the child ran
+
+
+def test_two_hosts_in_one_shared_run_directory_each_sample_their_own_host(tmp_path):
+    run_dir = create_run(tmp_path, ["test"], 20.0)
+    procs = [start_rank("-", 1.0, **{**rank_env(0, 2, run_dir), HOST_ENV: host, "RANK": str(r)})
+             for r, host in enumerate(["node-a", "node-b"])]
+    wait_all(procs)
+    run = mp.load(run_dir)
+    assert sorted(h["host"] for h in run.hosts) == ["node-a", "node-b"]  # one lock per host
+    assert sorted(run_dir.glob("*.host.lock")) == [run_dir / "node-a.host.lock", run_dir / "node-b.host.lock"]
+    assert all(p["host_sampler"] for p in run.processes)
