@@ -2,7 +2,6 @@
 whole-run analysis computes from summaries alone."""
 from __future__ import annotations
 
-import json
 import threading
 import time
 
