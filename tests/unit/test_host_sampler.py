@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import time
 
 import pytest
@@ -15,6 +17,7 @@ from miles_profile.logdir.layout import new_run_dir
 from miles_profile.logdir.writer import write_run_meta
 from miles_profile.probes.cgroup import CgroupProbe
 from miles_profile.probes.nvml_host import Gpu
+from tests.conftest import REPO, python_env
 
 GiB = 1024 ** 3
 
@@ -171,11 +174,12 @@ def test_identity_comes_from_torchrun_and_the_launcher(monkeypatch):
 
 
 def test_cuda_identity_touches_nothing_before_the_program_initialises_cuda():
-    torch = pytest.importorskip("torch")
-    if torch.cuda.is_available():
-        pytest.skip("a CUDA machine: the GPU test covers it")
-    assert identity.cuda_identity() is None
-    assert not torch.cuda.is_initialized()
+    """In a fresh process (on a GPU machine too): asking creates no CUDA context."""
+    program = ("import torch\nfrom miles_profile.identity import cuda_identity\n"
+               "assert cuda_identity() is None\nassert not torch.cuda.is_initialized()\n")
+    done = subprocess.run([sys.executable, "-c", program], env=python_env(), cwd=REPO, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
 
 
 def test_recorder_meta_says_who_it_is(tmp_path, monkeypatch):
