@@ -144,7 +144,12 @@ class HostSampler:
         return self._writer is not None
 
     def start(self) -> "HostSampler":
-        if self.prefer and self._role.take(fallback=True):
+        try:
+            taken = self.prefer and self._role.take(fallback=True)
+        except OSError as exc:  # e.g. a read-only run directory: the program goes on unsampled
+            log.warning("miles_profile: host sampler lock unusable: %s", exc)
+            return self
+        if taken:
             self._activate_or_give_up()
         if not self._stop.is_set():
             self._thread.start()

@@ -119,8 +119,10 @@ class Recorder:
             return self
         run_dir = self._prepare_run_dir()
         if self._host_sampling:
-            # record (the outside sampler) and local rank 0 try first; see host_sampler.py.
-            prefer = self._child_pid is not None or self._identity["local_rank"] == 0
+            # record (the outside sampler) and local rank 0 try first (not an engine process that
+            # inherited its rank's LOCAL_RANK); see host_sampler.py.
+            prefer = self._child_pid is not None or (self._identity["local_rank"] == 0
+                                                     and self._identity["role"] != "engine")
             self._host = host_sampler.join(run_dir, prefer=prefer)
         probes, probe_meta = self._open_probes()
         self._meta = self._process_meta(probes, probe_meta)

@@ -257,3 +257,13 @@ def test_a_host_sampler_that_cannot_start_leaves_the_role_to_another(tmp_path):
     assert other.active  # the lock was released, not kept by a sampler that samples nothing
     other.stop()
     failed.stop()
+
+
+def test_an_unusable_lock_file_never_stops_the_recorded_program(tmp_path):
+    run_dir = make_run(tmp_path)
+    (run_dir / f"{identity.host_name()}.host.lock").mkdir()  # open() of the lock fails
+    with mp.Recorder(run_dir=run_dir, interval_ms=20) as rec:
+        with mp.phase("train"):
+            pass
+    run = mp.load(rec.run_dir)
+    assert run.phases["status"].tolist() == ["ok"] and run.hosts == []
