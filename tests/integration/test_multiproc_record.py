@@ -1,5 +1,6 @@
-"""Many recording processes as real processes: ranks on one host with exactly one host sampler, a
-takeover when it is killed, two (faked) hosts of one run in two directories loaded as one run."""
+"""Many recording processes as real processes: ranks on one host with exactly one host sampler, two
+(faked) hosts of one run in two directories loaded as one run. (A killed host sampler:
+tests/faults/test_faults_host_sampler.py.)"""
 from __future__ import annotations
 
 import json
@@ -75,27 +76,6 @@ def test_ranks_of_one_host_have_exactly_one_host_sampler(tmp_path):
     assert sum("host_available" in p["columns"] for p in run.processes) <= 1
     # Every rank's phases, each with its summary.
     assert set(run.phase_summaries["pid"]) == {p["pid"] for p in run.processes}
-
-
-@pytest.mark.slow
-def test_another_process_takes_over_when_the_host_sampler_is_killed(tmp_path):
-    run_dir = create_run(tmp_path, ["test"], 20.0)
-    procs = [start_rank("-", 6, **rank_env(r, 2, run_dir)) for r in range(2)]
-    for proc in procs:
-        assert proc.stdout.readline().strip() == "started"
-    deadline = time.monotonic() + 10
-    while not list(run_dir.glob("*.host.json")) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    holder = json.loads(next(run_dir.glob("*.host.json")).read_text())["pid"]
-    killed_at = time.time()
-    os.kill(holder, signal.SIGKILL)
-    survivor = next(p for p in procs if p.pid != holder)
-    assert survivor.wait(timeout=60) == 0
-    next(p for p in procs if p.pid == holder).wait()
-    run = mp.load(run_dir)
-    assert sorted(h["pid"] for h in run.hosts) == sorted([holder, survivor.pid])
-    after = run.host_samples[run.host_samples["t"] > killed_at + 2]
-    assert len(after) >= 5  # the survivor sampled the host after taking over (1 s standby)
 
 
 @pytest.mark.slow
