@@ -19,6 +19,8 @@ from typing import Any, Iterable
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.csv as pacsv
 
 from miles_profile.logdir.layout import GPU_PROCS_SUFFIX, HOST_META_SUFFIX, HOST_SAMPLES_SUFFIX
 
@@ -44,23 +46,39 @@ def host_meta(dirs: Iterable[Path]) -> list[dict[str, Any]]:
 
 
 def _read_csv(path: Path, warnings: list[str]) -> pd.DataFrame | None:
+    """One host CSV (wide or long): pyarrow's parser (a 64-host run has millions of process rows),
+    pandas' cell by cell where a field is garbage."""
     data = path.read_bytes()
     end = data.rfind(b"\n")
     if end < 0:
         return None
     if end + 1 < len(data):
         warnings.append(f"{path.name}: dropped a truncated last line")
-    text = data[: end + 1].decode("utf-8", errors="replace")
-    bad = []
-    frame = pd.read_csv(io.StringIO(text), dtype={"gpu_uuid": str}, keep_default_na=False, na_values=[""],
-                        on_bad_lines=lambda row: bad.append(row), engine="python")
+    data = data[: end + 1]
+    header = data[: data.find(b"\n")].decode(errors="replace").split(",")
+    if "t" not in header:
+        return None
+    types = {c: pa.int64() for c in header}
+    types.update(t=pa.float64(), gpu_uuid=pa.string())
+    bad: list = []
+
+    def on_invalid(row) -> str:
+        bad.append(row.number)
+        return "skip"
+
+    try:
+        frame = pacsv.read_csv(pa.py_buffer(data), parse_options=pacsv.ParseOptions(invalid_row_handler=on_invalid),
+                               convert_options=pacsv.ConvertOptions(column_types=types)).to_pandas()
+    except (pa.ArrowInvalid, pa.ArrowTypeError):
+        bad = []
+        frame = pd.read_csv(io.BytesIO(data), dtype=str, keep_default_na=False, na_values=[""],
+                            on_bad_lines=lambda row: bad.append(row), engine="python")
+        for column in frame.columns:
+            if column != "gpu_uuid":
+                frame[column] = pd.to_numeric(frame[column], errors="coerce")
+        warnings.append(f"{path.name}: unreadable values set to absent")
     if bad:
         warnings.append(f"{path.name}: skipped {len(bad)} malformed rows")
-    if "t" not in frame.columns:
-        return None
-    for column in frame.columns:
-        if column != "gpu_uuid":
-            frame[column] = pd.to_numeric(frame[column], errors="coerce")
     return frame[np.isfinite(frame["t"].to_numpy(dtype=float))]
 
 

@@ -61,3 +61,18 @@ def test_version_1_logs_without_run_ids_are_each_their_own_run(tmp_path):
         mp.load(tmp_path)
     run = mp.load(a)
     assert len(run.processes) == 1 and run.host_samples.empty and run.hosts == []
+
+
+def test_damaged_host_files_are_read_with_warnings(tmp_path):
+    run = write_host_run(tmp_path, "node-a", "job")
+    (run / "node-a-9.host.json").write_text(json.dumps({"format_version": 1, "host": "node-a", "pid": 9}))
+    (run / "node-a-9.host.csv").write_text("t,host_available,host_total,cgroup_usage,cgroup_limit,gpu_used:GPU-x\n"
+                                           "1.0,5,10,3,,7\n2.0,4,10,x3,,8\n3.0,4,1")  # garbage, then cut
+    (run / "node-a-9.gpu_procs.csv").write_text("t,gpu_uuid,pid,bytes\n1.0,GPU-x,7,6\n1.0,GPU-x,8,\nbroken\n")
+    loaded = mp.load(run)
+    assert loaded.host_samples["t"].tolist() == [1.0, 2.0]
+    assert loaded.host_samples["cgroup_usage"].isna().tolist() == [False, True]
+    assert loaded.host_samples["cgroup_limit"].isna().all()  # unlimited stays empty
+    assert loaded.gpu_samples["used"].tolist() == [7, 8]
+    assert loaded.gpu_procs["pid"].tolist() == [7, 8] and loaded.gpu_procs["bytes"].isna().tolist() == [False, True]
+    assert any("truncated" in w for w in loaded.warnings) and any("malformed" in w for w in loaded.warnings)
