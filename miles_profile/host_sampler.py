@@ -246,13 +246,16 @@ class HostSampler:
         if self._thread.is_alive():
             self._thread.join()
         if self.active:
-            self.sample()
-            with self._lock:
-                self._writer.close()
-                self._writer = None
+            try:
+                self.sample()
+                with self._lock:
+                    self._writer.close()
+                self.meta["end_time"] = time.time()
+                write_host_meta(self.run_dir, self.stem, self.meta)
+            except OSError as exc:  # a full disk at exit loses the last rows, never the program's exit
+                log.warning("miles_profile: host sampler could not finish its files: %s", exc)
+            self._writer = None
             self._close_probes()
-            self.meta["end_time"] = time.time()
-            write_host_meta(self.run_dir, self.stem, self.meta)
         self._role.release()
 
 
