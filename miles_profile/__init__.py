@@ -10,7 +10,8 @@ from miles_profile.recorder import Recorder
 __all__ = ["MilesProfileError", "Recorder", "annotate", "load", "mark", "phase", "watch_dir"]
 
 
-def load(path):
-    """Read a run directory into a `Run` (samples, phases, events, meta). See logdir.reader."""
+def load(*paths):
+    """Read a run into a `Run` (samples, phases, events, meta, host data, phase summaries). Several
+    paths: the directories of one run (same run id, e.g. one per host), merged. See logdir.reader."""
     from miles_profile.logdir.reader import load_run
-    return load_run(path)
+    return load_run(*paths)

@@ -11,8 +11,9 @@ import signal
 import subprocess
 import sys
 
-from miles_profile import names
+from miles_profile import host_sampler, names
 from miles_profile.errors import MilesProfileError
+from miles_profile.identity import RUN_ID_ENV
 from miles_profile.recorder import DEFAULT_INTERVAL_MS, DEFAULT_LOG_DIR, OPTIONAL_PROBES, Recorder, create_run
 
 
@@ -39,6 +40,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="also sample the bytes in files under DIR (an offload dir); repeatable")
     parser.add_argument("--disable-probe", action="append", default=[], choices=OPTIONAL_PROBES,
                         help="leave out an optional source (its columns are absent); repeatable")
+    parser.add_argument("--run-id", default=None, metavar="ID",
+                        help="id shared by the run directories of one run on several hosts, so that "
+                             "`visualize A B` merges them (default: $MILES_PROFILE_RUN_ID, else the new "
+                             "directory's name); handed to child processes")
     parser.add_argument("--exec", dest="exec_child", action="store_true",
                         help="run the command after -- as a child and sample its process tree")
     return parser
@@ -60,7 +65,7 @@ def run_trainer(args: argparse.Namespace, trainer_args: list[str]) -> int:
     parse_args(trainer_args)  # a flag error exits 2 here, before an empty run directory is made
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))  # flush on the way out
     with Recorder(args.log_dir, interval_ms=args.interval_ms, watch_dirs=args.watch_dir,
-                  command=sys.argv, disable=args.disable_probe) as recorder:
+                  command=sys.argv, disable=args.disable_probe, run_id=args.run_id) as recorder:
         print(f"miles_profile: recording to {recorder.run_dir}", file=sys.stderr, flush=True)
         try:
             code = train_main(trainer_args)
@@ -70,13 +75,16 @@ def run_trainer(args: argparse.Namespace, trainer_args: list[str]) -> int:
 
 
 def run_child(args: argparse.Namespace, command: list[str]) -> int:
-    run_dir = create_run(args.log_dir, sys.argv, args.interval_ms)
+    run_dir = create_run(args.log_dir, sys.argv, args.interval_ms, args.run_id)
     print(f"miles_profile: recording to {run_dir}", file=sys.stderr, flush=True)
     env = dict(os.environ, **{names.RUN_DIR_ENV: str(run_dir)})
+    # The host role is taken before the child exists, so this process, not a child, samples the host.
+    host = host_sampler.join(run_dir, prefer=True)
     try:
         # Own process group: a terminal's Ctrl-C reaches the child once, through us.
         child = subprocess.Popen(command, env=env, preexec_fn=os.setpgrp)
     except OSError as exc:
+        host_sampler.leave(host)
         raise MilesProfileError(f"cannot run {command[0]}: {exc.strerror or exc}", exit_code=127) from None
     forward = lambda signum, frame: child.send_signal(signum)  # noqa: E731
     previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
@@ -85,6 +93,7 @@ def run_child(args: argparse.Namespace, command: list[str]) -> int:
                       child_pid=child.pid, command=command, disable=args.disable_probe):
             code = child.wait()
     finally:
+        host_sampler.leave(host)
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     return 128 - code if code < 0 else code
@@ -95,6 +104,8 @@ def main(argv: list[str] | None = None) -> int:
     options, rest = split_argv(argv)
     parser = build_parser()
     args = parser.parse_args(options)
+    if args.run_id:
+        os.environ[RUN_ID_ENV] = args.run_id  # children that start runs of their own (other launches) agree
     try:
         if args.exec_child:
             if not rest:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 from miles_profile.logdir.writer import SampleWriter
 from miles_profile.probes import Probe
@@ -19,8 +19,10 @@ log = logging.getLogger("miles_profile")
 
 class Sampler:
     def __init__(self, probes: Sequence[Probe], writer: SampleWriter, interval_s: float,
-                 current_phase: Callable[[], str]):
+                 current_phase: Callable[[], str],
+                 on_row: Callable[[float, Sequence[int | None]], None] | None = None):
         self._probes = list(probes)
+        self._on_row = on_row  # sees every row, under the lock (phase summaries)
         # (probe, columns it fills, whether it takes `full`), worked out once: this is the hot path.
         self._plan = [(p, len(p.columns), getattr(p, "partial_reads", False)) for p in self._probes]
         self._failed: set[str] = set()
@@ -39,14 +41,20 @@ class Sampler:
         self.sample()
         self._thread.start()
 
-    def sample(self, phase: str | None = None, full: bool = True) -> None:
+    def sample(self, phase: str | None = None, full: bool = True, then: Callable[[float], Any] | None = None) -> Any:
         """Take one row now; `phase` overrides the current phase (a phase's closing sample). Periodic
-        rows are not `full`: probes with `partial_reads` may then leave their costly columns empty."""
+        rows are not `full`: probes with `partial_reads` may then leave their costly columns empty.
+        `then(t)` runs in the same hold of the lock right after the row taken at `t` (a phase opening
+        or closing there, so no other row falls between); its result is returned."""
         with self._lock:
             values: list[int | None] = []
             for probe, width, partial in self._plan:
                 values.extend(self._read(probe, width, partial, full))
-            self._writer.append(time.time(), self._current_phase() if phase is None else phase, values)
+            t = time.time()
+            self._writer.append(t, self._current_phase() if phase is None else phase, values)
+            if self._on_row is not None:
+                self._on_row(t, values)
+            return then(t) if then is not None else None
 
     def _read(self, probe: Probe, width: int, partial: bool, full: bool) -> Sequence[int | None]:
         if probe.name in self._failed:

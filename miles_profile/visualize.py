@@ -19,8 +19,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="python -m miles_profile.visualize",
         description="Write an offline HTML memory report of a miles-profile log and check that every offload "
                     "dropped memory. Exit code 0: checks pass or do not apply; 1: a check failed; 2: bad input.")
-    parser.add_argument("path", nargs="?", help="run directory, directory of runs (e.g. /tmp/memory_logs), "
-                                                "or a Miles cpu_memory_profile.csv")
+    parser.add_argument("path", nargs="*", help="run directory, directory of runs (e.g. /tmp/memory_logs), "
+                                                "or a Miles cpu_memory_profile.csv; the directories of one "
+                                                "run (same run id, e.g. one per host) are merged")
     parser.add_argument("--compare", nargs="+", metavar="D", default=[],
                         help="more runs (or directories of runs) to compare with, phase by phase")
     parser.add_argument("-o", "--output", help="HTML file to write (default: report.html in D, or next to the CSV)")
@@ -62,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         from miles_profile.report.build import VisualizeOptions, visualize
         options = VisualizeOptions(
-            paths=[p for p in [args.path, *args.compare] if p], output=args.output, png=args.png,
+            paths=[p for p in [*args.path, *args.compare] if p], output=args.output, png=args.png,
             trace=args.trace, json=args.json, csv=args.csv, check=args.check,
             thresholds=_thresholds(args.threshold), max_points=max(1000, args.max_points))
         return visualize(options)

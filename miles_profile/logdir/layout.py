@@ -2,20 +2,26 @@
 from __future__ import annotations
 
 import os
-import socket
 import time
 from pathlib import Path
+
+from miles_profile.identity import host_name
 
 FORMAT_VERSION = 1
 RUN_META = "meta.json"  # one per run: marks a directory as a run
 SAMPLES_SUFFIX = ".samples.csv"
 EVENTS_SUFFIX = ".events.jsonl"
 PROCESS_META_SUFFIX = ".meta.json"
+# Host-level files, written by the one process per host that holds `<host>.host.lock` (host_sampler.py).
+HOST_LOCK_SUFFIX = ".host.lock"
+HOST_META_SUFFIX = ".host.json"
+HOST_SAMPLES_SUFFIX = ".host.csv"
+GPU_PROCS_SUFFIX = ".gpu_procs.csv"
 
 
 def process_stem(host: str | None = None, pid: int | None = None) -> str:
     """Per-process file prefix: ranks and children never share a file."""
-    return f"{host or socket.gethostname()}-{pid or os.getpid()}"
+    return f"{host or host_name()}-{pid or os.getpid()}"
 
 
 def is_run_dir(path: Path) -> bool:

@@ -11,6 +11,7 @@ import os
 import sys
 import threading
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -26,8 +27,8 @@ from miles_profile.logdir.layout import (
     EVENTS_SUFFIX, FORMAT_VERSION, PROCESS_META_SUFFIX, RUN_META, SAMPLES_SUFFIX, find_runs,
 )
 
-PHASE_COLUMNS = ["name", "start", "end", "duration", "pid", "id", "parent", "depth", "status", "attrs"]
-EVENT_COLUMNS = ["t", "kind", "name", "pid", "id", "parent", "attrs"]
+PHASE_COLUMNS = ["name", "start", "end", "duration", "pid", "host", "id", "parent", "depth", "status", "attrs"]
+EVENT_COLUMNS = ["t", "kind", "name", "pid", "host", "id", "parent", "attrs"]
 
 
 @dataclass
@@ -39,6 +40,41 @@ class Run:
     events: pd.DataFrame
     phases: pd.DataFrame  # one row per phase instance
     warnings: list[str] = field(default_factory=list)
+    directories: list[Path] = field(default_factory=list)  # every directory of the run (several hosts)
+
+    # Host-level data (host_sampler.py), read on first use: whole-run analysis may never need it.
+    @cached_property
+    def _host_data(self) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+        from miles_profile.logdir.host_reader import host_frames
+        return host_frames(self.directories, self.warnings)
+
+    @property
+    def host_samples(self) -> pd.DataFrame:
+        """t, host, host_available, host_total, cgroup_usage, cgroup_limit: one row per host sample."""
+        return self._host_data[0]
+
+    @property
+    def gpu_samples(self) -> pd.DataFrame:
+        """t, host, gpu_uuid, used: NVML bytes used on each GPU of each host, by everyone."""
+        return self._host_data[1]
+
+    @property
+    def gpu_procs(self) -> pd.DataFrame:
+        """t, host, gpu_uuid, pid, bytes: every process NVML listed on each GPU at each host sample."""
+        return self._host_data[2]
+
+    @cached_property
+    def hosts(self) -> list[dict[str, Any]]:
+        """The host samplers' meta (host, pid, gpus with uuid/name/total, probes), one per holder."""
+        from miles_profile.logdir.host_reader import host_meta
+        return host_meta(self.directories)
+
+    @cached_property
+    def phase_summaries(self) -> pd.DataFrame:
+        """One row per (phase instance, series) from the `end` events' summaries: host, pid, id, name,
+        series, peak, floor, first, last, rows, t_first, t_last. See phase_summary.py."""
+        from miles_profile.logdir.summaries import summaries_frame
+        return summaries_frame(self.events)
 
     @property
     def name(self) -> str:
@@ -85,19 +121,90 @@ def resolve_run(path: str | Path) -> Path:
     return runs[0]
 
 
-def load_run(path: str | Path) -> Run:
-    run_dir = resolve_run(path)
-    meta = _read_json(run_dir / RUN_META, "run meta")
+def _run_id(run_dir: Path, meta: dict[str, Any]) -> str:
+    # A version-1 log from before run ids is a run of its own.
+    return str(meta.get("run_id") or f"dir:{run_dir.resolve()}")
+
+
+def run_id_of(run_dir: Path) -> str:
+    """The run id in a run directory's meta (unreadable meta: the directory itself, the load says why)."""
+    try:
+        meta = json.loads((Path(run_dir) / RUN_META).read_text())
+    except (OSError, ValueError):
+        meta = {}
+    return _run_id(Path(run_dir), meta if isinstance(meta, dict) else {})
+
+
+def resolve_runs(paths: tuple[str | Path, ...]) -> list[tuple[Path, dict[str, Any]]]:
+    """The directories (and run metas) of the one run that `paths` hold, oldest first.
+
+    Directories with the same run id (one run recorded on several hosts, each into its own directory)
+    are one run; different run ids are an error that names them."""
+    if not paths:
+        raise MilesProfileError("no run directory given")
+    found: dict[Path, dict[str, Any]] = {}
+    for path in paths:
+        path = Path(path)
+        if not path.exists():
+            raise MilesProfileError(f"{path}: no such file or directory")
+        runs = find_runs(path)
+        if not runs:
+            raise MilesProfileError(f"{path}: no miles-profile run here (no {RUN_META} in it or its subdirectories)")
+        for run_dir in runs:
+            found.setdefault(run_dir.resolve(), _read_json(run_dir / RUN_META, "run meta"))
+    ids = {}
+    for run_dir, meta in found.items():
+        ids.setdefault(_run_id(run_dir, meta), []).append(run_dir)
+    if len(ids) > 1:
+        where = str(paths[0]) if len(paths) == 1 else ", ".join(map(str, paths))
+        example = max(found, key=lambda d: (found[d].get("start_time") or 0, str(d)))
+        raise MilesProfileError(f"{where} holds {len(ids)} runs; pass one of them, e.g. {example}")
+    return sorted(found.items(), key=lambda item: (item[1].get("start_time") or 0, str(item[0])))
+
+
+def load_run(*paths: str | Path) -> Run:
+    """One run from one or more directories: a run directory, the log dir above it, or the directories
+    that the hosts of one run wrote (same run id), merged."""
+    dirs = resolve_runs(paths)
+    run_dir, meta = dirs[0]
+    if len(dirs) > 1:
+        meta = {**meta, "directories": [str(d) for d, _ in dirs]}
     warnings: list[str] = []
-    processes = [_read_json(p, "process meta") for p in sorted(run_dir.glob(f"*{PROCESS_META_SUFFIX}"))]
-    finished = {p.get("stem") for p in processes if p.get("end_time")}
-    samples = _read_all_samples(run_dir, warnings, finished)
-    events = _read_all_events(run_dir, warnings)
+    processes, sample_frames, event_frames = [], [], []
+    for folder, _ in dirs:
+        found = [_read_json(p, "process meta") for p in sorted(folder.glob(f"*{PROCESS_META_SUFFIX}"))]
+        processes += found
+        finished = {p.get("stem") for p in found if p.get("end_time")}
+        sample_frames.append(_read_all_samples(folder, warnings, finished))
+        event_frames.append(_read_all_events(folder, warnings))
+    samples = sample_frames[0] if len(sample_frames) == 1 else _merge_samples(sample_frames)
+    events = event_frames[0] if len(event_frames) == 1 else events_frame(
+        [row for frame in event_frames for row in frame.to_dict("records")])
+    _warn_shared_pids(processes, warnings)
     phases = phases_from_events(events, samples)
     outside = [p["pid"] for p in processes if p.get("role") == "exec_parent"]
     if outside and len(samples):
         samples = _fill_phases_from_timeline(samples, events, outside)
-    return Run(run_dir, meta, processes, samples, events, phases, warnings)
+    return Run(run_dir, meta, processes, samples, events, phases, warnings, [d for d, _ in dirs])
+
+
+def _merge_samples(frames: list[pd.DataFrame]) -> pd.DataFrame:
+    frames = [f for f in frames if len(f)] or frames[:1]
+    if len(frames) == 1:
+        return frames[0]
+    samples = pd.concat(frames, ignore_index=True)
+    samples["phase"] = samples["phase"].astype(str).astype("category")
+    return samples.sort_values("t", kind="stable").reset_index(drop=True)
+
+
+def _warn_shared_pids(processes: list[dict[str, Any]], warnings: list[str]) -> None:
+    hosts_of: dict[int, set] = {}
+    for p in processes:
+        hosts_of.setdefault(p.get("pid"), set()).add(p.get("host"))
+    shared = sorted(pid for pid, hosts in hosts_of.items() if len(hosts) > 1)
+    if shared:
+        warnings.append(f"pid {shared[0]} (and {len(shared) - 1} more) runs on several hosts: "
+                        "samples are told apart by pid only; phases and events by (host, pid)")
 
 
 # -- samples ---------------------------------------------------------------------------------
@@ -277,6 +384,8 @@ def _read_all_events(run_dir: Path, warnings: list[str]) -> pd.DataFrame:
             for line in file:
                 event = parse_event_line(line, _pid_of(path, EVENTS_SUFFIX), problems)
                 if event is not None:
+                    if not isinstance(event.get("host"), str):
+                        event["host"] = path.name[: -len(EVENTS_SUFFIX)].rsplit("-", 1)[0]
                     rows.append(event)
     warnings.extend(problems.warnings())
     return events_frame(rows)
@@ -296,14 +405,14 @@ def phases_from_events(events: pd.DataFrame, samples: pd.DataFrame) -> pd.DataFr
     if begins.empty:
         return pd.DataFrame(columns=PHASE_COLUMNS)
     ends = events[events["kind"] == names.END]
-    end_of = {(p, i): (t, a.get("status", "ok")) for p, i, t, a in
-              zip(ends["pid"], ends["id"], ends["t"], ends["attrs"])}
+    end_of = {(h, p, i): (t, a.get("status", "ok")) for h, p, i, t, a in
+              zip(_hosts(ends), ends["pid"], ends["id"], ends["t"], ends["attrs"])}
     last_t = float(samples["t"].max()) if len(samples) else float(events["t"].max())
     rows = []
-    for pid, pid_, t, name, parent, attrs in zip(begins["pid"], begins["id"], begins["t"], begins["name"],
-                                                 begins["parent"], begins["attrs"]):
-        end, status = end_of.get((pid, pid_), (max(last_t, t), "open"))
-        row = {"name": name, "start": t, "end": end, "duration": end - t, "pid": int(pid),
+    for host, pid, pid_, t, name, parent, attrs in zip(_hosts(begins), begins["pid"], begins["id"], begins["t"],
+                                                       begins["name"], begins["parent"], begins["attrs"]):
+        end, status = end_of.get((host, pid, pid_), (max(last_t, t), "open"))
+        row = {"name": name, "start": t, "end": end, "duration": end - t, "pid": int(pid), "host": host,
                "id": int(pid_) if pd.notna(pid_) else -1,
                "parent": int(parent) if pd.notna(parent) else -1, "status": status, "attrs": attrs}
         rows.append(row)
@@ -315,13 +424,21 @@ def phases_from_events(events: pd.DataFrame, samples: pd.DataFrame) -> pd.DataFr
     return phases.sort_values(["start", "depth"], kind="stable").reset_index(drop=True)
 
 
+def _hosts(events: pd.DataFrame) -> list[str]:
+    """The host of each event ("" where unknown: fakes, tails of old logs)."""
+    if "host" not in events:
+        return [""] * len(events)
+    return ["" if h is None or h != h else str(h) for h in events["host"]]
+
+
 def _depths(phases: pd.DataFrame) -> list[int]:
-    parent_of = {(p, i): par for p, i, par in zip(phases["pid"], phases["id"], phases["parent"])}
+    keys = list(zip(phases["host"], phases["pid"]))
+    parent_of = {(*k, i): par for k, i, par in zip(keys, phases["id"], phases["parent"])}
     depths = []
-    for pid, phase_id in zip(phases["pid"], phases["id"]):
-        depth, parent = 0, parent_of.get((pid, phase_id), -1)
+    for key, phase_id in zip(keys, phases["id"]):
+        depth, parent = 0, parent_of.get((*key, phase_id), -1)
         while parent != -1 and depth < 64:
-            depth, parent = depth + 1, parent_of.get((pid, parent), -1)
+            depth, parent = depth + 1, parent_of.get((*key, parent), -1)
         depths.append(depth)
     return depths
 
@@ -344,11 +461,12 @@ def phase_timeline(events: pd.DataFrame) -> tuple[np.ndarray, list[str]]:
     """Step function: from times[k] on, the innermost open phase is labels[k] ('' when none)."""
     open_phases: dict[tuple, str] = {}
     times, labels = [], []
-    for kind, pid, phase_id, name, t in zip(events["kind"], events["pid"], events["id"], events["name"], events["t"]):
+    for kind, host, pid, phase_id, name, t in zip(events["kind"], _hosts(events), events["pid"], events["id"],
+                                                  events["name"], events["t"]):
         if kind == names.BEGIN:
-            open_phases[(pid, phase_id)] = name
+            open_phases[(host, pid, phase_id)] = name
         elif kind == names.END:
-            open_phases.pop((pid, phase_id), None)
+            open_phases.pop((host, pid, phase_id), None)
         else:
             continue
         times.append(t)

@@ -140,6 +140,8 @@ class EventsTail:
         for line in data.splitlines():
             event = parse_event_line(line, self.pid, self.problems)
             if event is not None:
+                if not isinstance(event.get("host"), str):
+                    event["host"] = self.path.name.rsplit(".events.jsonl", 1)[0].rsplit("-", 1)[0]
                 rows.append(event)
         self.skipped_lines = self.problems.bad_lines
         if not rows:

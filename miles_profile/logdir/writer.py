@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
+from miles_profile.identity import host_name
 from miles_profile.logdir.layout import (
     EVENTS_SUFFIX, FORMAT_VERSION, PROCESS_META_SUFFIX, RUN_META, SAMPLES_SUFFIX,
 )
@@ -80,10 +81,12 @@ class EventWriter:
         self._fd = _open_append(self.path)
         self._lock = threading.Lock()
         self._pid = os.getpid()
+        self._host = host_name()  # pids repeat across hosts: (host, pid, id) names a phase
 
     def write(self, kind: str, name: str, attrs: dict[str, Any] | None = None, *,
               t: float | None = None, id: int | None = None, parent: int | None = None) -> None:
-        event = {"t": time.time() if t is None else t, "kind": kind, "name": name, "pid": self._pid}
+        event = {"t": time.time() if t is None else t, "kind": kind, "name": name, "pid": self._pid,
+                 "host": self._host}
         if id is not None:
             event["id"] = id
         if parent is not None:

@@ -56,33 +56,44 @@ def _expand(path: Path) -> list[Path]:
     return runs
 
 
-def _load_one(path: Path):
-    if path.is_file():
+def _load_one(target: tuple[Path, ...]):
+    if target[0].is_file():
         from miles_profile.importers.miles_csv import load_miles_csv
-        return load_miles_csv(path)
+        return load_miles_csv(target[0])
     from miles_profile.logdir.reader import load_run
-    return load_run(path)
+    return load_run(*target)
+
+
+def _group_by_run_id(targets: list[Path]) -> list[tuple[Path, ...]]:
+    """Run directories with the same run id (one run's hosts, each its own directory) load as one run."""
+    from miles_profile.logdir.reader import run_id_of
+    groups: dict[str, list[Path]] = {}
+    for target in targets:
+        key = f"file:{target}" if target.is_file() else run_id_of(target)
+        if target not in groups.setdefault(key, []):
+            groups[key].append(target)
+    return [tuple(group) for group in groups.values()]
 
 
 def load_inputs(paths: list[str]) -> tuple[list, list[str]]:
     """Every run under `paths`. A damaged run among several is skipped and named in `notes`."""
-    targets = [p for path in paths for p in _expand(Path(path))]
+    targets = _group_by_run_id([p for path in paths for p in _expand(Path(path))])
     runs, notes = [], []
     with _progress(len(targets), "reading") as bar:
         for target in targets:
             try:
                 run = _load_one(target)
                 if run.samples.empty:
-                    raise MilesProfileError(f"{target}: the run has no samples")
+                    raise MilesProfileError(f"{target[0]}: the run has no samples")
                 runs.append(run)
             except MilesProfileError as exc:
                 if len(targets) == 1:
                     raise
-                notes.append(f"skipped {target}: {exc}")
+                notes.append(f"skipped {', '.join(map(str, target))}: {exc}")
             except Exception as exc:  # noqa: BLE001 - one damaged run never costs the others
                 if len(targets) == 1:
                     raise
-                notes.append(f"skipped {target}: could not read it ({type(exc).__name__}: {str(exc)[:200]})")
+                notes.append(f"skipped {', '.join(map(str, target))}: could not read it ({type(exc).__name__}: {str(exc)[:200]})")
             bar.update()
     if not runs:
         raise MilesProfileError("; ".join(notes) or "nothing to report")

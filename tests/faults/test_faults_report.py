@@ -62,7 +62,10 @@ def good_run(tmp_path_factory) -> Path:
 
 
 def copy_run(good: Path, dest: Path) -> Path:
+    """A copy is another run: its own run id, so a directory of copies is not merged into one run."""
     shutil.copytree(good, dest)
+    meta = json.loads((dest / "meta.json").read_text())
+    (dest / "meta.json").write_text(json.dumps({**meta, "run_id": dest.name}))
     return dest
 
 

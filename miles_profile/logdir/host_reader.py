@@ -1,0 +1,117 @@
+"""Read the host samplers' files of a run (docs/log-format.md, "Host files") into long frames.
+
+    host_meta(dirs)          -> list of host meta dicts (host, pid, gpus, probes, ...)
+    host_frames(dirs, warn)  -> (host_samples, gpu_samples, gpu_procs)
+        host_samples: t, host, host_available, host_total, cgroup_usage, cgroup_limit
+        gpu_samples:  t, host, gpu_uuid, used
+        gpu_procs:    t, host, gpu_uuid, pid, bytes
+
+A GPU is (host, gpu_uuid). A host whose role passed to another process (its holder died) has one file
+set per holder; they are concatenated in time. Damage is handled as for process samples: a truncated
+last line is dropped, a malformed row skipped, each named in the warnings.
+"""
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+from typing import Any, Iterable
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.csv as pacsv
+
+from miles_profile.logdir.layout import GPU_PROCS_SUFFIX, HOST_META_SUFFIX, HOST_SAMPLES_SUFFIX
+
+HOST_COLUMNS = ["t", "host", "host_available", "host_total", "cgroup_usage", "cgroup_limit"]
+GPU_SAMPLE_COLUMNS = ["t", "host", "gpu_uuid", "used"]
+GPU_PROC_COLUMNS = ["t", "host", "gpu_uuid", "pid", "bytes"]
+_USED_PREFIX = "gpu_used:"
+
+
+def host_meta(dirs: Iterable[Path]) -> list[dict[str, Any]]:
+    found = []
+    for run_dir in dirs:
+        for path in sorted(Path(run_dir).glob(f"*{HOST_META_SUFFIX}")):
+            try:
+                meta = json.loads(path.read_text())
+            except (OSError, ValueError):
+                continue
+            if isinstance(meta, dict):
+                meta["stem"] = meta.get("stem") or path.name[: -len(HOST_META_SUFFIX)]
+                meta["dir"] = str(run_dir)
+                found.append(meta)
+    return found
+
+
+def _read_csv(path: Path, warnings: list[str]) -> pd.DataFrame | None:
+    """One host CSV (wide or long): pyarrow's parser (a 64-host run has millions of process rows),
+    pandas' cell by cell where a field is garbage."""
+    data = path.read_bytes()
+    end = data.rfind(b"\n")
+    if end < 0:
+        return None
+    if end + 1 < len(data):
+        warnings.append(f"{path.name}: dropped a truncated last line")
+    data = data[: end + 1]
+    header = data[: data.find(b"\n")].decode(errors="replace").split(",")
+    if "t" not in header:
+        return None
+    types = {c: pa.int64() for c in header}
+    types.update(t=pa.float64(), gpu_uuid=pa.string())
+    bad: list = []
+
+    def on_invalid(row) -> str:
+        bad.append(row.number)
+        return "skip"
+
+    try:
+        frame = pacsv.read_csv(pa.py_buffer(data), parse_options=pacsv.ParseOptions(invalid_row_handler=on_invalid),
+                               convert_options=pacsv.ConvertOptions(column_types=types)).to_pandas()
+    except (pa.ArrowInvalid, pa.ArrowTypeError):
+        bad = []
+        frame = pd.read_csv(io.BytesIO(data), dtype=str, keep_default_na=False, na_values=[""],
+                            on_bad_lines=lambda row: bad.append(row), engine="python")
+        for column in frame.columns:
+            if column != "gpu_uuid":
+                frame[column] = pd.to_numeric(frame[column], errors="coerce")
+        warnings.append(f"{path.name}: unreadable values set to absent")
+    if bad:
+        warnings.append(f"{path.name}: skipped {len(bad)} malformed rows")
+    return frame[np.isfinite(frame["t"].to_numpy(dtype=float))]
+
+
+def host_frames(dirs: Iterable[Path], warnings: list[str]) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    hosts, gpus, procs = [], [], []
+    for meta_ in host_meta(dirs):
+        stem, host = meta_["stem"], str(meta_.get("host", meta_["stem"].rsplit("-", 1)[0]))
+        path = Path(meta_["dir"]) / f"{stem}{HOST_SAMPLES_SUFFIX}"
+        wide = _read_csv(path, warnings) if path.is_file() else None
+        if wide is not None and len(wide):
+            wide.insert(1, "host", host)
+            hosts.append(wide.reindex(columns=HOST_COLUMNS))
+            used = [c for c in wide.columns if c.startswith(_USED_PREFIX)]
+            if used:
+                long = wide[["t", *used]].melt(id_vars="t", var_name="gpu_uuid", value_name="used")
+                long["gpu_uuid"] = long["gpu_uuid"].str[len(_USED_PREFIX):]
+                long.insert(1, "host", host)
+                gpus.append(long)
+        proc_path = path.with_name(f"{stem}{GPU_PROCS_SUFFIX}")
+        frame = _read_csv(proc_path, warnings) if proc_path.is_file() else None
+        if frame is not None and len(frame):
+            frame.insert(1, "host", host)
+            procs.append(frame.reindex(columns=GPU_PROC_COLUMNS))
+    return (_concat(hosts, HOST_COLUMNS), _concat(gpus, GPU_SAMPLE_COLUMNS), _concat(procs, GPU_PROC_COLUMNS))
+
+
+def _concat(frames: list[pd.DataFrame], columns: list[str]) -> pd.DataFrame:
+    if not frames:
+        return pd.DataFrame({c: pd.Series(dtype=str if c in ("host", "gpu_uuid") else float) for c in columns})
+    frame = pd.concat(frames, ignore_index=True).sort_values("t", kind="stable").reset_index(drop=True)
+    for column in columns:
+        if column in ("host", "gpu_uuid"):
+            frame[column] = frame[column].astype("category")
+        elif column != "t" and frame[column].notna().all():
+            frame[column] = frame[column].astype("int64")  # bytes are integers; absent stays NaN
+    return frame
