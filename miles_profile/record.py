@@ -2,6 +2,11 @@
 
 Runs the integrated trainer in this process with the recorder on, or with --exec any program as a
 child, sampled from outside; the child's own `phase()` calls land in the same run.
+
+With --exec the command behaves as if run without `record`: it shares our process group (it may
+read the terminal; Ctrl-C, Ctrl-\\, Ctrl-Z and a hangup reach it from the terminal directly), a
+signal sent to the recorder is passed on to it, its stop stops the recorder, and its exit code (128+N
+for signal N) is ours, whatever happened to the log.
 """
 from __future__ import annotations
 
@@ -80,8 +85,7 @@ def run_trainer(args: argparse.Namespace, trainer_args: list[str]) -> int:
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else 1
     finally:
-        if recorder is not None:
-            recorder.stop()
+        stop_and_tell(recorder, args)
     return int(code or 0)
 
 
@@ -96,16 +100,24 @@ def start_or_warn(recorder: Recorder) -> Recorder | None:
     return recorder
 
 
+def stop_and_tell(recorder: Recorder | None, args: argparse.Namespace) -> None:
+    if recorder is not None:
+        recorder.stop()
+        print(f"miles_profile: log written; report it with: python -m miles_profile.visualize {args.log_dir}",
+              file=sys.stderr)
+
+
 def run_child(args: argparse.Namespace, command: list[str]) -> int:
     try:
         run_dir = create_run(args.log_dir, sys.argv, args.interval_ms)
     except MilesProfileError as exc:
-        print(f"miles_profile: warning: not recording: {exc}; the job runs unrecorded", file=sys.stderr, flush=True)
+        print(f"miles_profile: warning: not recording: {exc}; the job runs unrecorded", file=sys.stderr,
+              flush=True)
         run_dir = None
     env = dict(os.environ, **({names.RUN_DIR_ENV: str(run_dir)} if run_dir else {}))
     try:
-        # Our own process group, so the command may read the terminal, and the terminal's signals
-        # (Ctrl-C, Ctrl-\, hangup, Ctrl-Z) reach it directly, as without `record`.
+        # In our process group (no setpgrp): the command may read the terminal, and the terminal's
+        # signals (Ctrl-C, Ctrl-\, hangup, Ctrl-Z) reach it directly, as without `record`.
         child = subprocess.Popen(command, env=env)
     except OSError as exc:
         raise MilesProfileError(f"cannot run {command[0]}: {exc.strerror or exc}", exit_code=127) from None
@@ -114,14 +126,13 @@ def run_child(args: argparse.Namespace, command: list[str]) -> int:
     watched = (*FORWARDED, signal.SIGCHLD)
     signal.pthread_sigmask(signal.SIG_BLOCK, watched)
     try:
-        recorder = start_or_warn(Recorder(run_dir=run_dir, interval_ms=args.interval_ms, watch_dirs=args.watch_dir,
-                                          child_pid=child.pid, command=command, disable=args.disable_probe)
-                                 ) if run_dir else None
+        recorder = None if run_dir is None else start_or_warn(Recorder(
+            run_dir=run_dir, interval_ms=args.interval_ms, watch_dirs=args.watch_dir, child_pid=child.pid,
+            command=command, disable=args.disable_probe))
         try:
             code = wait_forwarding(child)
         finally:
-            if recorder is not None:
-                recorder.stop()
+            stop_and_tell(recorder, args)
     finally:
         while signal.sigtimedwait(watched, 0) is not None:  # what came after the child ended: not for us
             pass
@@ -186,8 +197,6 @@ def main(argv: list[str] | None = None) -> int:
     except MilesProfileError as exc:
         print(f"miles_profile.record: error: {exc}", file=sys.stderr)
         return exc.exit_code
-    print(f"miles_profile: log written; report it with: python -m miles_profile.visualize {args.log_dir}",
-          file=sys.stderr)
     return code
 
 
