@@ -2,7 +2,8 @@
 
 Without an active recorder each is a function call and nothing more. A child started by
 `record --exec` finds its run directory in MILES_PROFILE_RUN_DIR and starts its own recorder there
-on the first call, so its phases land in the parent's run.
+on the first call, so its phases land in the parent's run; so does a child forked by a recorded
+process. None of these ever raises for the log's sake: a run that can't be written is a warning.
 """
 from __future__ import annotations
 
@@ -11,8 +12,10 @@ import sys
 from typing import Any
 
 from miles_profile import names, recorder
+from miles_profile.errors import MilesProfileError
 
 _env_run_dir = os.environ.get(names.RUN_DIR_ENV)
+_join_interval_ms = recorder.DEFAULT_INTERVAL_MS
 
 
 def _recorder() -> "recorder.Recorder | None":
@@ -20,8 +23,27 @@ def _recorder() -> "recorder.Recorder | None":
     rec = recorder._active
     if rec is None and _env_run_dir:
         run_dir, _env_run_dir = _env_run_dir, None  # try once
-        rec = recorder.Recorder(run_dir=run_dir).start()
+        try:
+            rec = recorder.Recorder(run_dir=run_dir, interval_ms=_join_interval_ms).start()
+        except (MilesProfileError, OSError) as exc:  # the job runs on, unrecorded
+            recorder.log.warning("miles_profile: warning: not recording this process (pid %d): %s", os.getpid(), exc)
+            rec = None
     return rec
+
+
+def _after_fork_in_child() -> None:
+    """A forked child records as itself or not at all: the parent's recorder is dropped, and the
+    child joins the parent's run with files of its own on its first phase()/mark(), like a child
+    that finds MILES_PROFILE_RUN_DIR."""
+    global _env_run_dir, _join_interval_ms
+    parent = recorder.forget_after_fork()
+    if parent is not None and parent.run_dir is not None:
+        _env_run_dir, _join_interval_ms = str(parent.run_dir), parent.interval_ms
+    else:
+        _env_run_dir = os.environ.get(names.RUN_DIR_ENV)
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 class _NoPhase:

@@ -2,6 +2,11 @@
 
 Runs the integrated trainer in this process with the recorder on, or with --exec any program as a
 child, sampled from outside; the child's own `phase()` calls land in the same run.
+
+With --exec the command behaves as if run without `record`: it shares our process group (it may
+read the terminal; Ctrl-C, Ctrl-\\, Ctrl-Z and a hangup reach it from the terminal directly), a
+signal sent to the recorder is passed on to it, its stop stops the recorder, and its exit code (128+N
+for signal N) is ours, whatever happened to the log.
 """
 from __future__ import annotations
 
@@ -11,17 +16,31 @@ import signal
 import subprocess
 import sys
 
+import psutil
+
 from miles_profile import host_sampler, names
 from miles_profile.errors import MilesProfileError
 from miles_profile.identity import RUN_ID_ENV
-from miles_profile.recorder import DEFAULT_INTERVAL_MS, DEFAULT_LOG_DIR, OPTIONAL_PROBES, Recorder, create_run
+from miles_profile.recorder import (
+    DEFAULT_INTERVAL_MS, DEFAULT_LOG_DIR, OPTIONAL_PROBES, Recorder, check_interval_ms, create_run,
+)
 
 
-def positive_ms(text: str) -> float:
-    value = float(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"interval must be positive, got {text} ms")
-    return value
+# Signals that belong to the command: sent to the recorder by a user, they are passed on. Those about
+# the recorder's own faults, files and timers (SEGV, PIPE, XFSZ, PROF, ...) stay here; SIGKILL and
+# SIGSTOP can't be caught. Job-control stops are mirrored instead (see `wait_forwarding`).
+FORWARDED = tuple(getattr(signal, name) for name in (
+    "SIGHUP", "SIGINT", "SIGQUIT", "SIGTERM", "SIGUSR1", "SIGUSR2", "SIGALRM", "SIGWINCH",
+    "SIGTSTP", "SIGTTIN", "SIGTTOU", "SIGCONT"))
+
+
+def interval_ms(text: str) -> float:
+    try:
+        return check_interval_ms(float(text))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid interval {text!r}: a number of milliseconds") from None
+    except MilesProfileError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -33,8 +52,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "(python -m trainer.train --help lists its arguments) in this process.")
     parser.add_argument("--log-dir", default=DEFAULT_LOG_DIR,
                         help="directory that receives one subdirectory per run (default: %(default)s)")
-    parser.add_argument("--interval-ms", type=positive_ms, default=DEFAULT_INTERVAL_MS,
-                        help="sampling interval; peaks between samples are kept whatever it is "
+    parser.add_argument("--interval-ms", type=interval_ms, default=DEFAULT_INTERVAL_MS,
+                        help="sampling interval, 1 to 60000; peaks between samples are kept whatever it is "
                              "(default: %(default)s)")
     parser.add_argument("--watch-dir", action="append", default=[], metavar="DIR",
                         help="also sample the bytes in files under DIR (an offload dir); repeatable")
@@ -64,39 +83,121 @@ def run_trainer(args: argparse.Namespace, trainer_args: list[str]) -> int:
         raise MilesProfileError(f"the integrated trainer is not available ({exc}); use --exec") from None
     parse_args(trainer_args)  # a flag error exits 2 here, before an empty run directory is made
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))  # flush on the way out
-    with Recorder(args.log_dir, interval_ms=args.interval_ms, watch_dirs=args.watch_dir,
-                  command=sys.argv, disable=args.disable_probe, run_id=args.run_id) as recorder:
-        print(f"miles_profile: recording to {recorder.run_dir}", file=sys.stderr, flush=True)
-        try:
-            code = train_main(trainer_args)
-        except SystemExit as exc:
-            code = exc.code if isinstance(exc.code, int) else 1
+    recorder = start_or_warn(Recorder(args.log_dir, interval_ms=args.interval_ms, watch_dirs=args.watch_dir,
+                                      command=sys.argv, disable=args.disable_probe, run_id=args.run_id))
+    try:
+        code = train_main(trainer_args)
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    finally:
+        stop_and_tell(recorder, args)
     return int(code or 0)
 
 
+def start_or_warn(recorder: Recorder) -> Recorder | None:
+    """The job comes first: a run that can't be written is one warning, and the job runs unrecorded."""
+    try:
+        recorder.start()
+    except MilesProfileError as exc:
+        print(f"miles_profile: warning: not recording: {exc}; the job runs unrecorded", file=sys.stderr, flush=True)
+        return None
+    print(f"miles_profile: recording to {recorder.run_dir}", file=sys.stderr, flush=True)
+    return recorder
+
+
+def stop_and_tell(recorder: Recorder | None, args: argparse.Namespace) -> None:
+    if recorder is not None:
+        recorder.stop()
+        print(f"miles_profile: log written; report it with: python -m miles_profile.visualize {args.log_dir}",
+              file=sys.stderr)
+
+
 def run_child(args: argparse.Namespace, command: list[str]) -> int:
-    run_dir = create_run(args.log_dir, sys.argv, args.interval_ms, args.run_id)
-    print(f"miles_profile: recording to {run_dir}", file=sys.stderr, flush=True)
-    env = dict(os.environ, **{names.RUN_DIR_ENV: str(run_dir)})
-    # The host role is taken before the child exists, so this process, not a child, samples the host.
-    host = host_sampler.join(run_dir, prefer=True)
     try:
-        # Own process group: a terminal's Ctrl-C reaches the child once, through us.
-        child = subprocess.Popen(command, env=env, preexec_fn=os.setpgrp)
+        run_dir = create_run(args.log_dir, sys.argv, args.interval_ms, args.run_id)
+    except MilesProfileError as exc:
+        print(f"miles_profile: warning: not recording: {exc}; the job runs unrecorded", file=sys.stderr,
+              flush=True)
+        run_dir = None
+    env = dict(os.environ, **({names.RUN_DIR_ENV: str(run_dir)} if run_dir else {}))
+    watched = (*FORWARDED, signal.SIGCHLD)
+    host = None
+    if run_dir:
+        # The host role is taken before the child exists, so this process, not a child, samples the
+        # host; with the signals blocked, so the sampler thread inherits the mask and never takes one.
+        signal.pthread_sigmask(signal.SIG_BLOCK, watched)
+        try:
+            host = host_sampler.join(run_dir, prefer=True)
+        finally:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, watched)
+    try:
+        # In our process group (no setpgrp): the command may read the terminal, and the terminal's
+        # signals (Ctrl-C, Ctrl-\, hangup, Ctrl-Z) reach it directly, as without `record`.
+        child = subprocess.Popen(command, env=env)
     except OSError as exc:
-        host_sampler.leave(host)
+        if host is not None:
+            host_sampler.leave(host)
         raise MilesProfileError(f"cannot run {command[0]}: {exc.strerror or exc}", exit_code=127) from None
-    forward = lambda signum, frame: child.send_signal(signum)  # noqa: E731
-    previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+    # Blocked before any recorder thread exists (threads inherit the mask), so every such signal
+    # waits for `sigtimedwait` in wait_forwarding; the child was started with the mask unblocked.
+    signal.pthread_sigmask(signal.SIG_BLOCK, watched)
     try:
-        with Recorder(run_dir=run_dir, interval_ms=args.interval_ms, watch_dirs=args.watch_dir,
-                      child_pid=child.pid, command=command, disable=args.disable_probe):
-            code = child.wait()
+        recorder = None if run_dir is None else start_or_warn(Recorder(
+            run_dir=run_dir, interval_ms=args.interval_ms, watch_dirs=args.watch_dir, child_pid=child.pid,
+            command=command, disable=args.disable_probe))
+        try:
+            code = wait_forwarding(child)
+        finally:
+            stop_and_tell(recorder, args)
+            if host is not None:
+                host_sampler.leave(host)
     finally:
-        host_sampler.leave(host)
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+        while signal.sigtimedwait(watched, 0) is not None:  # what came after the child ended: not for us
+            pass
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, watched)
     return 128 - code if code < 0 else code
+
+
+def wait_forwarding(child: subprocess.Popen) -> int:
+    """Wait for the child, passing on each signal a user sent us, and stopping when it stops.
+
+    As sudo does: a signal the kernel raised (the terminal's, si_code > 0) already reached the child,
+    which shares our process group, and one the child's own process tree sent (`kill 0`) is not
+    sent back; anything else is forwarded. (A `kill` to our whole process group from outside reaches
+    the child twice: directly and forwarded.) A child that stops (Ctrl-Z, SIGTTIN) stops us too,
+    so the shell sees the job stopped; when we are continued, so is it."""
+    watched = (*FORWARDED, signal.SIGCHLD)
+    while True:
+        pid, status = os.waitpid(child.pid, os.WNOHANG | os.WUNTRACED)
+        if pid and os.WIFSTOPPED(status):
+            os.kill(os.getpid(), signal.SIGSTOP)
+            signal_child(child, signal.SIGCONT)
+            continue
+        if pid:
+            child.returncode = os.waitstatus_to_exitcode(status)
+            return child.returncode
+        info = signal.sigtimedwait(watched, 1.0)  # SIGCHLD ends the wait at once; 1 s is a fallback
+        if info is not None and info.si_signo != signal.SIGCHLD and sent_by_a_user(info, child.pid):
+            signal_child(child, info.si_signo)
+
+
+def signal_child(child: subprocess.Popen, signum: int) -> None:
+    # Not Popen.send_signal: its poll() would reap the child behind wait_forwarding's back. The pid
+    # can't be reused before we reap it.
+    try:
+        os.kill(child.pid, signum)
+    except ProcessLookupError:
+        pass
+
+
+def sent_by_a_user(info, child_pid: int) -> bool:
+    if info.si_code > 0:  # SI_KERNEL: the terminal signalled our whole (shared) process group
+        return False
+    try:  # the child's own tree signalling its group (`kill 0`) also reached the child: not sent back
+        sender = psutil.Process(info.si_pid)
+        return child_pid not in (sender.pid, *(p.pid for p in sender.parents()))
+    except psutil.Error:  # the sender is gone already: forward rather than lose it
+        return True
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -116,8 +217,6 @@ def main(argv: list[str] | None = None) -> int:
     except MilesProfileError as exc:
         print(f"miles_profile.record: error: {exc}", file=sys.stderr)
         return exc.exit_code
-    print(f"miles_profile: log written; report it with: python -m miles_profile.visualize {args.log_dir}",
-          file=sys.stderr)
     return code
 
 

@@ -5,12 +5,15 @@ One recorder is active per process at a time (`active()`); `phase()`/`mark()` ta
 from __future__ import annotations
 
 import atexit
+import contextlib
 import itertools
 import json
+import logging
 import os
 import sys
 import threading
 import time
+import weakref
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -18,7 +21,9 @@ from miles_profile import host_sampler, names
 from miles_profile.errors import MilesProfileError
 from miles_profile.identity import RUN_ID_ENV, cuda_identity, host_name, process_identity
 from miles_profile.logdir.layout import new_run_dir, process_stem
-from miles_profile.logdir.writer import EventWriter, SampleWriter, write_process_meta, write_run_meta
+from miles_profile.logdir.writer import (
+    EventWriter, SampleWriter, WriteFaults, write_process_meta, write_run_meta,
+)
 from miles_profile.phase_summary import PhaseSummaries, stamp
 from miles_profile.probes.disk import DiskProbe
 from miles_profile.probes.host import HostProbe
@@ -32,13 +37,44 @@ from miles_profile.sampler import Sampler
 DEFAULT_INTERVAL_MS = 20.0
 DEFAULT_LOG_DIR = "/tmp/memory_logs"
 OPTIONAL_PROBES = ("nvml", "torch_allocator")  # sources a user may switch off (`disable=`)
+# Below 1 ms the sampler is a busy loop that takes the GIL from the job; above a minute a run has
+# almost no rows between phase boundaries (and `inf` overflows the thread's wait).
+MIN_INTERVAL_MS, MAX_INTERVAL_MS = 1.0, 60_000.0
+
+log = logging.getLogger("miles_profile")
 
 _active: "Recorder | None" = None
 _active_lock = threading.Lock()
+_started: "weakref.WeakSet[Recorder]" = weakref.WeakSet()  # running recorders, forgotten by a fork child
 
 
 def active() -> "Recorder | None":
     return _active
+
+
+def check_interval_ms(value: float) -> float:
+    """The sampling interval, or MilesProfileError when it is outside 1 ms .. 60 s (nan and inf too)."""
+    value = float(value)
+    if not value > 0:  # nan too
+        raise MilesProfileError(f"interval must be positive, got {value:g} ms")
+    if not MIN_INTERVAL_MS <= value <= MAX_INTERVAL_MS:
+        raise MilesProfileError(f"interval must be between {MIN_INTERVAL_MS:g} and {MAX_INTERVAL_MS:g} ms, "
+                                f"got {value:g} ms")
+    return value
+
+
+def forget_after_fork() -> "Recorder | None":
+    """In a forked child: every inherited recorder belongs to the parent (its files are named by the
+    parent's pid, its sampler thread did not survive the fork), so it is dropped without writing a
+    byte, and its atexit `stop()` does nothing. Returns the parent's active recorder, whose run the
+    child may join as itself."""
+    global _active, _active_lock
+    _active_lock = threading.Lock()  # a parent thread may have held it at fork time
+    parent, _active = _active, None
+    for rec in list(_started):
+        rec._sampler = rec._events = None  # their descriptors are close-on-exec; never written here
+    _started.clear()
+    return parent
 
 
 def create_run(log_dir: str | os.PathLike, command: list[str], interval_ms: float, run_id: str | None = None) -> Path:
@@ -48,9 +84,14 @@ def create_run(log_dir: str | os.PathLike, command: list[str], interval_ms: floa
         run_dir = new_run_dir(Path(log_dir))
     except OSError as exc:
         raise MilesProfileError(f"cannot create a run under {log_dir}: {exc.strerror or exc}") from None
-    write_run_meta(run_dir, {"run_id": run_id or os.environ.get(RUN_ID_ENV) or run_dir.name, "command": command,
-                             "host": host_name(), "pid": os.getpid(), "start_time": time.time(),
-                             "interval_ms": float(interval_ms)})
+    try:
+        write_run_meta(run_dir, {"run_id": run_id or os.environ.get(RUN_ID_ENV) or run_dir.name,
+                                 "command": command, "host": host_name(), "pid": os.getpid(),
+                                 "start_time": time.time(), "interval_ms": float(interval_ms)})
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            run_dir.rmdir()  # without its meta it is no run
+        raise MilesProfileError(f"cannot create a run under {log_dir}: {exc.strerror or exc}") from None
     return run_dir
 
 
@@ -81,8 +122,7 @@ class Recorder:
                  child_pid: int | None = None, command: list[str] | None = None,
                  flush_interval_s: float = 0.5, disable: Iterable[str] = (), host_sampling: bool = True,
                  run_id: str | None = None):
-        if interval_ms <= 0:
-            raise MilesProfileError(f"interval must be positive, got {interval_ms} ms")
+        interval_ms = check_interval_ms(interval_ms)
         self._log_dir = Path(log_dir or DEFAULT_LOG_DIR)
         self.run_dir: Path | None = Path(run_dir) if run_dir else None
         self.interval_ms = float(interval_ms)
@@ -111,9 +151,12 @@ class Recorder:
         self._host: host_sampler.HostSampler | None = None
         self._summaries: PhaseSummaries | None = None
         self._cuda_noted = False
+        self._faults = WriteFaults()
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> "Recorder":
+        """Start recording; a run that can't be written at all is a MilesProfileError (nothing of
+        the job has run yet). Once started, no write failure leaves the recorder."""
         global _active
         if self._sampler is not None:
             return self
@@ -125,14 +168,22 @@ class Recorder:
                                                      and self._identity["role"] != "engine")
             self._host = host_sampler.join(run_dir, prefer=prefer)
         probes, probe_meta = self._open_probes()
-        self._meta = self._process_meta(probes, probe_meta)
-        write_process_meta(run_dir, self._stem, self._meta)
-        self._events = EventWriter(run_dir, self._stem)
         columns = Sampler.columns_of(probes)
-        writer = SampleWriter(run_dir, self._stem, columns, self._flush_interval_s)
+        try:
+            self._meta = self._process_meta(probes, probe_meta)
+            write_process_meta(run_dir, self._stem, self._meta)
+            self._events = EventWriter(run_dir, self._stem, self._faults)
+            writer = SampleWriter(run_dir, self._stem, columns, self._flush_interval_s, self._faults)
+        except OSError as exc:
+            for probe in probes:
+                probe.close()
+            if self._host is not None:
+                host_sampler.leave(self._host)
+            raise MilesProfileError(f"cannot record into {run_dir}: {exc.strerror or exc}") from None
         self._summaries = PhaseSummaries(columns)
         self._sampler = Sampler(probes, writer, self.interval_ms / 1000.0, self.current_phase, self._summaries.add)
         self._sampler.start()
+        _started.add(self)
         with _active_lock:
             if self._child_pid is None and _active is None:
                 _active = self
@@ -140,22 +191,53 @@ class Recorder:
         return self
 
     def stop(self) -> None:
+        """Stop and flush; never raises for the log's sake (it runs in the job's `with` and at exit)."""
         global _active
         sampler, self._sampler = self._sampler, None
         if sampler is None:
             return
-        sampler.stop()
-        if self._events is not None:
-            self._events.close()
-        if self._host is not None:
-            host_sampler.leave(self._host)
-        with _active_lock:
-            if _active is self:
-                _active = None
-        self._note_cuda(write=False)
+        _started.discard(self)
+        try:
+            sampler.stop()
+            if self._events is not None:
+                self._events.close()
+            if self._host is not None:
+                host_sampler.leave(self._host)
+        except Exception as exc:  # noqa: BLE001 - the job's exit path must not fail for the log
+            self._faults.failed("samples", 0, exc)
+        finally:
+            with _active_lock:
+                if _active is self:
+                    _active = None
+            atexit.unregister(self.stop)
+        with contextlib.suppress(Exception):
+            self._note_cuda(write=False)
+        self._write_end_meta()
+
+    def _write_end_meta(self) -> None:
+        """The end time, and what was lost: in the process meta when it can be written, else on stderr."""
+        faults = self._faults
         self._meta["end_time"] = time.time()
-        write_process_meta(self.run_dir, self._stem, self._meta)
-        atexit.unregister(self.stop)
+        if faults.error is not None:
+            self._meta.update(dropped=dict(faults.dropped), write_error=faults.error)
+        try:
+            write_process_meta(self.run_dir, self._stem, self._meta)
+        except OSError as exc:
+            if faults.error is None:
+                faults.failed("events", 0, exc)  # the first (and only) warning
+            else:
+                log.warning("miles_profile: warning: pid %d dropped %d sample rows and %d events (%s)",
+                            os.getpid(), faults.dropped["samples"], faults.dropped["events"], faults.error)
+
+    def _guarded(self, what: str, write, *args, **kwargs) -> Any:
+        """Record one row of `what` for the job; a failure is counted and warned about, never raised
+        into the job (write errors are counted by the writers themselves; this catches the rest).
+        Returns what `write` returned, None if it failed."""
+        try:
+            return write(*args, **kwargs)
+        except Exception as exc:  # noqa: BLE001 - e.g. attrs that json can't encode; the job goes on
+            self._faults.failed(what, 1, exc)
+            return None
 
     def __enter__(self) -> "Recorder":
         return self.start()
@@ -230,8 +312,14 @@ class Recorder:
                 self._open[phase_id] = name
             return _after(t_row)
 
-        t = self._sampler.sample(then=opened)  # the "before" row, in the enclosing phase
-        self._events.write(names.BEGIN, name, attrs, t=t, id=phase_id, parent=stack[-1] if stack else None)
+        sampler, events = self._sampler, self._events
+        if sampler is None:  # stopped, or inherited across a fork: not ours to write
+            return 0
+        t = self._guarded("samples", sampler.sample, then=opened)  # the "before" row, in the enclosing phase
+        if t is None:  # the row failed before `opened` ran
+            t = opened(time.time())
+        self._guarded("events", events.write, names.BEGIN, name, attrs, t=t, id=phase_id,
+                      parent=stack[-1] if stack else None)
         stack.append(phase_id)
         self._note_cuda()
         return phase_id
@@ -243,28 +331,44 @@ class Recorder:
                 self._open.pop(phase_id, None)
             return _after(t_row), summary
 
+        sampler, events = self._sampler, self._events
+        if sampler is None or phase_id == 0:
+            return
         # The "after" row: its peak covers the phase's last stretch.
-        t, summary = self._sampler.sample(phase=name, then=closed)
+        done = self._guarded("samples", sampler.sample, phase=name, then=closed)
+        t, summary = done if done is not None else closed(time.time())
         attrs: dict[str, Any] = {"status": status}
         if summary is not None:
             attrs["summary"] = summary
-        self._events.write(names.END, name, attrs, t=t, id=phase_id)
+        self._guarded("events", events.write, names.END, name, attrs, t=t, id=phase_id)
         stack = self._stack()
         if phase_id in stack:
             stack.remove(phase_id)
 
     def event(self, kind: str, name: str, attrs: dict[str, Any]) -> None:
-        self._events.write(kind, name, attrs)
+        events = self._events
+        if events is not None:
+            self._guarded("events", events.write, kind, name, attrs)
 
     def watch_dir(self, path: str) -> None:
+        if self._sampler is None:
+            return
         self._disk.watch(path)
         self._meta["probes"] = [p if p["name"] != "disk" else self._disk.describe() for p in self._meta["probes"]]
-        write_process_meta(self.run_dir, self._stem, self._meta)
+        self._write_meta()
 
     def annotate(self, fields: dict[str, Any]) -> None:
         """Merge `fields` into this process's meta under `annotations` (the file is rewritten atomically)."""
+        if self._sampler is None:
+            return
         self._meta["annotations"] = {**self._meta.get("annotations", {}), **fields}
-        write_process_meta(self.run_dir, self._stem, self._meta)
+        self._write_meta()
+
+    def _write_meta(self) -> None:
+        try:
+            write_process_meta(self.run_dir, self._stem, self._meta)
+        except OSError as exc:  # the stop() meta says it again, if it can
+            self._faults.failed("events", 0, exc)
 
     def _note_cuda(self, write: bool = True) -> None:
         """Once the program has initialised CUDA, say which GPU this process uses (never before)."""
@@ -276,7 +380,7 @@ class Recorder:
         self._cuda_noted = True
         self._meta.update(found)
         if write:
-            write_process_meta(self.run_dir, self._stem, self._meta)
+            self._write_meta()
 
     def _stack(self) -> list[int]:
         stack = getattr(self._local, "stack", None)

@@ -75,7 +75,10 @@ class Sampler:
                 next_due, delay = time.monotonic(), 0.0
             if self._stop.wait(delay):
                 return
-            self.sample(full=False)
+            try:
+                self.sample(full=False)
+            except Exception as exc:  # noqa: BLE001 - the row is lost and counted; the thread goes on
+                self._writer.faults.failed("samples", 1, exc)
 
     def stop(self) -> None:
         """Stop the thread, take the final row and flush everything."""
