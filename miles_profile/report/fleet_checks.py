@@ -178,8 +178,9 @@ def check_serialized_peaks_per_gpu(table: pd.DataFrame, th: FleetThresholds) -> 
     name, title = "serialized_peaks_per_gpu", "Training and rollout footprints never held together on a GPU"
     explanation = (
         "Per GPU, across all its processes, each measured above the lowest level of any process of its role in "
-        "the fleet (what every such process holds anyway: CUDA context, interpreter; a process's own lowest level "
-        "would hide memory it never releases): the training footprint F_train is the median peak of the train phases, the rollout "
+        "the fleet (what every such process holds anyway: CUDA context, interpreter), or below the level its "
+        "offload phases declare it falls to (first minus expected_bytes) where that is lower, so memory a "
+        "process never releases is not taken for its context: the training footprint F_train is the median peak of the train phases, the rollout "
         "footprint F_rollout that of the generate phases. During each train or generate phase, its process's peak "
         "plus what every other process of the GPU held then (its phases overlapping in time, or what its last "
         "phase left) must stay under max(F_train, F_rollout) + "
@@ -218,7 +219,12 @@ def _role_floors(df: pd.DataFrame) -> pd.Series:
     own = low.groupby(df["pid"]).min()
     role = df.groupby("pid")["role"].first()
     by_role = low[df["role"] != ""].groupby(df["role"]).min()
-    return pd.Series(np.where(role != "", role.map(by_role), own), index=own.index).fillna(own)
+    base = pd.Series(np.where(role != "", role.map(by_role), own), index=own.index).fillna(own)
+    # what a process's offloads say it should fall to: alone on its role (one GPU), its own lowest level
+    # would hide memory it never releases
+    offloads = df[df["phase"].str.startswith(names.OFFLOAD_PREFIX) & (df["expected_bytes"] > 0)]
+    declared = (offloads["own_first"] - offloads["expected_bytes"]).groupby(offloads["pid"]).min()
+    return np.fmax(np.fmin(base, declared.reindex(base.index)), 0.0)
 
 
 def _serialized_lane(rows: pd.DataFrame, lane, base: pd.Series, th: FleetThresholds) -> Finding | None:
