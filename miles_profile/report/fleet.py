@@ -86,10 +86,17 @@ def normalize(table: pd.DataFrame) -> pd.DataFrame:
     df["iteration"] = pd.to_numeric(df["iteration"], errors="coerce").fillna(-1).astype(np.int64)
     for column in ("t0", "t1", "gpu_total", "expected_bytes"):
         df[column] = pd.to_numeric(df[column], errors="coerce").astype(float)
-    gpu = df["gpu_uuid"].to_numpy() != ""
-    df["lane_kind"] = np.where(gpu, "gpu", "host")
-    host_key = np.where(df["rank"].to_numpy() >= 0, "rank" + df["rank"].astype(str), "pid" + df["pid"].astype(str))
-    df["lane"] = df["host"] + "|" + np.where(gpu, df["gpu_uuid"], host_key)
+    # lane ids are built once per (host, gpu, rank, pid), not per row: string work on 600,000 rows costs seconds
+    keys = ["host", "gpu_uuid", "rank", "pid"]
+    code = df.groupby(keys, sort=False).ngroup().to_numpy()  # numbered in order of first appearance
+    u = df[keys].drop_duplicates().reset_index(drop=True)
+    gpu = u["gpu_uuid"].to_numpy(dtype=object) != ""
+    host_key = [f"rank{r}" if r >= 0 else f"pid{p}" for r, p in zip(u["rank"], u["pid"])]
+    lane = np.array([f"{h}|{g if on else k}" for h, g, on, k in zip(u["host"], u["gpu_uuid"], gpu, host_key)],
+                    dtype=object)
+    df["lane"] = lane[code]
+    df["lane_code"] = pd.factorize(lane)[0][code]  # an integer per lane: fast masks and groupings
+    df["lane_kind"] = np.where(gpu, "gpu", "host").astype(object)[code]
     _add_own(df)
     df.attrs["_lane_normalized"] = True
     return df
@@ -125,14 +132,17 @@ def lanes(table: pd.DataFrame) -> pd.DataFrame:
     ordered by the lowest rank of its processes (one training rank per GPU makes these the local
     ranks), then by UUID."""
     df = normalize(table)
-    ranked = df["rank"].where(df["rank"] >= 0)
-    grouped = df.assign(_rank=ranked).groupby("lane", sort=False)
+    # one row per (lane, process): the aggregations below then loop over processes, not phases
+    cols = ["lane", "host", "gpu_uuid", "lane_kind", "gpu_total", "rank", "role", "pid"] + \
+        (["gpu_index"] if "gpu_index" in df else [])
+    procs = df[cols].drop_duplicates(["lane", "pid", "rank", "role"])
+    procs = procs.assign(_rank=procs["rank"].where(procs["rank"] >= 0),
+                         gpu_total=df.groupby(["lane", "pid"], sort=False)["gpu_total"].transform("max")
+                         .loc[procs.index])
+    grouped = procs.groupby("lane", sort=False)
     out = grouped.agg(host=("host", "first"), gpu_uuid=("gpu_uuid", "first"), kind=("lane_kind", "first"),
                       total=("gpu_total", "max"), first_rank=("_rank", "min")).reset_index()
-    if "gpu_index" in df:
-        out["index"] = grouped["gpu_index"].min().reindex(out["lane"]).to_numpy()
-    else:
-        out["index"] = np.nan
+    out["index"] = grouped["gpu_index"].min().reindex(out["lane"]).to_numpy() if "gpu_index" in procs else np.nan
     ranks = grouped["rank"].agg(lambda r: ",".join(map(str, sorted({int(x) for x in r if x >= 0}))))
     roles = grouped["role"].agg(lambda r: "+".join(sorted({x for x in r if x}, key=_role_order)))
     pids = grouped["pid"].agg(lambda p: tuple(sorted(set(int(x) for x in p))))

@@ -106,7 +106,7 @@ def check_rank_imbalance(table: pd.DataFrame, th: FleetThresholds, matrix: fleet
         fails = (excess > th.imbalance_share * median) & (excess > th.imbalance_abs_bytes)
     cols = matrix.columns[judged_cols].reset_index(drop=True)
     findings, worst = [], None
-    for r, lane in matrix.lanes.iterrows():
+    for r, lane in enumerate(matrix.lanes.to_dict("records")):
         row = excess[r]
         if not np.isfinite(row).any():
             continue
@@ -136,7 +136,7 @@ def check_floor_trend_leak(table: pd.DataFrame, th: FleetThresholds) -> FleetChe
                    f"iteration does not decide; the fitted rise over the run (slope x iterations) must stay under "
                    f"{gib(th.floor_trend_abs_bytes)} or {th.floor_trend_share:.0%} of the total, whichever is larger.")
     df = fleet.normalize(table)
-    lane_rows = fleet.lanes(df).set_index("lane", drop=False)
+    lane_rows = {r["lane"]: r for r in fleet.lanes(df).to_dict("records")}
     series = [("lane", "used_floor", "GPU (NVML used)"), ("pid", "own_floor", "process")]
     findings, worst, judged = [], None, {"lanes": 0, "processes": 0}
     for key, value, what in series:
@@ -145,8 +145,8 @@ def check_floor_trend_leak(table: pd.DataFrame, th: FleetThresholds) -> FleetChe
             continue
         fits = fleet.fit_slopes(floors, key, th.floor_trend_skip_iterations)
         fits = fits[(fits["n"] >= th.floor_trend_min_iterations) & fits["slope"].notna()]
-        for k, fit in fits.iterrows():
-            lane = lane_rows.loc[fit["lane"]]
+        for fit in fits.to_dict("records"):
+            lane = lane_rows[fit["lane"]]
             total = lane["total"]
             limit = max(th.floor_trend_abs_bytes, th.floor_trend_share * total if np.isfinite(total) else 0.0)
             status = "fail" if fit["rise"] > limit else "pass"
@@ -186,27 +186,36 @@ def check_serialized_peaks_per_gpu(table: pd.DataFrame, th: FleetThresholds) -> 
         "phase left) must stay under max(F_train, F_rollout) + "
         f"{th.serialized_overlap_share:.0%} of the smaller + {gib(th.serialized_abs_bytes)}.")
     df = fleet.normalize(table)
-    df = df[df["own_peak"].notna()]
-    lane_rows = fleet.lanes(df).set_index("lane", drop=False) if len(df) else None
-    findings, worst, pids = [], None, set()
-    skipped = 0
-    base = _role_floors(df)
-    for lane_id, rows in df.groupby("lane", sort=False):
-        finding = _serialized_lane(rows, lane_rows.loc[lane_id], base, th)
-        if finding is None:
-            skipped += 1
-            continue
-        findings.append(finding)
-        pids |= set(rows["pid"])
-        if worst is None or finding.numbers["ratio"] > worst["ratio"]:
-            worst = dict(finding.numbers, phase=finding.phase, iteration=finding.iteration,
-                         message=f"{gib(finding.numbers['together'])} held together, limit {gib(finding.numbers['limit'])}")
-    if not findings:
+    df = df[df["own_peak"].notna()].reset_index(drop=True)
+    judged = _serialized_judge(df, th) if len(df) else None
+    if judged is None or judged.empty:
         return _na(name, title, explanation, "no GPU with both a train and a generate phase in separate processes "
                    "(an in-process engine is judged by serialized_peaks)")
-    result = _result(name, title, explanation, findings, {"lanes": len(findings), "processes": len(pids)}, worst,
+    lane_rows = fleet.lanes(df).set_index("lane", drop=False)
+    findings, worst = [], None
+    by_lane = judged.assign(over=judged["together"] > judged["limit"]).groupby("lane_code", sort=False)
+    overs, counts = by_lane["over"].sum(), by_lane.size()
+    for k in by_lane["ratio"].idxmax():
+        r = judged.loc[k]
+        over, count = int(overs[r["lane_code"]]), int(counts[r["lane_code"]])
+        lane = lane_rows.loc[r["lane"]]
+        message = (f"{lane['label']}: {r['phase']} #{r['iteration']} (pid {r['pid']}, {r['role'] or '?'}) held "
+                   f"{gib(r['together'])} together above their roles' floors; footprints train {gib(r['f_train'])}, "
+                   f"rollout {gib(r['f_rollout'])}, limit {gib(r['limit'])}"
+                   + (f"; {over} of {count} phases over" if over else ""))
+        numbers = _where(lane, pid=int(r["pid"]), together=float(r["together"]), limit=float(r["limit"]),
+                         train=float(r["f_train"]), rollout=float(r["f_rollout"]), ratio=float(r["ratio"]),
+                         phases_over=over, phases=count)
+        findings.append(Finding("fail" if over else "pass", message, (r["t0"], r["t1"]), r["phase"],
+                                int(r["iteration"]), numbers))
+        if worst is None or numbers["ratio"] > worst["ratio"]:
+            worst = dict(numbers, phase=r["phase"], iteration=int(r["iteration"]),
+                         message=f"{gib(r['together'])} held together, limit {gib(r['limit'])}")
+    processes = int(df.loc[df["lane_code"].isin(judged["lane_code"].unique()), "pid"].nunique())
+    result = _result(name, title, explanation, findings, {"lanes": len(findings), "processes": processes}, worst,
                      "own memory of each process (proc, else reserved; rss on host lanes)",
                      "GPUs held one footprint at a time", "GPUs held both footprints")
+    skipped = df["lane_code"].nunique() - len(findings)
     if skipped:
         result.summary += f"; {skipped} lanes without both footprints in separate processes not judged"
     return result
@@ -214,7 +223,7 @@ def check_serialized_peaks_per_gpu(table: pd.DataFrame, th: FleetThresholds) -> 
 
 def _role_floors(df: pd.DataFrame) -> pd.Series:
     """Per process: the lowest own level of any process of its role across the fleet (its own lowest
-    where the role is unknown)."""
+    where the role is unknown), or the level its offloads declare it falls to where that is lower."""
     low = df["own_floor"].fillna(df["own_peak"])
     own = low.groupby(df["pid"]).min()
     role = df.groupby("pid")["role"].first()
@@ -227,32 +236,41 @@ def _role_floors(df: pd.DataFrame) -> pd.Series:
     return np.fmax(np.fmin(base, declared.reindex(base.index)), 0.0)
 
 
-def _serialized_lane(rows: pd.DataFrame, lane, base: pd.Series, th: FleetThresholds) -> Finding | None:
-    above = rows["own_peak"] - rows["pid"].map(base)
-    foot = {p: above[rows["phase"] == p] for p in _FOOTPRINTS}
-    if any(f.empty for f in foot.values()) or rows["pid"].nunique() < 2:
-        return None
-    owners = {p: set(rows.loc[rows["phase"] == p, "pid"]) for p in _FOOTPRINTS}
-    if owners[names.TRAIN] == owners[names.GENERATE] and len(owners[names.TRAIN]) == 1:
-        return None  # one process holds both: its own memory already is the sum, judged by serialized_peaks
-    f_train, f_rollout = float(foot[names.TRAIN].median()), float(foot[names.GENERATE].median())
-    limit = max(f_train, f_rollout) + th.serialized_overlap_share * min(f_train, f_rollout) + th.serialized_abs_bytes
-    judged = rows[rows["phase"].isin(_FOOTPRINTS)]
-    together = above[judged.index].to_numpy(copy=True)
-    for pid, other in rows.groupby("pid"):
-        level = fleet.levels_during(other["t0"], other["t1"], other["own_peak"], other["own_last"],
-                                    judged["t0"], judged["t1"]) - base[pid]
-        together += np.where(judged["pid"].to_numpy() != pid, np.nan_to_num(level), 0.0)
-    k = int(np.argmax(together))
-    row = judged.iloc[k]
-    over = int((together > limit).sum())
-    status = "fail" if over else "pass"
-    message = (f"{lane['label']}: {row['phase']} #{row['iteration']} (pid {row['pid']}, {row['role'] or '?'}) held "
-               f"{gib(together[k])} together above their roles' floors; footprints train {gib(f_train)}, rollout "
-               f"{gib(f_rollout)}, limit {gib(limit)}" + (f"; {over} of {len(judged)} phases over" if over else ""))
-    numbers = _where(lane, pid=int(row["pid"]), together=float(together[k]), limit=float(limit), train=f_train,
-                     rollout=f_rollout, ratio=float(together[k] / limit), phases_over=over, phases=len(judged))
-    return Finding(status, message, (row["t0"], row["t1"]), row["phase"], int(row["iteration"]), numbers)
+def _serialized_judge(df: pd.DataFrame, th: FleetThresholds) -> pd.DataFrame:
+    """The train and generate rows of the lanes that can be judged, with `together` (their process's peak
+    plus what each other process of the lane held in their window, all above the processes' bases),
+    the lane's footprints, `limit` and `ratio`. Vectorized: one levels_during call per process."""
+    base = _role_floors(df)
+    df = df.assign(above=df["own_peak"] - df["pid"].map(base).to_numpy())
+    foot = df[df["phase"].isin(_FOOTPRINTS)]
+    per_lane = foot.groupby(["lane_code", "phase"])["pid"].agg(["nunique", "min"]).unstack("phase")
+    if len(per_lane) == 0 or per_lane["nunique"].shape[1] < len(_FOOTPRINTS):
+        return foot.iloc[:0]
+    pids_per_lane = df.groupby("lane_code")["pid"].nunique()
+    both = per_lane["nunique"].notna().all(axis=1)
+    # one process holding both footprints: its own memory already is their sum (serialized_peaks judges it)
+    one_process = (per_lane["nunique"] == 1).all(axis=1) & \
+        (per_lane["min"][names.TRAIN] == per_lane["min"][names.GENERATE])
+    ok = both & ~one_process & (pids_per_lane.reindex(both.index) >= 2)
+    lanes_ok = ok[ok].index.to_numpy()
+    judged = foot[foot["lane_code"].isin(lanes_ok)].reset_index(drop=True)
+    if judged.empty:
+        return judged
+    medians = judged.groupby(["lane_code", "phase"])["above"].median().unstack("phase")
+    f_train = medians[names.TRAIN].reindex(judged["lane_code"]).to_numpy()
+    f_rollout = medians[names.GENERATE].reindex(judged["lane_code"]).to_numpy()
+    limit = np.maximum(f_train, f_rollout) + th.serialized_overlap_share * np.minimum(f_train, f_rollout) \
+        + th.serialized_abs_bytes
+    together = judged["above"].to_numpy(copy=True)
+    windows = judged.groupby("lane_code").indices
+    w0, w1, owner = judged["t0"].to_numpy(), judged["t1"].to_numpy(), judged["pid"].to_numpy()
+    rows = df[df["lane_code"].isin(lanes_ok)]
+    for (lane, pid), p in rows.groupby(["lane_code", "pid"], sort=False):
+        at = windows[lane]
+        level = fleet.levels_during(p["t0"].to_numpy(), p["t1"].to_numpy(), p["own_peak"].to_numpy(),
+                                    p["own_last"].to_numpy(), w0[at], w1[at]) - base[pid]
+        together[at] += np.where(owner[at] != pid, np.nan_to_num(level), 0.0)
+    return judged.assign(together=together, f_train=f_train, f_rollout=f_rollout, limit=limit, ratio=together / limit)
 
 
 FLEET_CHECKS = (check_rank_imbalance, check_floor_trend_leak, check_serialized_peaks_per_gpu)
