@@ -64,7 +64,7 @@ def normalize(table: pd.DataFrame) -> pd.DataFrame:
     """A copy with every column of the schema (absent ones NaN/default), typed, plus `lane`, `lane_kind`
     and `own_peak/floor/first/last/own_series` (the process's own memory). Raises MilesProfileError on a
     table that lacks a required column."""
-    if "_lane_normalized" in table.attrs:
+    if table.attrs.get("_lane_normalized") and {"lane_code", "own_peak", "own_last"} <= set(table.columns):
         return table
     missing = [c for c in REQUIRED if c not in table.columns]
     if missing:
@@ -241,9 +241,10 @@ def gpu_matrix(table: pd.DataFrame) -> GpuMatrix:
     has_used = pd.Series(np.isfinite(used)).groupby(row).any().reindex(range(n_rows), fill_value=False).to_numpy()
     ok = has_used[row] & np.isfinite(used)
     np.fmax.at(values, (row[ok], col[ok]), used[ok])
-    windows = _cell_windows(df, row, col, n_rows, n_cols)
-    for r in np.flatnonzero(~has_used):
-        values[r] = _lane_sum(df[row == r], windows[0][r], windows[1][r])
+    if not has_used.all():
+        w0, w1 = _cell_windows(df, row, col, n_rows, n_cols)
+        summed = _sum_of_processes(df, row, w0, w1, ~has_used)
+        values[~has_used] = summed[~has_used]
     columns = _columns(df, col, n_cols)
     lanes_out = lane_rows.assign(source=np.where(has_used, SOURCE_USED, SOURCE_SUM))
     with np.errstate(invalid="ignore", divide="ignore"):
@@ -259,17 +260,25 @@ def _cell_windows(df, row, col, n_rows, n_cols):
     return w0, w1
 
 
-def _lane_sum(rows: pd.DataFrame, w0: np.ndarray, w1: np.ndarray) -> np.ndarray:
-    cells = np.isfinite(w0)
-    total = np.zeros(len(w0))
-    seen = np.zeros(len(w0), dtype=bool)
-    for _, p in rows.groupby("pid", sort=False):
-        level = levels_during(p["t0"], p["t1"], p["own_peak"], p["own_last"], w0[cells], w1[cells])
-        part = np.zeros(len(w0))
-        part[cells] = np.nan_to_num(level)
-        total += part
-        seen[cells] |= np.isfinite(level)
-    return np.where(seen, total, np.nan)
+def _sum_of_processes(df, row, w0, w1, todo) -> np.ndarray:
+    """Per lane and cell: the sum over the lane's processes of levels_during in the cell's window.
+    One pass over the rows sorted by (lane, pid), one levels_during call per process."""
+    out = np.zeros(w0.shape)
+    seen = np.zeros(w0.shape, dtype=bool)
+    pid = df["pid"].to_numpy()
+    order = np.lexsort((pid, row))
+    r_sorted, p_sorted = row[order], pid[order]
+    cuts = np.flatnonzero((np.diff(r_sorted) != 0) | (np.diff(p_sorted) != 0)) + 1
+    arrays = [df[c].to_numpy(dtype=float)[order] for c in ("t0", "t1", "own_peak", "own_last")]
+    for a, b in zip(np.r_[0, cuts], np.r_[cuts, len(order)]):
+        r = r_sorted[a]
+        if not todo[r]:
+            continue
+        cells = np.isfinite(w0[r])
+        level = levels_during(*(x[a:b] for x in arrays), w0[r][cells], w1[r][cells])
+        out[r, cells] += np.nan_to_num(level)
+        seen[r, cells] |= np.isfinite(level)
+    return np.where(seen, out, np.nan)
 
 
 def _columns(df, col, n_cols) -> pd.DataFrame:
