@@ -209,16 +209,22 @@ SOURCE_USED = "NVML used (device)"
 SOURCE_SUM = "sum of its processes' own peaks"
 
 
-def _codes(df: pd.DataFrame, lane_order: pd.Series):
-    """Row codes (lane order) and column codes (by the earliest start of each (iteration, phase))."""
-    row = pd.Index(lane_order).get_indexer(df["lane"])
+def cell_codes(df: pd.DataFrame) -> tuple[np.ndarray, int]:
+    """Per row, the code of its (iteration, phase) cell, numbered by the cell's earliest start."""
     key = df["iteration"].astype(str) + ":" + df["phase"]
     col_code, uniques = pd.factorize(key)
     t0 = np.full(len(uniques), np.inf)
     np.fmin.at(t0, col_code, df["t0"].to_numpy())
     rank = np.empty(len(uniques), dtype=np.int64)
     rank[np.argsort(t0, kind="stable")] = np.arange(len(uniques))
-    return row, rank[col_code], len(uniques)
+    return rank[col_code], len(uniques)
+
+
+def _codes(df: pd.DataFrame, lane_order: pd.Series):
+    """Row codes (lane order) and column codes (cell_codes)."""
+    row = pd.Index(lane_order).get_indexer(df["lane"])
+    col, n_cols = cell_codes(df)
+    return row, col, n_cols
 
 
 def gpu_matrix(table: pd.DataFrame) -> GpuMatrix:
@@ -245,7 +251,7 @@ def gpu_matrix(table: pd.DataFrame) -> GpuMatrix:
         w0, w1 = _cell_windows(df, row, col, n_rows, n_cols)
         summed = _sum_of_processes(df, row, w0, w1, ~has_used)
         values[~has_used] = summed[~has_used]
-    columns = _columns(df, col, n_cols)
+    columns = cell_columns(df, col, n_cols)
     lanes_out = lane_rows.assign(source=np.where(has_used, SOURCE_USED, SOURCE_SUM))
     with np.errstate(invalid="ignore", divide="ignore"):
         fraction = values / lanes_out["total"].to_numpy(float)[:, None]
@@ -281,7 +287,8 @@ def _sum_of_processes(df, row, w0, w1, todo) -> np.ndarray:
     return np.where(seen, out, np.nan)
 
 
-def _columns(df, col, n_cols) -> pd.DataFrame:
+def cell_columns(df, col, n_cols) -> pd.DataFrame:
+    """The cells' iteration, phase, t0 (earliest), t1 (latest), label; index = cell code."""
     frame = pd.DataFrame({"col": col, "iteration": df["iteration"].to_numpy(), "phase": df["phase"].to_numpy(),
                           "t0": df["t0"].to_numpy(), "t1": df["t1"].to_numpy()})
     out = frame.groupby("col").agg(iteration=("iteration", "first"), phase=("phase", "first"),

@@ -89,24 +89,62 @@ def _where(lane_row, **extra) -> dict:
 # -- rank imbalance ----------------------------------------------------------------------------
 def check_rank_imbalance(table: pd.DataFrame, th: FleetThresholds, matrix: fleet.GpuMatrix | None = None
                          ) -> FleetCheckResult:
-    name, title = "rank_imbalance", "No GPU runs higher than its peers"
+    name, title = "rank_imbalance", "No GPU or rank runs higher than its peers"
     explanation = (f"In each (iteration, phase) a GPU's peak may exceed the median of all GPUs in that cell by at "
                    f"most {th.imbalance_share:.0%} of the median or {gib(th.imbalance_abs_bytes)} (it fails only "
-                   f"above both); cells with fewer than {th.imbalance_min_peers} GPUs are not judged.")
+                   f"above both); each process's own peak likewise against the processes of its role. Cells with "
+                   f"fewer than {th.imbalance_min_peers} peers are not judged.")
     df = fleet.normalize(table)
     matrix = matrix if matrix is not None else fleet.gpu_matrix(df)
-    values = matrix.bytes
+    findings, worst = _imbalance(matrix.bytes, matrix.columns, matrix.lanes.to_dict("records"), th, "GPUs")
+    judged = {"lanes": len(findings), "processes": 0}
+    for who, values, columns in _process_matrices(df, matrix.lanes):
+        more, candidate = _imbalance(values, columns, who, th, f"{who[0]['role'] or 'unknown-role'} processes")
+        findings += more
+        judged["processes"] += len(more)
+        if candidate is not None and (worst is None or candidate["excess"] > worst["excess"]):
+            worst = candidate
+    if not findings:
+        return _na(name, title, explanation, f"needs at least {th.imbalance_min_peers} lanes with the same phase")
+    return _result(name, title, explanation, findings, judged, worst,
+                   " / ".join(sorted(set(matrix.lanes["source"]))) + "; own memory per process",
+                   "GPUs and processes within their peers' peaks", "above their peers")
+
+
+def _process_matrices(df: pd.DataFrame, lanes: pd.DataFrame):
+    """Per role: (one dict per process, its own peak per (iteration, phase) cell, the cells)."""
+    labels = dict(zip(lanes["lane"], lanes["label"]))
+    rows = df[df["own_peak"].notna()]
+    if rows.empty:
+        return
+    col, n_cols = fleet.cell_codes(rows)
+    columns = fleet.cell_columns(rows, col, n_cols)
+    for role, part in rows.assign(_col=col).groupby("role", sort=True):
+        row, pids = pd.factorize(part["pid"])
+        values = np.full((len(pids), n_cols), np.nan)
+        np.fmax.at(values, (row, part["_col"].to_numpy()), part["own_peak"].to_numpy())
+        first = part.drop_duplicates("pid").set_index("pid").loc[pids]
+        who = [dict(lane=r.lane, label=labels.get(r.lane, r.lane), host=r.host, gpu_uuid=r.gpu_uuid, pid=int(p),
+                    rank=int(r.rank), role=role, ranks=str(r.rank), source=f"own memory ({r.own_series})")
+               for p, r in zip(pids, first.itertuples())]
+        used = np.isfinite(values).any(axis=0)
+        yield who, values[:, used], columns[used].reset_index(drop=True)
+
+
+def _imbalance(values: np.ndarray, columns: pd.DataFrame, who: list[dict], th: FleetThresholds, peers_name: str):
+    """One Finding per row of `values` (rows: lanes or processes, columns: cells) against the column medians."""
     peers = np.isfinite(values).sum(axis=0)
     judged_cols = peers >= th.imbalance_min_peers
     if not judged_cols.any():
-        return _na(name, title, explanation, f"needs at least {th.imbalance_min_peers} lanes with the same phase")
+        return [], None
+    values, peers = values[:, judged_cols], peers[judged_cols]
+    cols = columns[judged_cols].reset_index(drop=True)
     with np.errstate(all="ignore"):
-        median = np.nanmedian(values[:, judged_cols], axis=0)
-        excess = values[:, judged_cols] - median
+        median = np.nanmedian(values, axis=0)
+        excess = values - median
         fails = (excess > th.imbalance_share * median) & (excess > th.imbalance_abs_bytes)
-    cols = matrix.columns[judged_cols].reset_index(drop=True)
     findings, worst = [], None
-    for r, lane in enumerate(matrix.lanes.to_dict("records")):
+    for r, w in enumerate(who):
         row = excess[r]
         if not np.isfinite(row).any():
             continue
@@ -114,18 +152,17 @@ def check_rank_imbalance(table: pd.DataFrame, th: FleetThresholds, matrix: fleet
         c = int(np.nanargmax(np.where(fails[r], row, -np.inf))) if fails[r].any() else int(np.nanargmax(row))
         col = cols.iloc[c]
         status = "fail" if fails[r].any() else "pass"
-        message = (f"{lane['label']} (ranks {lane['ranks'] or '?'}): {col['label']} peak {gib(values[r][judged_cols][c])}, "
-                   f"median of {int(peers[judged_cols][c])} GPUs {gib(median[c])} ({row[c] / median[c]:+.1%})"
+        name = w["label"] + (f" pid {w['pid']}" if "pid" in w else "") + f" (ranks {w['ranks'] or '?'})"
+        message = (f"{name}: {col['label']} peak {gib(values[r, c])}, median of {int(peers[c])} {peers_name} "
+                   f"{gib(median[c])} ({row[c] / median[c]:+.1%})"
                    + (f"; {int(fails[r].sum())} cells over" if status == "fail" else ""))
-        numbers = _where(lane, excess=float(row[c]), median=float(median[c]), cells_over=int(fails[r].sum()),
-                         series=lane["source"])
+        numbers = _where(w, pid=w.get("pid"), excess=float(row[c]), median=float(median[c]),
+                         cells_over=int(fails[r].sum()), series=w["source"])
         findings.append(Finding(status, message, (col["t0"], col["t1"]), col["phase"], int(col["iteration"]), numbers))
         if worst is None or row[c] > worst["excess"]:
-            worst = dict(numbers, pid=None, excess=float(row[c]), phase=col["phase"], iteration=int(col["iteration"]),
-                         message=f"{col['label']} {gib(row[c])} over the median")
-    return _result(name, title, explanation, findings, {"lanes": len(findings), "processes": df["pid"].nunique()},
-                   worst, " / ".join(sorted(set(matrix.lanes["source"]))), "GPUs within their peers' peaks",
-                   "GPUs above their peers")
+            worst = dict(numbers, phase=col["phase"], iteration=int(col["iteration"]),
+                         message=f"{col['label']} {gib(row[c])} over the median of {peers_name}")
+    return findings, worst
 
 
 # -- floor trend leak --------------------------------------------------------------------------

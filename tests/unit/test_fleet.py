@@ -31,12 +31,12 @@ def table(rows) -> pd.DataFrame:
 
 
 def peers(values: dict[str, float], iterations=2, phase="train") -> pd.DataFrame:
-    """One actor per GPU on host n0, GPU i holding `used_peak` = values[uuid] in every iteration."""
+    """One actor per GPU on host n0, GPU i (and its actor) peaking at values[uuid] in every iteration."""
     rows = []
     for i, (uuid, v) in enumerate(values.items()):
         for it in range(iterations):
             rows.append(row("n0", uuid, 100 + i, i, "actor", phase, it, 10.0 * it, 10.0 * it + 5,
-                            used=(v, v / 2, v / 2, v / 2)))
+                            used=(v, v / 2, v / 2, v / 2), proc=(v, v / 2, v / 2, v / 2)))
     return table(rows)
 
 

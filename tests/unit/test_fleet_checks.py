@@ -23,7 +23,9 @@ def test_hot_rank_20_percent_and_2_gib_above_its_peers_fails():
     assert result.status == "fail"
     assert result.judged == {"lanes": 4, "processes": 4}
     assert result.worst["gpu_uuid"] == "G2" and result.worst["excess"] == 2 * GiB
-    assert [f.status for f in result.findings].count("fail") == 1
+    # the GPU and its actor, judged against the other GPUs and the other actors
+    failed = [f for f in result.findings if f.status == "fail"]
+    assert [(f.numbers["gpu_uuid"], f.numbers["pid"]) for f in failed] == [("G2", None), ("G2", 102)]
     assert "n0:gpu2" in result.summary
 
 
@@ -84,23 +86,23 @@ def test_floor_trend_needs_iterations():
 
 
 # -- serialized_peaks_per_gpu ------------------------------------------------------------------
-def _gpu(engine_keeps=0.0) -> pd.DataFrame:
-    """One GPU, one iteration: engine generates (context 1 GiB + 24 GiB), offloads to its context (or keeps
-    `engine_keeps`), then the actor trains (context 1 GiB + 20 GiB) and offloads."""
+def _gpu(engine_keeps=0.0, uuid="G0", series="proc") -> pd.DataFrame:
+    """One GPU, two iterations: engine generates (context 1 GiB + 24 GiB), offloads to its context (or keeps
+    `engine_keeps`), then the actor trains (context 1 GiB + 20 GiB) and offloads. `uuid=""`, `series="rss"`:
+    the same as one rank's host-memory lane on a CPU run."""
     c = 1 * GiB
     e_low = c + engine_keeps
     rows = []
     for it in range(2):
         t = 100.0 * it
-        rows += [row("n0", "G0", 2, 0, "engine", "generate", it, t, t + 10, proc=(c + 24 * GiB, c + 24 * GiB,
-                                                                                   c + 24 * GiB, c + 24 * GiB)),
-                 row("n0", "G0", 2, 0, "engine", "offload_kv", it, t + 11, t + 12, expected=24 * GiB,
-                     proc=(c + 24 * GiB, e_low, c + 24 * GiB, e_low)),
-                 row("n0", "G0", 1, 0, "actor", "train", it, t + 20, t + 40, proc=(c + 20 * GiB, c, c, c + 12 * GiB)),
-                 row("n0", "G0", 1, 0, "actor", "offload_train", it, t + 41, t + 42, expected=12 * GiB,
-                     proc=(c + 12 * GiB, c, c + 12 * GiB, c)),
-                 row("n0", "G0", 2, 0, "engine", "onload_kv", it, t + 50, t + 51, proc=(c + 24 * GiB, e_low, e_low,
-                                                                                     c + 24 * GiB))]
+        rows += [row("n0", uuid, 2, 0, "engine", "generate", it, t, t + 10, **{series: (c + 24 * GiB,) * 4}),
+                 row("n0", uuid, 2, 0, "engine", "offload_kv", it, t + 11, t + 12, expected=24 * GiB,
+                     **{series: (c + 24 * GiB, e_low, c + 24 * GiB, e_low)}),
+                 row("n0", uuid, 1, 0, "actor", "train", it, t + 20, t + 40, **{series: (c + 20 * GiB, c, c, c + 12 * GiB)}),
+                 row("n0", uuid, 1, 0, "actor", "offload_train", it, t + 41, t + 42, expected=12 * GiB,
+                     **{series: (c + 12 * GiB, c, c + 12 * GiB, c)}),
+                 row("n0", uuid, 2, 0, "engine", "onload_kv", it, t + 50, t + 51,
+                     **{series: (c + 24 * GiB, e_low, e_low, c + 24 * GiB)})]
     return table(rows)
 
 
@@ -117,6 +119,12 @@ def test_engine_that_keeps_its_kv_cache_through_train_fails():
     assert result.status == "fail"
     assert result.worst["phase"] == "train" and result.worst["pid"] == 1
     assert result.worst["together"] == 40 * GiB  # 20 GiB of training + the 20 GiB the engine kept
+
+
+def test_host_lane_of_a_cpu_rank_is_judged_on_rss():
+    assert check_serialized_peaks_per_gpu(_gpu(uuid="", series="rss"), TH).status == "pass"
+    bad = check_serialized_peaks_per_gpu(_gpu(engine_keeps=20 * GiB, uuid="", series="rss"), TH)
+    assert bad.status == "fail" and bad.worst["label"] == "n0:rank0"
 
 
 def test_one_process_holding_both_is_left_to_serialized_peaks():
