@@ -356,11 +356,14 @@ class Outliers:
 _LINK = ["lane", "host", "gpu_uuid", "label", "phase", "iteration", "t0", "t1"]
 
 
-def rank_outliers(table: pd.DataFrame, top: int = 10, matrix: GpuMatrix | None = None) -> Outliers:
+def rank_outliers(table: pd.DataFrame, top: int = 10, matrix: GpuMatrix | None = None,
+                  skip_iterations: int = 1) -> Outliers:
+    """`skip_iterations`: warm-up iterations left out of the floor slopes (as floor_trend_leak does:
+    the first iteration's floor is below the steady one in every process)."""
     df = normalize(table)
     matrix = matrix if matrix is not None else gpu_matrix(df)
     labels = dict(zip(matrix.lanes["lane"], matrix.lanes["label"]))
-    return Outliers(_peak_outliers(matrix).head(top), floor_slopes(df, labels).head(top),
+    return Outliers(_peak_outliers(matrix).head(top), floor_slopes(df, labels, skip_iterations).head(top),
                     _shortfalls(df, labels).head(top))
 
 
