@@ -4,6 +4,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from miles_profile.errors import MilesProfileError
 from miles_profile.report import fleet
@@ -181,3 +183,27 @@ def test_bad_lane_specs_are_one_line_errors(spec, message):
     with pytest.raises(MilesProfileError, match=message) as caught:
         fleet.select_lanes(_fleet(), spec)
     assert "\n" not in str(caught.value)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.floats(0, 5), st.floats(0.01, 5), st.floats(0, 100), st.floats(0, 100)),
+                min_size=1, max_size=12),
+       st.lists(st.tuples(st.floats(-5, 80), st.floats(0, 10)), min_size=1, max_size=8))
+def test_levels_during_matches_brute_force_on_sequential_phases(phases, windows):
+    # phases one after another: (gap before, duration, peak, last), last <= peak
+    t, t0, t1, peak, last = 0.0, [], [], [], []
+    for gap, duration, p, l in phases:
+        t0.append(t + gap)
+        t1.append(t + gap + duration)
+        t = t1[-1]
+        peak.append(max(p, l))
+        last.append(l)
+    w0 = np.array([a for a, _ in windows])
+    w1 = w0 + np.array([d for _, d in windows])
+    got = fleet.levels_during(t0, t1, peak, last, w0, w1)
+    for k in range(len(w0)):
+        over = [peak[i] for i in range(len(t0)) if t0[i] < w1[k] and t1[i] > w0[k]]
+        ended = [i for i in range(len(t0)) if t1[i] <= w0[k]]
+        held = [last[max(ended, key=lambda i: t1[i])]] if ended else []
+        want = max(over + held) if over + held else np.nan
+        assert (np.isnan(want) and np.isnan(got[k])) or got[k] == want
