@@ -310,9 +310,6 @@ def _serialized_judge(df: pd.DataFrame, th: FleetThresholds) -> pd.DataFrame:
     return judged.assign(together=together, f_train=f_train, f_rollout=f_rollout, limit=limit, ratio=together / limit)
 
 
-FLEET_CHECKS = (check_rank_imbalance, check_floor_trend_leak, check_serialized_peaks_per_gpu)
-
-
 def run_fleet_checks(table: pd.DataFrame, thresholds: FleetThresholds | None = None,
                      matrix: fleet.GpuMatrix | None = None) -> list[FleetCheckResult]:
     th = thresholds or FleetThresholds()

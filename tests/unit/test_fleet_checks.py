@@ -1,7 +1,6 @@
 """Fleet checks on hand-built and generated PhaseTables whose verdicts are known by construction."""
 from __future__ import annotations
 
-import numpy as np
 import pandas as pd
 import pytest
 
