@@ -1,0 +1,317 @@
+"""Checks across the fleet: pure functions PhaseTable (see fleet.py) + FleetThresholds -> FleetCheckResult.
+
+A `FleetCheckResult` is a checks.CheckResult (same status, summary, explanation, span, findings) that
+also says how many lanes (GPUs, or ranks' host memory) and processes it judged (`judged`) and which
+was worst (`worst`: lane, label, host, gpu_uuid, pid where it applies, the number that made it
+worst). There is one Finding per lane (or per process) judged, naming its worst phase instance;
+`Finding.numbers` holds lane, label, host, gpu_uuid (and pid) so a UI can link to that timeline.
+
+    FleetThresholds(...)
+    check_rank_imbalance(table, th) / check_floor_trend_leak(table, th) / check_serialized_peaks_per_gpu(table, th)
+    run_fleet_checks(table, thresholds=None) -> list[FleetCheckResult]
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from miles_profile import names
+from miles_profile.report import fleet
+from miles_profile.report.checks import CheckResult, Finding, gib
+
+GiB = 1024 ** 3
+MiB = 1024 ** 2
+
+
+@dataclass(frozen=True)
+class FleetThresholds:
+    """Every tolerance of the fleet checks. Shares are fractions; bytes are integers."""
+
+    # rank_imbalance: a lane's peak in one (iteration, phase) fails when it exceeds the median of its
+    # peers in that cell by more than this share of the median AND by more than `imbalance_abs_bytes`;
+    # a cell is judged only with at least `imbalance_min_peers` lanes in it (with two, neither is the odd one).
+    imbalance_share: float = 0.10
+    imbalance_abs_bytes: int = 1 * GiB
+    imbalance_min_peers: int = 3
+    # floor_trend_leak: the rise of the least-squares line through every iteration's floor (slope x
+    # (last - first iteration)) fails when above both `floor_trend_abs_bytes` and `floor_trend_share`
+    # of the lane's total; the first `floor_trend_skip_iterations` are warm-up; a series needs
+    # `floor_trend_min_iterations` iterations after them.
+    floor_trend_abs_bytes: int = 256 * MiB
+    floor_trend_share: float = 0.02
+    floor_trend_skip_iterations: int = 1
+    floor_trend_min_iterations: int = 3
+    # serialized_peaks_per_gpu: during a footprint phase (train, generate) the lane's processes may
+    # hold together, above their own lowest levels, the larger footprint plus this share of the
+    # smaller plus `serialized_abs_bytes`.
+    serialized_overlap_share: float = 0.5
+    serialized_abs_bytes: int = 64 * MiB
+
+    @classmethod
+    def names(cls) -> list[str]:
+        return [f.name for f in fields(cls)]
+
+
+@dataclass
+class FleetCheckResult(CheckResult):
+    judged: dict[str, int] = field(default_factory=dict)   # {"lanes": n, "processes": m}
+    worst: dict[str, Any] | None = None
+
+
+def _result(name, title, explanation, findings, judged, worst, series, ok, bad) -> FleetCheckResult:
+    failed = [f for f in findings if f.status == "fail"]
+    counted = ", ".join(f"{v} {k}" for k, v in judged.items() if v)
+    where = f"; worst {worst['label']}" + (f" pid {worst['pid']}" if worst.get("pid") is not None else "") + \
+        f": {worst['message']}" if worst else ""
+    spans = [f.span for f in findings if f.span]
+    span = (min(s[0] for s in spans), max(s[1] for s in spans)) if spans else None
+    if failed:
+        summary = f"{len(failed)} of {len(findings)} {bad} (judged {counted}){where}"
+        status = "fail"
+    else:
+        summary = f"{len(findings)} {ok} (judged {counted}){where}"
+        status = "pass"
+    return FleetCheckResult(name, title, status, summary, explanation, span, findings, series, judged, worst)
+
+
+def _na(name, title, explanation, why) -> FleetCheckResult:
+    return FleetCheckResult(name, title, "n/a", why, explanation, judged={})
+
+
+def _where(lane_row, **extra) -> dict:
+    return dict(lane=lane_row["lane"], label=lane_row["label"], host=lane_row["host"],
+                gpu_uuid=lane_row["gpu_uuid"], **extra)
+
+
+# -- rank imbalance ----------------------------------------------------------------------------
+def check_rank_imbalance(table: pd.DataFrame, th: FleetThresholds, matrix: fleet.GpuMatrix | None = None
+                         ) -> FleetCheckResult:
+    name, title = "rank_imbalance", "No GPU or rank runs higher than its peers"
+    explanation = (f"In each (iteration, phase) a GPU's peak may exceed the median of all GPUs in that cell by at "
+                   f"most {th.imbalance_share:.0%} of the median or {gib(th.imbalance_abs_bytes)} (it fails only "
+                   f"above both); each process's own peak likewise against the processes of its role. Cells with "
+                   f"fewer than {th.imbalance_min_peers} peers are not judged.")
+    df = fleet.normalize(table)
+    matrix = matrix if matrix is not None else fleet.gpu_matrix(df)
+    findings, worst = _imbalance(matrix.bytes, matrix.columns, matrix.lanes.to_dict("records"), th, "GPUs")
+    judged = {"lanes": len(findings), "processes": 0}
+    for who, values, columns in _process_matrices(df, matrix.lanes):
+        more, candidate = _imbalance(values, columns, who, th, f"{who[0]['role'] or 'unknown-role'} processes")
+        findings += more
+        judged["processes"] += len(more)
+        if candidate is not None and (worst is None or candidate["excess"] > worst["excess"]):
+            worst = candidate
+    if not findings:
+        return _na(name, title, explanation, f"needs at least {th.imbalance_min_peers} lanes with the same phase")
+    return _result(name, title, explanation, findings, judged, worst,
+                   " / ".join(sorted(set(matrix.lanes["source"]))) + "; own memory per process",
+                   "GPUs and processes within their peers' peaks", "above their peers")
+
+
+def _process_matrices(df: pd.DataFrame, lanes: pd.DataFrame):
+    """Per role: (one dict per process, its own peak per (iteration, phase) cell, the cells)."""
+    labels = dict(zip(lanes["lane"], lanes["label"]))
+    rows = df[df["own_peak"].notna()]
+    if rows.empty:
+        return
+    col, n_cols = fleet.cell_codes(rows)
+    columns = fleet.cell_columns(rows, col, n_cols)
+    for role, part in rows.assign(_col=col).groupby("role", sort=True):
+        row, pids = pd.factorize(part["pid"])
+        values = np.full((len(pids), n_cols), np.nan)
+        np.fmax.at(values, (row, part["_col"].to_numpy()), part["own_peak"].to_numpy())
+        first = part.drop_duplicates("pid").set_index("pid").loc[pids]
+        who = [dict(lane=r.lane, label=labels.get(r.lane, r.lane), host=r.host, gpu_uuid=r.gpu_uuid, pid=int(p),
+                    rank=int(r.rank), role=role, ranks=str(r.rank), source=f"own memory ({r.own_series})")
+               for p, r in zip(pids, first.itertuples())]
+        used = np.isfinite(values).any(axis=0)
+        yield who, values[:, used], columns[used].reset_index(drop=True)
+
+
+def _imbalance(values: np.ndarray, columns: pd.DataFrame, who: list[dict], th: FleetThresholds, peers_name: str):
+    """One Finding per row of `values` (rows: lanes or processes, columns: cells) against the column medians."""
+    peers = np.isfinite(values).sum(axis=0)
+    judged_cols = peers >= th.imbalance_min_peers
+    if not judged_cols.any():
+        return [], None
+    values, peers = values[:, judged_cols], peers[judged_cols]
+    cols = columns[judged_cols].reset_index(drop=True)
+    with np.errstate(all="ignore"):
+        median = np.nanmedian(values, axis=0)
+        excess = values - median
+        fails = (excess > th.imbalance_share * median) & (excess > th.imbalance_abs_bytes)
+    findings, worst = [], None
+    for r, w in enumerate(who):
+        row = excess[r]
+        if not np.isfinite(row).any():
+            continue
+        # the cell shown: the largest excess among the failing cells, else overall
+        c = int(np.nanargmax(np.where(fails[r], row, -np.inf))) if fails[r].any() else int(np.nanargmax(row))
+        col = cols.iloc[c]
+        status = "fail" if fails[r].any() else "pass"
+        name = w["label"] + (f" pid {w['pid']}" if "pid" in w else "") + f" (ranks {w['ranks'] or '?'})"
+        message = (f"{name}: {col['label']} peak {gib(values[r, c])}, median of {int(peers[c])} {peers_name} "
+                   f"{gib(median[c])} ({row[c] / median[c]:+.1%})"
+                   + (f"; {int(fails[r].sum())} cells over" if status == "fail" else ""))
+        numbers = _where(w, pid=w.get("pid"), excess=float(row[c]), median=float(median[c]),
+                         cells_over=int(fails[r].sum()), series=w["source"])
+        findings.append(Finding(status, message, (col["t0"], col["t1"]), col["phase"], int(col["iteration"]), numbers))
+        if worst is None or row[c] > worst["excess"]:
+            worst = dict(numbers, phase=col["phase"], iteration=int(col["iteration"]),
+                         message=f"{col['label']} {gib(row[c])} over the median of {peers_name}")
+    return findings, worst
+
+
+# -- floor trend leak --------------------------------------------------------------------------
+def check_floor_trend_leak(table: pd.DataFrame, th: FleetThresholds) -> FleetCheckResult:
+    name, title = "floor_trend_leak", "No floor creeping up across iterations"
+    explanation = ("The lowest level of each iteration (per GPU: NVML used; per process: its own memory) is fitted "
+                   "by least squares over every iteration after warm-up, not first against last, so one noisy "
+                   f"iteration does not decide; the fitted rise over the run (slope x iterations) must stay under "
+                   f"{gib(th.floor_trend_abs_bytes)} or {th.floor_trend_share:.0%} of the total, whichever is larger.")
+    df = fleet.normalize(table)
+    lane_rows = {r["lane"]: r for r in fleet.lanes(df).to_dict("records")}
+    series = [("lane", "used_floor", "GPU (NVML used)"), ("pid", "own_floor", "process")]
+    findings, worst, judged = [], None, {"lanes": 0, "processes": 0}
+    for key, value, what in series:
+        floors = fleet.iteration_floors(df, key, value)
+        if floors.empty:
+            continue
+        fits = fleet.fit_slopes(floors, key, th.floor_trend_skip_iterations)
+        fits = fits[(fits["n"] >= th.floor_trend_min_iterations) & fits["slope"].notna()]
+        for fit in fits.to_dict("records"):
+            lane = lane_rows[fit["lane"]]
+            total = lane["total"]
+            limit = max(th.floor_trend_abs_bytes, th.floor_trend_share * total if np.isfinite(total) else 0.0)
+            status = "fail" if fit["rise"] > limit else "pass"
+            pid = int(fit["pid"]) if key == "pid" else None
+            who = lane["label"] + (f" pid {pid} ({fit['role'] or '?'} rank {fit['rank']})" if pid is not None else "")
+            message = (f"{who}: floor rises {gib(fit['slope'])}/iteration, {gib(fit['rise'])} over {int(fit['n'])} "
+                       f"iterations (allowed {gib(limit)})")
+            numbers = _where(lane, pid=pid, slope=float(fit["slope"]), rise=float(fit["rise"]), limit=float(limit),
+                             iterations=int(fit["n"]), series=what)
+            findings.append(Finding(status, message, (fit["t0"], fit["t1"]), fit["phase"], int(fit["iteration"]),
+                                    numbers))
+            judged["lanes" if key == "lane" else "processes"] += 1
+            score = fit["rise"] / limit
+            if worst is None or score > worst["score"]:
+                worst = dict(numbers, score=float(score), phase=fit["phase"], iteration=int(fit["iteration"]),
+                             message=f"{gib(fit['rise'])} over the run")
+    if not findings:
+        return _na(name, title, explanation, f"needs {th.floor_trend_skip_iterations + th.floor_trend_min_iterations} "
+                   "iterations with floors")
+    return _result(name, title, explanation, findings, judged, worst, "NVML used per GPU; own memory per process",
+                   "floors flat", "floors creeping up")
+
+
+# -- serialized peaks per GPU ------------------------------------------------------------------
+_FOOTPRINTS = (names.TRAIN, names.GENERATE)
+
+
+def check_serialized_peaks_per_gpu(table: pd.DataFrame, th: FleetThresholds) -> FleetCheckResult:
+    name, title = "serialized_peaks_per_gpu", "Training and rollout footprints never held together on a GPU"
+    explanation = (
+        "Per GPU, across all its processes, each measured above the lowest level of any process of its role in "
+        "the fleet (what every such process holds anyway: CUDA context, interpreter), or below the level its "
+        "offload phases declare it falls to (first minus expected_bytes) where that is lower, so memory a "
+        "process never releases is not taken for its context: the training footprint F_train is the median peak of the train phases, the rollout "
+        "footprint F_rollout that of the generate phases. During each train or generate phase, its process's peak "
+        "plus what every other process of the GPU held then (its phases overlapping in time, or what its last "
+        "phase left) must stay under max(F_train, F_rollout) + "
+        f"{th.serialized_overlap_share:.0%} of the smaller + {gib(th.serialized_abs_bytes)}.")
+    df = fleet.normalize(table)
+    df = df[df["own_peak"].notna()].reset_index(drop=True)
+    judged = _serialized_judge(df, th) if len(df) else None
+    if judged is None or judged.empty:
+        return _na(name, title, explanation, "no GPU with both a train and a generate phase in separate processes "
+                   "(an in-process engine is judged by serialized_peaks)")
+    lane_rows = fleet.lanes(df).set_index("lane", drop=False)
+    findings, worst = [], None
+    by_lane = judged.assign(over=judged["together"] > judged["limit"]).groupby("lane_code", sort=False)
+    overs, counts = by_lane["over"].sum(), by_lane.size()
+    for k in by_lane["ratio"].idxmax():
+        r = judged.loc[k]
+        over, count = int(overs[r["lane_code"]]), int(counts[r["lane_code"]])
+        lane = lane_rows.loc[r["lane"]]
+        message = (f"{lane['label']}: {r['phase']} #{r['iteration']} (pid {r['pid']}, {r['role'] or '?'}) held "
+                   f"{gib(r['together'])} together above their roles' floors; footprints train {gib(r['f_train'])}, "
+                   f"rollout {gib(r['f_rollout'])}, limit {gib(r['limit'])}"
+                   + (f"; {over} of {count} phases over" if over else ""))
+        numbers = _where(lane, pid=int(r["pid"]), together=float(r["together"]), limit=float(r["limit"]),
+                         train=float(r["f_train"]), rollout=float(r["f_rollout"]), ratio=float(r["ratio"]),
+                         phases_over=over, phases=count)
+        findings.append(Finding("fail" if over else "pass", message, (r["t0"], r["t1"]), r["phase"],
+                                int(r["iteration"]), numbers))
+        if worst is None or numbers["ratio"] > worst["ratio"]:
+            worst = dict(numbers, phase=r["phase"], iteration=int(r["iteration"]),
+                         message=f"{gib(r['together'])} held together, limit {gib(r['limit'])}")
+    processes = int(df.loc[df["lane_code"].isin(judged["lane_code"].unique()), "pid"].nunique())
+    result = _result(name, title, explanation, findings, {"lanes": len(findings), "processes": processes}, worst,
+                     "own memory of each process (proc, else reserved; rss on host lanes)",
+                     "GPUs held one footprint at a time", "GPUs held both footprints")
+    skipped = df["lane_code"].nunique() - len(findings)
+    if skipped:
+        result.summary += f"; {skipped} lanes without both footprints in separate processes not judged"
+    return result
+
+
+def _role_floors(df: pd.DataFrame) -> pd.Series:
+    """Per process: the lowest own level of any process of its role across the fleet (its own lowest
+    where the role is unknown), or the level its offloads declare it falls to where that is lower."""
+    low = df["own_floor"].fillna(df["own_peak"])
+    own = low.groupby(df["pid"]).min()
+    role = df.groupby("pid")["role"].first()
+    by_role = low[df["role"] != ""].groupby(df["role"]).min()
+    base = pd.Series(np.where(role != "", role.map(by_role), own), index=own.index).fillna(own)
+    # what a process's offloads say it should fall to: alone on its role (one GPU), its own lowest level
+    # would hide memory it never releases
+    offloads = df[df["phase"].str.startswith(names.OFFLOAD_PREFIX) & (df["expected_bytes"] > 0)]
+    declared = (offloads["own_first"] - offloads["expected_bytes"]).groupby(offloads["pid"]).min()
+    return np.fmax(np.fmin(base, declared.reindex(base.index)), 0.0)
+
+
+def _serialized_judge(df: pd.DataFrame, th: FleetThresholds) -> pd.DataFrame:
+    """The train and generate rows of the lanes that can be judged, with `together` (their process's peak
+    plus what each other process of the lane held in their window, all above the processes' bases),
+    the lane's footprints, `limit` and `ratio`. Vectorized: one levels_during call per process."""
+    base = _role_floors(df)
+    df = df.assign(above=df["own_peak"] - df["pid"].map(base).to_numpy())
+    foot = df[df["phase"].isin(_FOOTPRINTS)]
+    per_lane = foot.groupby(["lane_code", "phase"])["pid"].agg(["nunique", "min"]).unstack("phase")
+    if len(per_lane) == 0 or per_lane["nunique"].shape[1] < len(_FOOTPRINTS):
+        return foot.iloc[:0]
+    pids_per_lane = df.groupby("lane_code")["pid"].nunique()
+    both = per_lane["nunique"].notna().all(axis=1)
+    # one process holding both footprints: its own memory already is their sum (serialized_peaks judges it)
+    one_process = (per_lane["nunique"] == 1).all(axis=1) & \
+        (per_lane["min"][names.TRAIN] == per_lane["min"][names.GENERATE])
+    ok = both & ~one_process & (pids_per_lane.reindex(both.index) >= 2)
+    lanes_ok = ok[ok].index.to_numpy()
+    judged = foot[foot["lane_code"].isin(lanes_ok)].reset_index(drop=True)
+    if judged.empty:
+        return judged
+    medians = judged.groupby(["lane_code", "phase"])["above"].median().unstack("phase")
+    f_train = medians[names.TRAIN].reindex(judged["lane_code"]).to_numpy()
+    f_rollout = medians[names.GENERATE].reindex(judged["lane_code"]).to_numpy()
+    limit = np.maximum(f_train, f_rollout) + th.serialized_overlap_share * np.minimum(f_train, f_rollout) \
+        + th.serialized_abs_bytes
+    together = judged["above"].to_numpy(copy=True)
+    windows = judged.groupby("lane_code").indices
+    w0, w1, owner = judged["t0"].to_numpy(), judged["t1"].to_numpy(), judged["pid"].to_numpy()
+    rows = df[df["lane_code"].isin(lanes_ok)]
+    for (lane, pid), p in rows.groupby(["lane_code", "pid"], sort=False):
+        at = windows[lane]
+        level = fleet.levels_during(p["t0"].to_numpy(), p["t1"].to_numpy(), p["own_peak"].to_numpy(),
+                                    p["own_last"].to_numpy(), w0[at], w1[at]) - base[pid]
+        together[at] += np.where(owner[at] != pid, np.nan_to_num(level), 0.0)
+    return judged.assign(together=together, f_train=f_train, f_rollout=f_rollout, limit=limit, ratio=together / limit)
+
+
+def run_fleet_checks(table: pd.DataFrame, thresholds: FleetThresholds | None = None,
+                     matrix: fleet.GpuMatrix | None = None) -> list[FleetCheckResult]:
+    th = thresholds or FleetThresholds()
+    df = fleet.normalize(table)
+    return [check_rank_imbalance(df, th, matrix), check_floor_trend_leak(df, th), check_serialized_peaks_per_gpu(df, th)]

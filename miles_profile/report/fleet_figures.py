@@ -1,0 +1,133 @@
+"""Plotly figures of the fleet view, shared by the static report and the dashboard.
+
+    fleet_heatmap(matrix, *, max_columns=600, height=None) -> go.Figure
+        One Heatmap trace: rows are lanes (GPUs, labelled host:gpuN with ranks and roles), columns are
+        (iteration, phase) in time order, colour is the peak as a share of the lane's total (0..1), hover
+        gives the exact GiB. No per-cell annotations; past 64 rows only every k-th row is labelled (hover
+        names every row). Past `max_columns` columns, consecutive iterations are merged (fleet.coarsen:
+        each cell keeps the highest peak). z and customdata are float32 numpy arrays, which plotly writes
+        as base64 typed arrays: 512 x 600 cells are about 2.5 MB of HTML.
+    outliers_table(outliers) -> list[dict]
+        Rows for an HTML table or a Dash DataTable: kind, rank, lane label, ranks/roles, phase,
+        iteration, the value on screen (GiB), its exact bytes, and `lane`, `t0`, `t1` to link to.
+    gpu_process_stack(samples_by_process, device_used=None, *, device_total=None, t0=0.0) -> go.Figure
+        One GPU's timeline: its processes' (already reduced) series stacked as areas (actor first, then
+        engine, then others), NVML's device used as a line over them and the device's total dashed.
+        Inputs: {label: pd.Series indexed by Unix seconds | (t, bytes) numpy arrays}. Each process
+        holds its last value until its next sample (the stack is summed on the union of the times).
+"""
+from __future__ import annotations
+
+from typing import Mapping
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+
+from miles_profile.report import fleet
+from miles_profile.report.series import GiB
+
+ROW_LABELS_MAX = 64
+_COLORSCALE = "YlOrRd"
+
+
+def _row_labels(lanes: pd.DataFrame) -> list[str]:
+    ranks = lanes["ranks"].fillna("")
+    roles = lanes["roles"].fillna("")
+    return [f"{label} r{r} {ro}".rstrip() if r else f"{label} {ro}".rstrip()
+            for label, r, ro in zip(lanes["label"], ranks, roles)]
+
+
+def fleet_heatmap(matrix: fleet.GpuMatrix, *, max_columns: int = 600, height: int | None = None) -> go.Figure:
+    matrix = fleet.coarsen(matrix, max_columns)
+    rows = _row_labels(matrix.lanes)
+    cols = list(matrix.columns["label"])
+    z = np.clip(matrix.fraction, 0, None).astype(np.float32)
+    gib = (matrix.bytes / GiB).astype(np.float32)
+    figure = go.Figure(go.Heatmap(
+        z=z, x=cols, y=rows, customdata=gib, zmin=0.0, zmax=1.0, colorscale=_COLORSCALE,
+        colorbar=dict(title="peak / total", tickformat=".0%"), xgap=0, ygap=0, hoverongaps=False,
+        hovertemplate="%{y}<br>%{x}<br>peak %{customdata:.3f} GiB (%{z:.1%} of the total)<extra></extra>"))
+    n = len(rows)
+    step = max(1, int(np.ceil(n / ROW_LABELS_MAX)))
+    x_step = max(1, int(np.ceil(len(cols) / 40)))
+    figure.update_layout(
+        height=height or int(min(900, max(260, 140 + 14 * min(n, ROW_LABELS_MAX)))),
+        margin=dict(l=10, r=10, t=30, b=10),
+        title=dict(text=f"Peak per GPU and phase: {n} lanes x {len(cols)} (iteration, phase)", x=0, font_size=13),
+        yaxis=dict(autorange="reversed", tickmode="array", tickvals=rows[::step], ticktext=rows[::step],
+                   tickfont_size=10, type="category"),
+        xaxis=dict(tickmode="array", tickvals=cols[::x_step], ticktext=cols[::x_step], tickangle=-45,
+                   tickfont_size=9, type="category"),
+    )
+    return figure
+
+
+_KINDS = (("peak", "highest peak"), ("floor_slope", "fastest-rising floor"), ("shortfall", "largest offload shortfall"))
+
+
+def outliers_table(outliers: fleet.Outliers) -> list[dict]:
+    rows = []
+    for kind, title in _KINDS:
+        frame = getattr(outliers, kind)
+        for k, item in enumerate(frame.itertuples(index=False), start=1):
+            value = float(item.value)
+            if kind == "peak":
+                share = "" if not np.isfinite(item.fraction) else f" ({item.fraction:.0%})"
+                shown = f"{value / GiB:.3f} GiB{share}"
+            elif kind == "floor_slope":
+                shown = f"{value / GiB:+.3f} GiB/iteration ({item.rise / GiB:+.3f} GiB over {int(item.n)})"
+            else:
+                shown = f"{value / GiB:.3f} GiB short of {item.expected_bytes / GiB:.3f} GiB"
+            who = getattr(item, "ranks", None)
+            who = f"ranks {who} {item.roles}" if who is not None else f"pid {item.pid} {item.role} rank {item.rank}"
+            rows.append(dict(kind=title, rank=k, lane=item.lane, label=item.label, who=who, phase=item.phase,
+                             iteration=int(item.iteration), value=shown, bytes=int(round(value)),
+                             t0=float(item.t0), t1=float(item.t1)))
+    return rows
+
+
+# -- one GPU, its processes stacked ------------------------------------------------------------
+def _as_arrays(values) -> tuple[np.ndarray, np.ndarray]:
+    if isinstance(values, pd.Series):
+        return values.index.to_numpy(dtype=float), values.to_numpy(dtype=float)
+    t, y = values
+    return np.asarray(t, dtype=float), np.asarray(y, dtype=float)
+
+
+def _stack_order(label: str) -> tuple:
+    low = label.lower()
+    return (0 if "actor" in low else 1 if "engine" in low else 2,)
+
+
+def _hold(t: np.ndarray, y: np.ndarray, grid: np.ndarray) -> np.ndarray:
+    """y held from each sample to the next, on `grid`; 0 before the first sample and in NaN gaps."""
+    order = np.argsort(t, kind="stable")
+    t, y = t[order], np.nan_to_num(y[order])
+    j = np.searchsorted(t, grid, "right") - 1
+    return np.where(j >= 0, y[np.maximum(j, 0)], 0.0)
+
+
+def gpu_process_stack(samples_by_process: Mapping[str, object], device_used=None, *, device_total: float | None = None,
+                      t0: float = 0.0, title: str = "") -> go.Figure:
+    series = {label: _as_arrays(v) for label, v in samples_by_process.items()}
+    labels = sorted(series, key=_stack_order)  # stable: the caller's order within actor / engine / others
+    grid = np.unique(np.concatenate([t for t, _ in series.values()])) if series else np.empty(0)
+    figure = go.Figure()
+    for label in labels:
+        t, y = series[label]
+        figure.add_trace(go.Scatter(
+            x=grid - t0, y=_hold(t, y, grid) / GiB, name=label, mode="lines", stackgroup="processes",
+            line=dict(width=0.5, shape="hv"), hovertemplate=f"{label}: %{{y:.3f}} GiB<extra></extra>"))
+    if device_used is not None:
+        t, y = _as_arrays(device_used)
+        figure.add_trace(go.Scatter(x=t - t0, y=y / GiB, name="NVML used (device)", mode="lines",
+                                    line=dict(color="#1f1f1f", width=1.5, shape="hv"),
+                                    hovertemplate="device used: %{y:.3f} GiB<extra></extra>"))
+    if device_total is not None and np.isfinite(device_total):
+        figure.add_hline(y=device_total / GiB, line=dict(color="#d62728", dash="dash", width=1),
+                         annotation_text=f"total {device_total / GiB:.1f} GiB", annotation_position="top left")
+    figure.update_layout(title=dict(text=title, x=0, font_size=13), hovermode="x unified",
+                         yaxis_title="GiB", xaxis_title="seconds", margin=dict(l=10, r=10, t=40, b=10),
+                         legend=dict(orientation="h", y=-0.2))
+    return figure
