@@ -220,7 +220,10 @@ def _check_tms_engine(engine: RolloutEngine) -> None:
     engine.resume_memory_occupation(tags)
     assert engine.serving_ready  # the weights came back from their CPU backup
     assert torch.equal(engine.generate(prompts, 4, seed=0), first)
-    assert engine.graph_captures == captures, "a graph was captured again after resume"
+    if engine.memory.keeps_graphs:  # preload mode: graph memory paused, never captured again
+        assert engine.graph_captures == captures, "a graph was captured again after resume"
+    else:  # torch mode: the package can't pause graph memory; dropped and captured again, as builtin
+        assert engine.graph_captures == captures + 1
 
 
 def _tms_round_trips(host_optimizer: bool) -> None:
