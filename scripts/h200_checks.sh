@@ -1,19 +1,32 @@
 #!/usr/bin/env bash
-# What a GPU session should run in one device call to re-verify the recorder and trainer on the H200:
-#   scripts/h200_checks.sh OUT_DIR
-# recorder probes (gpu test), overhead with the current NVML schedule and its variants, spike capture,
-# the trainer's GPU tests, and the offload throughput benchmark. About 6 minutes; runs from source.
+# The one device call that re-verifies the recorder and trainer on the H200 (about 8 minutes):
+#   scripts/h200_checks.sh OUT_DIR        (with the torch_memory_saver wheel in .whl/: run(carry=[".whl"]))
+# GPU tests of the probes and the host sampler; the trainer's GPU tests with torch_memory_saver in torch
+# hook mode, then its torch_memory_saver tests again in preload mode (as SGLang runs it); spike capture;
+# the recorder's overhead by alternation (bench/overhead_ab.py) at 20 and 50 ms. Runs from source.
 set -uo pipefail
 out=${1:?usage: $0 OUT_DIR}
 mkdir -p "$out"
 export PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+if ls .whl/torch_memory_saver-*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+    .whl/torch_memory_saver-*.whl && export PYTHONPATH=$PYTHONPATH:/tmp/site
+fi
 status=0
-python3 -m pytest -q -p no:cacheprovider -m gpu tests/unit/test_probes.py 2>&1 | tail -3 || status=1
-timeout 100 python3 tests/integration/test_trainer_gpu.py > "$out/trainer_gpu_tests.log" 2>&1 || status=1
-grep -E "^(PASS|FAIL)|step [0-9]:|freed" "$out/trainer_gpu_tests.log"
-timeout 300 python3 bench/bench_sampler.py --rounds 10 --variant recorder_50ms --variant recorder_no_nvml \
-  --out "$out/bench" > "$out/bench_sampler.log" 2>&1 || status=1
-grep -E "whole_sample|rate_|off_again|recorder|naive_100|memory_history|step_ms" "$out/bench_sampler.log"
-timeout 200 python3 bench/bench_offload.py --preset gpu --device cuda --disk-dir /tmp/bench-offload --repeats 1 \
-  --out "$out/bench/offload.json" 2>&1 | tail -6 || status=1
+python3 -m pytest -q -p no:cacheprovider -m gpu tests/unit/test_probes.py tests/unit/test_host_sampler.py 2>&1 \
+  | tail -3 || status=1
+timeout 150 python3 tests/integration/test_trainer_gpu.py > "$out/trainer_gpu_tests.log" 2>&1 || status=1
+if python3 -c "import torch_memory_saver" 2>/dev/null; then
+  preload=$(python3 -c "from torch_memory_saver.utils import get_binary_path_from_package as p
+print(p('torch_memory_saver_hook_mode_preload'))")
+  LD_PRELOAD=$preload timeout 100 python3 tests/integration/test_trainer_gpu.py tms \
+    > "$out/trainer_gpu_tests_preload.log" 2>&1 || status=1
+fi
+grep -HE "^(PASS|FAIL|SKIP)|step [0-9]:|freed|hook mode" "$out"/trainer_gpu_tests*.log
+timeout 90 python3 bench/bench_sampler.py --only spikes --out "$out/bench" > "$out/spikes.log" 2>&1 || status=1
+grep -iE "spike|caught|captured" "$out/spikes.log" | tail -6
+for ms in 20 50; do
+  timeout 150 python3 bench/overhead_ab.py --interval-ms $ms --block-ms 200 --blocks 480 \
+    --out "$out/overhead_ab_${ms}ms.json" 2>&1 | grep "^overhead_ab" || status=1
+done
 exit $status
