@@ -97,3 +97,24 @@ def test_sglang_bodies_and_errors(engine):
         assert response.status == 200
     assert _post(engine, "/flush_cache", {})[0] == 200
     assert _post(engine, "/no_such_endpoint", {})[0] == 404
+
+
+@pytest.mark.gpu
+def test_cuda_ipc_weights_generate_like_the_in_process_engine():
+    """On a GPU the weights cross as CUDA IPC handles; the engine's copy must be exact."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    cuda = torch.device("cuda", 0)
+    named = [(name, t.to(cuda)) for name, t in _weights(3)]
+    remote = RemoteEngine.start(CFG, cuda, KV_BYTES)
+    try:
+        _send(remote, named)
+        local = RolloutEngine(CFG, cuda, KV_BYTES)
+        local.update_weights_from_tensor(named)
+        prompts = torch.randint(0, 10, (8, 6), generator=torch.Generator().manual_seed(0))
+        assert torch.equal(remote.generate(prompts, 6, seed=7), local.generate(prompts, 6, seed=7))
+        before = torch.cuda.mem_get_info(cuda)[0]
+        remote.release_memory_occupation(ALL)
+        assert torch.cuda.mem_get_info(cuda)[0] - before >= 0.8 * KV_BYTES  # the engine process gave it back
+    finally:
+        remote.close()
