@@ -56,6 +56,8 @@ class RemoteEngine:
         """Start the server on `device`, wait until it listens and answers /health."""
         if device.type == "cpu":
             api.use_file_system_sharing()
+        elif device.index is None:  # the engine must open the handles on the very same GPU
+            device = torch.device("cuda", torch.cuda.current_device())
         workdir = tempfile.TemporaryDirectory(prefix="engine-")
         port_file = Path(workdir.name) / "port"
         command = [sys.executable, "-m", "trainer.engine_server", "--model-config", json.dumps(asdict(cfg)),
@@ -117,7 +119,8 @@ class RemoteEngine:
         reply = self._request("POST", api.UPDATE_WEIGHTS, body)
         del shared, staging  # only now: the engine has copied and dropped its handle
         if self.device.type == "cuda":
-            torch.cuda.ipc_collect()
+            torch.cuda.ipc_collect()  # frees blocks whose IPC handles the engine has closed
+            torch.cuda.empty_cache()  # and returns the staging chunk: the engine onloads next
         if not reply.get("success"):
             raise EngineError(f"update_weights_from_tensor: {reply.get('message')}")
 

@@ -193,7 +193,7 @@ def serve(args: argparse.Namespace) -> None:
     if args.torch_threads:
         torch.set_num_threads(args.torch_threads)
     device = torch.device(args.device)
-    if device.type == "cuda":
+    if device.type == "cuda" and device.index is not None:
         torch.cuda.set_device(device)
     engine = RolloutEngine(ModelConfig(**args.model_config), device, args.kv_cache_bytes, cuda_graph=args.cuda_graph)
     mp.mark("engine_ready", weights_bytes=engine.weights_bytes, kv_cache_bytes=engine.kv.nbytes)  # starts its recorder
