@@ -144,7 +144,7 @@ class RemoteEngine:
             state = f"exited with code {code}" if code is not None else "not answering"
             raise EngineError(f"engine server (pid {self.proc.pid}) {state}: {path} failed "
                               f"({getattr(exc, 'reason', exc)})") from None
-        return json.loads(payload) if payload else None
+        return json.loads(payload) if payload and path != api.FLUSH_CACHE else None  # flush: text
 
 
 def _phase_header() -> dict[str, str]:

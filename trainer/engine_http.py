@@ -22,7 +22,8 @@ RESUME = "/resume_memory_occupation"
 UPDATE_WEIGHTS = "/update_weights_from_tensor"
 FLUSH_CACHE = "/flush_cache"
 HEALTH = "/health"
-SERVER_INFO = "/get_server_info"
+SERVER_INFO = "/server_info"
+SERVER_INFO_OLD = "/get_server_info"  # SGLang's deprecated name, still served
 MEMORY = "/memory_occupation"  # ours, not SGLang's: bytes a release/resume of some tags would move
 
 # The rank's current phase name, so the engine's own samples carry the phase the rank is in.

@@ -52,8 +52,8 @@ class Handler(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         if self.path == api.HEALTH:
-            self._reply(200, None)
-        elif self.path == api.SERVER_INFO:
+            self._send(200, b"", "text/plain")
+        elif self.path in (api.SERVER_INFO, api.SERVER_INFO_OLD):
             engine = self.server.engine
             self._reply(200, {"pid": os.getpid(), "device": str(engine.device),
                               "weights_bytes": engine.weights_bytes, "kv_cache_bytes": engine.kv.nbytes,
@@ -84,15 +84,24 @@ class Handler(BaseHTTPRequestHandler):
             status, reply = 400, {"error": {"message": str(exc)}}
             if path == api.UPDATE_WEIGHTS:
                 reply = {"success": False, "message": str(exc)}
-        self._reply(status, reply)
+        if isinstance(reply, Text):
+            self._send(status, reply.encode(), "text/plain")
+        else:
+            self._reply(status, reply)
 
     def _reply(self, status: int, payload) -> None:
-        data = b"" if payload is None else json.dumps(payload).encode()
+        self._send(status, json.dumps(payload).encode(), "application/json")
+
+    def _send(self, status: int, data: bytes, content_type: str) -> None:
         self.send_response(status)
-        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
         self.wfile.write(data)
+
+
+class Text(str):
+    """A plain-text reply (SGLang answers /flush_cache in text)."""
 
 
 def _phase_attrs(body: dict) -> dict:
@@ -117,12 +126,12 @@ def generate(engine: RolloutEngine, body: dict):
 
 def release(engine: RolloutEngine, body: dict):
     engine.release_memory_occupation(_tags(body))
-    return {}
+    return None  # SGLang's handler returns nothing: JSON null
 
 
 def resume(engine: RolloutEngine, body: dict):
     engine.resume_memory_occupation(_tags(body))
-    return {}
+    return None
 
 
 def update_weights(engine: RolloutEngine, body: dict):
@@ -146,7 +155,7 @@ def update_weights(engine: RolloutEngine, body: dict):
 
 def flush_cache(engine: RolloutEngine, body: dict):
     engine.flush_cache()
-    return {}
+    return Text("Cache flushed.\n")
 
 
 def memory(engine: RolloutEngine, body: dict):
