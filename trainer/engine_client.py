@@ -24,7 +24,7 @@ from typing import Iterable, Sequence
 
 import torch
 
-from miles_profile import recorder
+from miles_profile import names, recorder
 from trainer import engine_http as api
 from trainer.config import ModelConfig
 from trainer.errors import EngineError
@@ -66,6 +66,9 @@ class RemoteEngine:
         if cuda_graph:
             command.append("--cuda-graph")
         env = dict(os.environ, **{ROLE_ENV: "engine"})
+        rec = recorder.active()
+        if rec is not None and rec.run_dir is not None:  # `record` in this process: the engine joins its run
+            env.setdefault(names.RUN_DIR_ENV, str(rec.run_dir))
         proc = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent)
         try:
             port = _wait_for_port(proc, port_file)

@@ -81,3 +81,15 @@ def test_record_of_two_ranks_has_every_rank_and_engine(tmp_path, form):
         names = set(phases.loc[phases["pid"] == p["pid"], "name"])
         assert {"generate", "update_weights"} <= names
     assert len(list(Path(run_dir).glob("*.samples.csv"))) == 5  # record, 2 ranks, 2 engines
+
+
+def test_record_in_process_with_an_engine_server_records_the_engine_too(tmp_path):
+    """One process under `record` (no torchrun): the engine server joins the recorder's run."""
+    result = _run([sys.executable, "-m", "miles_profile.record", "--log-dir", str(tmp_path), "--",
+                   "--preset", "tiny", "--num-rollout", "1", "--rollout-engine", "server"])
+    assert result.returncode == 0, result.stderr[-3000:]
+    (run_dir,) = [p for p in tmp_path.iterdir() if p.is_dir()]
+    run = mp.load(run_dir)
+    engines, _ = _engines_and_ranks(run)
+    assert len(engines) == 1 and len(run.processes) == 2
+    assert {"generate", "update_weights"} <= set(run.phases.loc[run.phases["pid"] == engines[0]["pid"], "name"])
