@@ -4,7 +4,7 @@
 #   scripts/h200_dist.sh OUT_DIR [NUM_ROLLOUT]
 # Writes OUT_DIR/logs (the run: record, rank and engine each with their own files), train.log,
 # nvidia-smi.csv (both processes on the GPU, once a second), report.html and visualize.log, and runs the
-# engine server's GPU test (weights over CUDA IPC handles). About 3-4 minutes; runs from source.
+# engine server's GPU test (weights over CUDA IPC handles). About 2-3 minutes; runs from source.
 set -uo pipefail
 out=${1:?usage: $0 OUT_DIR [NUM_ROLLOUT]}
 rollouts=${2:-3}
