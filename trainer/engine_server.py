@@ -80,10 +80,12 @@ class Handler(BaseHTTPRequestHandler):
         try:
             with self.server.engine_lock, mp.phase(phase, endpoint=path, **_phase_attrs(body)):
                 status, reply = 200, handler(self.server.engine, body)
-        except (EngineError, ValueError, KeyError, TypeError) as exc:
+        except (EngineError, ValueError, KeyError, TypeError) as exc:  # the request's fault
             status, reply = 400, {"error": {"message": str(exc)}}
             if path == api.UPDATE_WEIGHTS:
                 reply = {"success": False, "message": str(exc)}
+        except Exception as exc:  # e.g. out of memory on resume: the rank gets it as one line, the server lives
+            status, reply = 500, {"error": {"message": f"{type(exc).__name__}: {str(exc)[:500]}"}}
         if isinstance(reply, Text):
             self._send(status, reply.encode(), "text/plain")
         else:
