@@ -237,7 +237,8 @@ class Stopped(TrainerError):
 
 
 def _on_sigterm(signum, frame) -> None:
-    exc = Stopped(f"rank {dist.from_env().rank}: stopped by signal {signum} (torchrun stops the others when a rank fails)")
+    exc = Stopped(f"rank {dist.from_env().rank}: stopped by signal {signum} "
+                  "(torchrun stops the others when a rank fails)")
     exc.exit_code = 128 + signum
     raise exc
 

@@ -54,8 +54,8 @@ def _post(engine, path: str, body) -> tuple[int, dict]:
                                      headers={"Content-Type": "application/json"})
     try:
         with urllib.request.urlopen(request, timeout=60) as response:
-            data = response.read()
-            return response.status, json.loads(data) if response.headers["Content-Type"] == "application/json" else data.decode()
+            data, is_json = response.read(), response.headers["Content-Type"] == "application/json"
+            return response.status, json.loads(data) if is_json else data.decode()
     except urllib.error.HTTPError as exc:
         return exc.code, json.loads(exc.read())
 
