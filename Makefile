@@ -41,6 +41,7 @@ bench: setup
 	$(PY) bench/bench_offload.py --preset cpu --disk-dir /tmp/bench-offload
 	$(PY) bench/bench_visualize.py
 	$(PY) bench/bench_dashboard.py
+	$(PY) bench/bench_dist.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis

@@ -46,10 +46,12 @@ def interval_ms(text: str) -> float:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m miles_profile.record",
-        usage="%(prog)s [options] -- <trainer args>\n       %(prog)s [options] --exec -- <command...>",
+        usage="%(prog)s [options] -- [--nproc-per-node N] <trainer args>\n"
+              "       %(prog)s [options] --exec -- <command...>",
         description="Record phase-tagged GPU and host memory, with true peaks between samples, into a "
                     "new run directory under --log-dir. Without --exec, runs the integrated trainer "
-                    "(python -m trainer.train --help lists its arguments) in this process.")
+                    "(python -m trainer.train --help lists its arguments) in this process; with "
+                    "--nproc-per-node N first, N data-parallel ranks under torchrun, each recording itself.")
     parser.add_argument("--log-dir", default=DEFAULT_LOG_DIR,
                         help="directory that receives one subdirectory per run (default: %(default)s)")
     parser.add_argument("--interval-ms", type=interval_ms, default=DEFAULT_INTERVAL_MS,
@@ -75,7 +77,34 @@ def split_argv(argv: list[str]) -> tuple[list[str], list[str]]:
     return argv, []
 
 
+def split_nproc(trainer_args: list[str]) -> tuple[int, list[str]] | None:
+    """`--nproc-per-node N <trainer flags>` -> (N, trainer flags); None without that first flag."""
+    if not trainer_args or trainer_args[0].split("=")[0] not in ("--nproc-per-node", "--nproc_per_node"):
+        return None
+    if "=" in trainer_args[0]:
+        count, rest = trainer_args[0].split("=", 1)[1], trainer_args[1:]
+    elif len(trainer_args) > 1:
+        count, rest = trainer_args[1], trainer_args[2:]
+    else:
+        raise MilesProfileError("--nproc-per-node needs a number of ranks", exit_code=2)
+    if not count.isdigit() or int(count) < 1:
+        raise MilesProfileError(f"--nproc-per-node must be a positive integer, got {count!r}", exit_code=2)
+    return int(count), rest
+
+
+def torchrun_command(nproc: int, trainer_args: list[str]) -> list[str]:
+    """torchrun running `nproc` ranks of the trainer as our child; each rank (and its engine process)
+    records itself into the run through MILES_PROFILE_RUN_DIR."""
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
+            "-m", "trainer.train", *trainer_args]
+
+
 def run_trainer(args: argparse.Namespace, trainer_args: list[str]) -> int:
+    ranks = split_nproc(trainer_args)
+    if ranks is not None:
+        from trainer.args import parse_args
+        parse_args(ranks[1], world_size=ranks[0])  # a flag error exits 2 here, before the run directory
+        return run_child(args, torchrun_command(*ranks))
     try:
         from trainer.args import parse_args
         from trainer.train import main as train_main  # imports torch first, so the allocator probe sees it

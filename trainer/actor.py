@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from miles_profile.names import BUILTIN, TORCH_MEMORY_SAVER
-from trainer import algo
+from trainer import algo, dist
 from trainer.config import ModelConfig
 from trainer.flat import FlatParams, trim_host_heap
 from trainer.model import GPT, init_weights
@@ -55,6 +55,7 @@ class TrainModel:
             self.module = GPT(cfg, out_dim)
         self.params = FlatParams(self.module, device, torch.float32, requires_grad=True)
         init_weights(self.module, torch.Generator(device).manual_seed(seed))
+        dist.broadcast_(self.params.flat)  # data parallel: every rank starts from rank 0's weights
         self.grads = torch.zeros_like(self.params.flat)
         for p, (_, g) in zip(self.module.parameters(), self.params.views(self.grads)):
             p.grad = g  # backward accumulates into the flat gradient buffer in place
@@ -73,6 +74,7 @@ class TrainModel:
 
     @torch.no_grad()
     def step(self) -> float:
+        dist.average_(self.grads)  # data parallel: the mean of every rank's gradient, before clipping
         norm = self.grads.norm()
         self.grads.mul_(torch.clamp(MAX_GRAD_NORM / (norm + 1e-6), max=1.0))
         if self.on_host:
@@ -97,6 +99,17 @@ class TrainModel:
             state += [StateTensor(f"{self.name}.master", master, chunks),
                       StateTensor(f"{self.name}.master_grad", self.master.grad, chunks)]
         return state
+
+
+def _whiten_across_ranks(x: torch.Tensor) -> torch.Tensor:
+    """algo.whiten with the mean and (unbiased) std of the whole data-parallel batch, not this rank's
+    share: every rank then scales its advantages as one process with the full batch would."""
+    stats = torch.stack([x.sum(), x.square().sum(), torch.tensor(float(x.numel()), device=x.device)]).double()
+    dist.sum_(stats)
+    total, squares, n = stats.tolist()
+    mean = total / n
+    std = max((squares - n * mean * mean) / (n - 1), 0.0) ** 0.5
+    return (x - mean) / (std + 1e-6)
 
 
 def _init_adamw_state(optimizer: torch.optim.AdamW, p: nn.Parameter) -> None:
@@ -161,7 +174,7 @@ class Actor:
             values = torch.cat([self._values(tokens[i:i + self.micro_batch_size], batch.prompts.shape[1])
                                 for i in range(0, len(tokens), self.micro_batch_size)]).float()
         adv, returns = algo.gae_advantages(rewards, values)
-        return algo.whiten(adv), returns
+        return (_whiten_across_ranks(adv) if dist.is_initialized() else algo.whiten(adv)), returns
 
     def _values(self, tokens: torch.Tensor, prompt_len: int) -> torch.Tensor:
         """(B, R) values of the states before each response token."""

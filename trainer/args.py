@@ -45,6 +45,8 @@ class RunConfig:
     offload_train_disk_dir: Path | None
     chunk_bytes: int
     colocate_memory_peak_device: str
+    rollout_engine: str          # "in_process" or "server", resolved from auto
+    world_size: int = 1          # data-parallel ranks (torchrun's WORLD_SIZE)
 
 
 def parse_bytes(text: str) -> int:
@@ -105,6 +107,11 @@ def _add_rollout_arguments(g) -> None:
                    help="how the engine releases memory: builtin (free storages, empty torch's cache) or "
                         "torch_memory_saver (pause tagged regions; cuda, package installed); auto picks "
                         "torch_memory_saver where it can (default: %(default)s)")
+    g.add_argument("--rollout-engine", choices=["auto", "in_process", "server"], default="auto",
+                   help="in_process: the engine lives in the trainer's process; server: in its own process "
+                        "on the same device, driven over SGLang-style HTTP (python -m trainer.engine_server). "
+                        "auto: server under torchrun (Miles' topology), in_process otherwise "
+                        "(default: %(default)s)")
 
 
 def _add_train_arguments(g) -> None:
@@ -140,9 +147,13 @@ def _add_offload_arguments(g) -> None:
                         "(default: %(default)s)")
 
 
-def validate(args: argparse.Namespace, cuda_available: bool) -> str | None:
+def validate(args: argparse.Namespace, cuda_available: bool, world_size: int = 1) -> str | None:
     """Every rule across flags; returns the first violation as one line, or None."""
     preset = PRESETS[args.preset]
+    batch = args.rollout_batch_size or preset.rollout_batch_size
+    if batch >= 1 and batch % world_size:
+        return (f"--rollout-batch-size {batch} does not split evenly over {world_size} ranks "
+                "(each rank generates and trains on an equal share of the prompts)")
     for flag in ("num_rollout", "digits", "rollout_batch_size", "micro_batch_size",
                  "kv_cache_bytes", "offload_chunk_bytes"):
         if getattr(args, flag) is not None and getattr(args, flag) < 1:
@@ -227,9 +238,13 @@ def _device(flag: str, cuda_available: bool) -> str:
     return ("cuda" if cuda_available else "cpu") if flag == "auto" else flag
 
 
-def resolve(args: argparse.Namespace, cuda_available: bool) -> RunConfig:
+def resolve(args: argparse.Namespace, cuda_available: bool, world_size: int = 1,
+            under_torchrun: bool = False) -> RunConfig:
     """A validated namespace -> RunConfig, preset values filling what the flags left out."""
     p = PRESETS[args.preset]
+    engine = args.rollout_engine
+    if engine == "auto":
+        engine = "server" if under_torchrun else "in_process"
     device = _device(args.device, cuda_available)
     levels = parse_levels(args.offload_rollout_level or ["kv_cache", "weight"])
     return RunConfig(
@@ -246,17 +261,23 @@ def resolve(args: argparse.Namespace, cuda_available: bool) -> RunConfig:
         offload_train_backend=args.offload_train_backend,
         offload_train_disk_dir=args.offload_train_disk_dir,
         chunk_bytes=args.offload_chunk_bytes or p.chunk_bytes,
-        colocate_memory_peak_device=args.colocate_memory_peak_device)
+        colocate_memory_peak_device=args.colocate_memory_peak_device, rollout_engine=engine,
+        world_size=world_size)
 
 
-def parse_args(argv: list[str] | None, cuda_available: bool | None = None) -> RunConfig:
-    """Parse, validate and resolve; exits with status 2 and one line on any invalid input."""
+def parse_args(argv: list[str] | None, cuda_available: bool | None = None,
+               world_size: int | None = None) -> RunConfig:
+    """Parse, validate and resolve; exits with status 2 and one line on any invalid input.
+    `world_size`: the number of data-parallel ranks (default: torchrun's WORLD_SIZE, else 1)."""
     if cuda_available is None:
         import torch
         cuda_available = torch.cuda.is_available()
+    under_torchrun = "WORLD_SIZE" in os.environ and "RANK" in os.environ
+    if world_size is None:
+        world_size = int(os.environ.get("WORLD_SIZE", 1)) if under_torchrun else 1
     parser = build_parser()
     args = parser.parse_args(argv)
-    problem = validate(args, cuda_available)
+    problem = validate(args, cuda_available, world_size)
     if problem:
         parser.error(problem)
-    return resolve(args, cuda_available)
+    return resolve(args, cuda_available, world_size, under_torchrun or world_size > 1)

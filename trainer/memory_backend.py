@@ -62,6 +62,15 @@ def resolve(choice: str, device: str) -> str:
     return TORCH_MEMORY_SAVER if unavailable_reason(device) is None else BUILTIN
 
 
+def preload_library() -> str | None:
+    """The package's preload library (for LD_PRELOAD of a process we start), None if not found."""
+    try:
+        from torch_memory_saver.utils import get_binary_path_from_package
+        return str(get_binary_path_from_package(_PRELOAD_LIB))
+    except Exception:  # not installed, or no build for this CUDA
+        return None
+
+
 def hook_mode() -> str:
     preload = os.environ.get("LD_PRELOAD", "").split(":")
     return "preload" if any(_PRELOAD_LIB in p for p in preload) else "torch"

@@ -248,6 +248,10 @@ class RolloutEngine:
         self.memory.close()
 
     @property
+    def memory_backend(self) -> str:
+        return self.memory.name
+
+    @property
     def weights_bytes(self) -> int:
         return self.weights.flat.numel() * self.weights.flat.element_size()
 

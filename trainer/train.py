@@ -1,11 +1,16 @@
 """python -m trainer.train [flags]: the RL loop. Each step runs inside a `miles_profile.phase` whose
 attributes say what moved (`tags`, `target`, `expected_bytes`, `rollout_id`); without a recorder a
 phase costs one function call. The two orders follow Miles (see docs/trainer.md).
+
+Under torchrun (`torchrun --nproc-per-node N -m trainer.train ...`) every rank runs this same loop on
+its share of the prompts, with its own rollout engine (by default in a process of its own, driven
+over HTTP like an SGLang server); gradients are averaged across ranks inside `Actor.train`.
 """
 from __future__ import annotations
 
 import os
 import shutil
+import signal
 import sys
 import time
 from pathlib import Path
@@ -16,10 +21,11 @@ import miles_profile as mp
 from miles_profile.names import (CLEAR_MEMORY, CUDA_GRAPH, GENERATE, KV_CACHE, OFFLOAD_KV, OFFLOAD_ROLLOUT,
                                  OFFLOAD_TRAIN, OFFLOAD_WEIGHTS, ONLOAD_KV, ONLOAD_TRAIN, ONLOAD_WEIGHTS,
                                  TORCH_MEMORY_SAVER, TRAIN, UPDATE_WEIGHTS, WEIGHTS)
-from trainer import memory_backend, task
+from trainer import dist, memory_backend, task
 from trainer.actor import Actor, Batch, TrainStats
 from trainer.args import RunConfig, parse_args
 from trainer.config import gib, model_config
+from trainer.engine_client import ROLE_ENV, RemoteEngine
 from trainer.errors import TrainerError
 from trainer.progress import Progress
 from trainer.rollout_engine import RolloutEngine
@@ -70,21 +76,23 @@ def rollout_gpu_peak(i: int, cfg: RunConfig, actor: Actor, engine: RolloutEngine
 
 def generate(i: int, cfg: RunConfig, engine: RolloutEngine) -> Batch:
     with mp.phase(GENERATE, rollout_id=i):
+        rank = dist.from_env()
         prompts = task.sample_prompts(cfg.rollout_batch_size, cfg.digits, _generator(cfg.seed, i, 0))
+        prompts = prompts.chunk(cfg.world_size)[rank.rank]  # this rank's share of the same global batch
         prompts = prompts.repeat_interleave(cfg.n_samples_per_prompt, dim=0)  # groups of identical prompts
-        responses = engine.generate(prompts, cfg.digits, seed=_seed(cfg.seed, i, 1))
+        responses = engine.generate(prompts, cfg.digits, seed=_seed(cfg.seed, i, 1 + rank.rank))
         return Batch(prompts, responses, task.reward(prompts, responses), cfg.n_samples_per_prompt)
 
 
 def release(engine: RolloutEngine, name: str, tags: tuple[str, ...], i: int) -> None:
     with mp.phase(name, rollout_id=i, tags=list(tags), expected_bytes=engine.occupied_bytes(tags),
-                  backend=engine.memory.name):
+                  backend=engine.memory_backend):
         engine.release_memory_occupation(tags)
 
 
 def resume(engine: RolloutEngine, name: str, tags: tuple[str, ...], i: int) -> None:
     with mp.phase(name, rollout_id=i, tags=list(tags), expected_bytes=engine.released_bytes(tags),
-                  backend=engine.memory.name):
+                  backend=engine.memory_backend):
         engine.resume_memory_occupation(tags)
 
 
@@ -130,9 +138,19 @@ def run(cfg: RunConfig) -> list[tuple[float, TrainStats]]:
 
 def _run(cfg: RunConfig) -> list[tuple[float, TrainStats]]:
     torch.manual_seed(cfg.seed)
-    device = torch.device(cfg.device)
+    rank = dist.from_env()
+    device = _device(cfg, rank)
+    dist.init(rank, device)  # nothing without torchrun's environment
+    try:
+        return _run_rank(cfg, device)
+    finally:
+        dist.shutdown()
+
+
+def _run_rank(cfg: RunConfig, device: torch.device) -> list[tuple[float, TrainStats]]:
     model_cfg = model_config(cfg.preset, cfg.digits)
     disk_dir = _own_disk_dir(cfg)
+    engine = None
     actor = Actor(model_cfg, device, lr=cfg.lr, seed=cfg.seed, use_critic=cfg.use_critic,
                   optimizer_cpu_offload=cfg.optimizer_cpu_offload, micro_batch_size=cfg.micro_batch_size,
                   offload_target=cfg.offload_train_target, disk_dir=disk_dir, chunk_bytes=cfg.chunk_bytes,
@@ -141,8 +159,7 @@ def _run(cfg: RunConfig) -> list[tuple[float, TrainStats]]:
     try:
         if cfg.offload_train:  # before the engine exists (as in Miles): the two footprints never meet
             offload_train(actor, None)
-        engine = RolloutEngine(model_cfg, device, cfg.kv_cache_bytes, cuda_graph=cfg.cuda_graph,
-                               memory_backend=cfg.rollout_memory_backend)
+        engine = _start_engine(cfg, model_cfg, device)
         _print_setup(cfg, actor, engine)
         _announce_backends(actor, engine)
         update_weights(actor, engine, None)  # the engine starts empty
@@ -162,11 +179,30 @@ def _loop(cfg: RunConfig, actor: Actor, engine: RolloutEngine) -> list[tuple[flo
         for i in range(cfg.num_rollout):
             start = time.monotonic()
             batch, stats = step(i, cfg, actor, engine)
-            history.append((float(batch.rewards.mean()), stats))
-            progress.update(i, history[-1][0], stats.loss, time.monotonic() - start)
+            reward = batch.rewards.mean().reshape(1)
+            dist.average_(reward)  # the whole data-parallel batch's mean
+            history.append((float(reward), stats))
+            if dist.from_env().rank == 0:
+                progress.update(i, history[-1][0], stats.loss, time.monotonic() - start)
     finally:
         progress.close()
     return history
+
+
+def _device(cfg: RunConfig, rank: dist.Rank) -> torch.device:
+    """One GPU per rank: the local rank's."""
+    if cfg.device == "cuda" and rank.distributed:
+        torch.cuda.set_device(rank.local_rank)
+        return torch.device("cuda", rank.local_rank)
+    return torch.device(cfg.device)
+
+
+def _start_engine(cfg: RunConfig, model_cfg, device: torch.device) -> RolloutEngine | RemoteEngine:
+    if cfg.rollout_engine == "server":
+        return RemoteEngine.start(model_cfg, device, cfg.kv_cache_bytes, cuda_graph=cfg.cuda_graph,
+                                  torch_threads=cfg.preset.torch_threads, memory_backend=cfg.rollout_memory_backend)
+    return RolloutEngine(model_cfg, device, cfg.kv_cache_bytes, cuda_graph=cfg.cuda_graph,
+                         memory_backend=cfg.rollout_memory_backend)
 
 
 def _own_disk_dir(cfg: RunConfig) -> Path | None:
@@ -178,6 +214,13 @@ def _own_disk_dir(cfg: RunConfig) -> Path | None:
 
 
 def _print_setup(cfg: RunConfig, actor: Actor, engine: RolloutEngine) -> None:
+    rank = dist.from_env()
+    if rank.distributed or isinstance(engine, RemoteEngine):
+        where = f" (pid {engine.pid})" if isinstance(engine, RemoteEngine) else " in process"
+        print(f"trainer: rank {rank.rank}/{rank.world_size} pid {os.getpid()}, engine {cfg.rollout_engine}"
+              f"{where}", flush=True)
+        if rank.rank != 0:
+            return
     print(f"trainer: preset {cfg.preset_name} on {cfg.device}: policy {actor.policy.params.numel / 1e6:.2f}M "
           f"params, training state {gib(actor.state_bytes())}, engine weights {gib(engine.weights_bytes)}, "
           f"KV pool {gib(engine.kv.nbytes)} ({engine.kv.capacity_tokens} tokens)", flush=True)
@@ -186,13 +229,13 @@ def _print_setup(cfg: RunConfig, actor: Actor, engine: RolloutEngine) -> None:
 def _announce_backends(actor: Actor, engine: RolloutEngine) -> None:
     """One line saying which memory backend each side uses; the same into this process's meta.json,
     so the checks know which series can see a release."""
-    backends = {"rollout_memory_backend": engine.memory.name, "train_memory_backend": actor.offloader.backend}
+    backends = {"rollout_memory_backend": engine.memory_backend, "train_memory_backend": actor.offloader.backend}
     hook = ""
     if TORCH_MEMORY_SAVER in backends.values():
         backends["torch_memory_saver_hook_mode"] = memory_backend.hook_mode()
         hook = f" (torch_memory_saver hook mode {backends['torch_memory_saver_hook_mode']})"
     mp.annotate(**backends)
-    print(f"trainer: memory backend: rollout {engine.memory.name}, train offload {actor.offloader.backend}"
+    print(f"trainer: memory backend: rollout {engine.memory_backend}, train offload {actor.offloader.backend}"
           f"{hook}", flush=True)
 
 
@@ -208,8 +251,22 @@ def _ids(i: int | None) -> dict:
     return {} if i is None else {"rollout_id": i}
 
 
+class Stopped(TrainerError):
+    """SIGTERM: torchrun stops every rank when one fails; the rank says so in one line."""
+
+
+def _on_sigterm(signum, frame) -> None:
+    exc = Stopped(f"rank {dist.from_env().rank}: stopped by signal {signum} "
+                  "(torchrun stops the others when a rank fails)")
+    exc.exit_code = 128 + signum
+    raise exc
+
+
 def main(argv: list[str] | None = None) -> int:
     cfg = parse_args(sys.argv[1:] if argv is None else argv)  # exits 2 with one line on bad flags
+    if dist.launched_by_torchrun():
+        os.environ.setdefault(ROLE_ENV, "actor")  # before the first phase starts this rank's recorder
+        signal.signal(signal.SIGTERM, _on_sigterm)
     try:
         run(cfg)
     except TrainerError as exc:

@@ -1,0 +1,201 @@
+"""The rank's side of a rollout engine in its own process: starts `python -m trainer.engine_server` on
+the rank's device, drives it over HTTP with SGLang's endpoints, and stops it (even on error).
+
+`RemoteEngine` has the methods of `RolloutEngine` that the training loop calls, so `train.py` does not
+know which kind it drives. Weight updates: each chunk is copied into a staging tensor the engine can
+map (shared memory on CPU, a device buffer shared by CUDA IPC on GPU), sent as a handle, copied by the
+engine into its own weights; the staging tensor is kept alive until the reply, then dropped.
+"""
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Iterable, Sequence
+
+import torch
+
+from miles_profile import names, recorder
+from miles_profile.names import BUILTIN, TORCH_MEMORY_SAVER
+from trainer import engine_http as api
+from trainer import memory_backend as memory_backend_lib
+from trainer.config import ModelConfig
+from trainer.errors import EngineError
+
+START_TIMEOUT_S = 300.0  # the gpu preset allocates a 12 GiB pool and may capture graphs first
+STOP_TIMEOUT_S = 10.0
+REQUEST_TIMEOUT_S = 600.0
+ROLE_ENV = "MILES_PROFILE_ROLE"  # read by the recorder for the process meta's role
+PR_SET_PDEATHSIG = 1
+
+
+@dataclass(frozen=True)
+class KVInfo:
+    nbytes: int
+    capacity_tokens: int
+
+
+class RemoteEngine:
+    def __init__(self, proc: subprocess.Popen, url: str, workdir: tempfile.TemporaryDirectory, device: torch.device):
+        self.proc, self.url, self._workdir, self.device = proc, url, workdir, device
+        info = self._request("GET", api.SERVER_INFO)
+        self.pid: int = info["pid"]
+        self.weights_bytes: int = info["weights_bytes"]
+        self.kv = KVInfo(info["kv_cache_bytes"], info["kv_capacity_tokens"])
+        self.memory_backend: str = info.get("memory_backend", BUILTIN)
+
+    @classmethod
+    def start(cls, cfg: ModelConfig, device: torch.device, kv_cache_bytes: int, cuda_graph: bool = False,
+              torch_threads: int | None = None, memory_backend: str = BUILTIN) -> "RemoteEngine":
+        """Start the server on `device`, wait until it listens and answers /health."""
+        if device.type == "cpu":
+            api.use_file_system_sharing()
+        elif device.index is None:  # the engine must open the handles on the very same GPU
+            device = torch.device("cuda", torch.cuda.current_device())
+        workdir = tempfile.TemporaryDirectory(prefix="engine-")
+        port_file = Path(workdir.name) / "port"
+        command = [sys.executable, "-m", "trainer.engine_server", "--model-config", json.dumps(asdict(cfg)),
+                   "--device", str(device), "--kv-cache-bytes", str(kv_cache_bytes),
+                   "--torch-threads", str(torch_threads or 0), "--port-file", str(port_file)]
+        if cuda_graph:
+            command.append("--cuda-graph")
+        command += ["--memory-backend", memory_backend]
+        env = dict(os.environ, **{ROLE_ENV: "engine"})
+        preload = memory_backend_lib.preload_library() if memory_backend == TORCH_MEMORY_SAVER else None
+        if preload:  # as SGLang runs it: preload mode, where graph memory can be paused too
+            env["LD_PRELOAD"] = ":".join(p for p in (preload, env.get("LD_PRELOAD", "")) if p)
+        rec = recorder.active()
+        if rec is not None and rec.run_dir is not None:  # `record` in this process: the engine joins its run
+            env.setdefault(names.RUN_DIR_ENV, str(rec.run_dir))
+        proc = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent)
+        try:
+            port = _wait_for_port(proc, port_file)
+            engine = cls(proc, f"http://127.0.0.1:{port}", workdir, device)
+            engine._request("GET", api.HEALTH)
+            return engine
+        except BaseException:
+            _stop(proc)
+            workdir.cleanup()
+            raise
+
+    # --- the RolloutEngine methods the loop calls -----------------------------------------------
+
+    def generate(self, prompts: torch.Tensor, response_len: int, seed: int, temperature: float = 1.0) -> torch.Tensor:
+        body = {"input_ids": prompts.tolist(),
+                "sampling_params": {"max_new_tokens": response_len, "temperature": temperature,
+                                    "sampling_seed": seed}}
+        replies = self._request("POST", api.GENERATE, body)
+        return torch.tensor([r["output_ids"] for r in replies], dtype=torch.long)
+
+    def release_memory_occupation(self, tags: Sequence[str]) -> None:
+        self._request("POST", api.RELEASE, {"tags": list(tags)})
+
+    def resume_memory_occupation(self, tags: Sequence[str]) -> None:
+        self._request("POST", api.RESUME, {"tags": list(tags)})
+
+    def occupied_bytes(self, tags: Sequence[str]) -> int:
+        return self._request("POST", api.MEMORY, {"tags": list(tags)})["occupied_bytes"]
+
+    def released_bytes(self, tags: Sequence[str]) -> int:
+        return self._request("POST", api.MEMORY, {"tags": list(tags)})["released_bytes"]
+
+    def flush_cache(self) -> None:
+        self._request("POST", api.FLUSH_CACHE, {})
+
+    @torch.no_grad()
+    def update_weights_from_tensor(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        named = list(named_tensors)
+        staging = torch.empty(sum(t.numel() for _, t in named), dtype=named[0][1].dtype, device=self.device)
+        if self.device.type == "cpu":
+            staging.share_memory_()  # a named segment the engine maps; the actor's own buffers stay private
+        shared, start = [], 0
+        for name, tensor in named:
+            view = staging[start:start + tensor.numel()].view(tensor.shape)
+            view.copy_(tensor)
+            shared.append((name, view))
+            start += tensor.numel()
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)  # the engine reads the buffer from another process
+        body = {"serialized_named_tensors": [api.serialize(shared)], "load_format": None, "flush_cache": True}
+        reply = self._request("POST", api.UPDATE_WEIGHTS, body)
+        del shared, staging  # only now: the engine has copied and dropped its handle
+        if self.device.type == "cuda":
+            torch.cuda.ipc_collect()  # frees blocks whose IPC handles the engine has closed
+            torch.cuda.empty_cache()  # and returns the staging chunk: the engine onloads next
+        if not reply.get("success"):
+            raise EngineError(f"update_weights_from_tensor: {reply.get('message')}")
+
+    def close(self) -> None:
+        _stop(self.proc)
+        self._workdir.cleanup()
+
+    # --- HTTP ------------------------------------------------------------------------------------
+
+    def _request(self, method: str, path: str, body: dict | None = None):
+        data = None if body is None else json.dumps(body).encode()
+        request = urllib.request.Request(self.url + path, data=data, method=method,
+                                         headers={"Content-Type": "application/json", **_phase_header()})
+        try:
+            with urllib.request.urlopen(request, timeout=REQUEST_TIMEOUT_S) as response:
+                payload = response.read()
+        except urllib.error.HTTPError as exc:
+            raise EngineError(f"engine {path}: {_message(exc.read())}") from None
+        except (urllib.error.URLError, ConnectionError, TimeoutError) as exc:
+            code = self.proc.poll()
+            state = f"exited with code {code}" if code is not None else "not answering"
+            raise EngineError(f"engine server (pid {self.proc.pid}) {state}: {path} failed "
+                              f"({getattr(exc, 'reason', exc)})") from None
+        return json.loads(payload) if payload and path != api.FLUSH_CACHE else None  # flush: text
+
+
+def _phase_header() -> dict[str, str]:
+    rec = recorder.active()
+    phase = rec.current_phase() if rec is not None else ""
+    return {api.PHASE_HEADER: phase} if phase else {}
+
+
+def _message(payload: bytes) -> str:
+    try:
+        reply = json.loads(payload)
+        return reply.get("error", {}).get("message") or reply.get("message") or str(reply)
+    except (ValueError, AttributeError):
+        return payload.decode(errors="replace")[:200]
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: SIGTERM when the rank dies, even by SIGKILL (Linux)."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    except (OSError, AttributeError):
+        pass  # not Linux: the server's getppid watchdog still stops it
+
+
+def _wait_for_port(proc: subprocess.Popen, port_file: Path) -> int:
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if port_file.exists():
+            return int(port_file.read_text())
+        code = proc.poll()
+        if code is not None:
+            raise EngineError(f"engine server exited with code {code} before it listened")
+        time.sleep(0.05)
+    raise EngineError(f"engine server did not listen within {START_TIMEOUT_S:.0f} s")
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
