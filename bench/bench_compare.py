@@ -1,6 +1,6 @@
 """Benchmark the phase-aligned comparison of two runs as their phase count grows.
 
-    python bench/bench_compare.py [--phases 70 280 2000 10000] [--old-up-to 280]
+    python bench/bench_compare.py [--phases 70 280 2000 10000] [--old-up-to 280] [--visualize]
 
 Builds two runs in memory (a GPU and host series, 20 samples per phase, iterations of the seven
 canonical phases; the second run 1.5x slower) and times, side by side:
@@ -8,13 +8,17 @@ canonical phases; the second run 1.5x slower) and times, side by side:
     (phase bands as one filled trace per phase name);
   * old: the same figure with the bands added the way they were before (one `add_vrect` per phase),
     only up to --old-up-to phases (its cost grows with the square of the phase count).
+With --visualize, also the whole `visualize A --compare B` CLI on the runs written as run directories.
 Prints the traces and shapes of each figure: both must stay O(1) in phases for the new method.
 Figures: docs/report.md.
 """
 from __future__ import annotations
 
 import argparse
+import json
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -59,6 +63,34 @@ def synthetic_run(n_phases: int, name: str, slow: float = 1.0, seed: int = 0) ->
     return Run(Path(name), meta, processes, samples, events, phases_from_events(events, samples), [])
 
 
+def write_run(run: Run, out: Path) -> Path:
+    """`run` as a run directory in the real log format (docs/log-format.md)."""
+    out.mkdir(parents=True)
+    stem = f"bench-{PID}"
+    (out / "meta.json").write_text(json.dumps(run.meta))
+    (out / f"{stem}.meta.json").write_text(json.dumps({**run.meta, **run.processes[0], "stem": stem,
+                                                       "end_time": float(run.samples["t"].max())}))
+    run.samples.drop(columns="pid").to_csv(out / f"{stem}.samples.csv", index=False, float_format="%.6f")
+    with open(out / f"{stem}.events.jsonl", "w") as file:
+        for event in run.events.to_dict("records"):
+            event = {k: v for k, v in event.items() if not (k == "parent" and v != v)}
+            file.write(json.dumps(event) + "\n")
+    return out
+
+
+def visualize_seconds(runs: list[Run]) -> float:
+    """Wall time of `python -m miles_profile.visualize A --compare B` (reading, both reports, comparison)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        a, b = (write_run(run, Path(tmp) / run.name) for run in runs)
+        started = time.perf_counter()
+        done = subprocess.run([sys.executable, "-m", "miles_profile.visualize", str(a), "--compare", str(b),
+                               "-o", str(Path(tmp) / "report.html")], capture_output=True, text=True,
+                              env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})
+        if done.returncode not in (0, 1):
+            sys.exit(f"visualize failed ({done.returncode}): {done.stderr}")
+        return time.perf_counter() - started
+
+
 def old_bands(fig, runs) -> None:
     """The bands as drawn before this benchmark existed: one add_vrect per phase slot."""
     from miles_profile.report.compare import _slot_order
@@ -71,10 +103,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--phases", type=int, nargs="+", default=[70, 280, 2000, 10_000])
     parser.add_argument("--old-up-to", type=int, default=280, help="time the old bands only up to this many phases")
+    parser.add_argument("--visualize", action="store_true", help="also time the visualize CLI end to end")
     args = parser.parse_args(argv)
     from miles_profile.report import compare
     print(f"{'phases/run':>10} {'new figure s':>12} {'new html s':>10} {'traces':>6} {'shapes':>6}"
-          f" {'old bands s':>11} {'old shapes':>10}")
+          f" {'old bands s':>11} {'old shapes':>10}" + (f" {'visualize s':>11}" if args.visualize else ""))
     for n in args.phases:
         runs = [synthetic_run(n, "a"), synthetic_run(n, "b", slow=1.5, seed=1)]
         started = time.perf_counter()
@@ -93,7 +126,8 @@ def main(argv: list[str] | None = None) -> int:
             old = f"{time.perf_counter() - started:.2f}"
             old_shapes = str(len(plain.layout.shapes))
         print(f"{n:>10,} {figure_s:>12.2f} {html_s:>10.2f} {len(fig.data):>6} {len(fig.layout.shapes):>6}"
-              f" {old:>11} {old_shapes:>10}", flush=True)
+              f" {old:>11} {old_shapes:>10}" + (f" {visualize_seconds(runs):>11.2f}" if args.visualize else ""),
+              flush=True)
     return 0
 
 
