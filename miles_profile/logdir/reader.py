@@ -21,6 +21,8 @@ import pyarrow.csv as pacsv
 
 from miles_profile import names
 from miles_profile.errors import MilesProfileError
+from miles_profile.logdir.damaged_csv import read_damaged
+from miles_profile.logdir.files import EVENT_LINE_MAX, NotRegularFile, bounded_lines, map_regular, read_small
 from miles_profile.logdir.layout import (
     EVENTS_SUFFIX, FORMAT_VERSION, PROCESS_META_SUFFIX, RUN_META, SAMPLES_SUFFIX, find_runs,
 )
@@ -59,8 +61,11 @@ class Run:
 
 
 def _read_json(path: Path, what: str) -> dict[str, Any]:
+    """A meta file: a regular file of at most META_MAX_BYTES (NotRegularFile otherwise)."""
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(read_small(path))
+    except NotRegularFile:
+        raise
     except (OSError, ValueError) as exc:
         raise MilesProfileError(f"{path}: unreadable {what} ({exc.__class__.__name__})") from None
     if not isinstance(data, dict):
@@ -88,7 +93,7 @@ def load_run(path: str | Path) -> Run:
     run_dir = resolve_run(path)
     meta = _read_json(run_dir / RUN_META, "run meta")
     warnings: list[str] = []
-    processes = [_read_json(p, "process meta") for p in sorted(run_dir.glob(f"*{PROCESS_META_SUFFIX}"))]
+    processes = _read_process_metas(run_dir, warnings)
     finished = {p.get("stem") for p in processes if p.get("end_time")}
     samples = _read_all_samples(run_dir, warnings, finished)
     events = _read_all_events(run_dir, warnings)
@@ -97,6 +102,17 @@ def load_run(path: str | Path) -> Run:
     if outside and len(samples):
         samples = _fill_phases_from_timeline(samples, events, outside)
     return Run(run_dir, meta, processes, samples, events, phases, warnings)
+
+
+def _read_process_metas(run_dir: Path, warnings: list[str]) -> list[dict[str, Any]]:
+    """Every process meta; one that is no regular file (a FIFO, a device) or too large is skipped."""
+    processes = []
+    for path in sorted(run_dir.glob(f"*{PROCESS_META_SUFFIX}")):
+        try:
+            processes.append(_read_json(path, "process meta"))
+        except NotRegularFile as exc:
+            warnings.append(str(exc))
+    return processes
 
 
 # -- samples ---------------------------------------------------------------------------------
@@ -171,30 +187,29 @@ def _read_samples_cached(path: Path, warnings: list[str], finished: bool) -> pd.
 
 
 def _read_samples(path: Path, warnings: list[str], cache: bool = False) -> pd.DataFrame | None:
-    """Parse one samples CSV; with `cache`, leave the parsed columns for the next read (see above)."""
-    with pa.memory_map(str(path)) as source:
-        buffer = source.read_buffer()
-    data = memoryview(buffer)
+    """Parse one samples CSV; with `cache`, leave the parsed columns for the next read (see above).
+    Only a regular file is read (NotRegularFile otherwise); damage goes to `read_damaged`, whose cost
+    stays near the fast path's."""
+    mapped, extents = map_regular(path)
+    data = memoryview(mapped)
     end = bytes(data[-65536:]).rfind(b"\n") if len(data) else -1
-    if end < 0:
-        warnings.append(f"{path.name}: no complete line, skipped")
-        return None
-    end += max(0, len(data) - 65536) + 1
-    if end < len(data):
-        warnings.append(f"{path.name}: dropped a truncated last line")
+    if end >= 0:
+        end += max(0, len(data) - 65536) + 1
+    header = bytes(data[:4096]).split(b"\n", 1)[0].decode(errors="replace").split(",")
     skipped = []
 
     def on_invalid(row) -> str:
         skipped.append(row.number)
         return "skip"
 
-    header = bytes(data[: min(end, 4096)]).split(b"\n", 1)[0].decode(errors="replace").split(",")
     types = {c: pa.int64() for c in header if c not in ("t", "phase")}
     types.update(t=pa.float64(), phase=pa.dictionary(pa.int32(), pa.string()))
     # A row that is not UTF-8 makes pyarrow fail inside the handler ("Exception ignored"): keep that
-    # noise off the user's terminal; the read then fails and the slow path below takes over.
+    # noise off the user's terminal; the read then fails and read_damaged takes over.
     unraisable, sys.unraisablehook = sys.unraisablehook, lambda _: None
     try:
+        if end < 0:  # no newline in the last 64 KiB: a long damaged tail (or no line at all)
+            raise pa.ArrowInvalid("no line end near the end of the file")
         # A complete file parses fastest from its path (pyarrow overlaps reading and parsing);
         # a file with a truncated last line is parsed from a buffer cut before that line.
         table = pacsv.read_csv(
@@ -202,45 +217,37 @@ def _read_samples(path: Path, warnings: list[str], cache: bool = False) -> pd.Da
             parse_options=pacsv.ParseOptions(invalid_row_handler=on_invalid),
             convert_options=pacsv.ConvertOptions(column_types=types, strings_can_be_null=False),
         )
-        frame = table.to_pandas(split_blocks=True, self_destruct=True)  # no consolidation copy
-        del table
-        if cache:  # from the frame: one chunk, one dictionary, so the next read converts in a blink
-            parsed = [w for w in warnings if w.startswith(path.name)]
-            # Written by a thread while the caller goes on (the interpreter waits for it at exit).
-            threading.Thread(target=_write_cache, name="miles_profile-cache", args=(
-                path, pa.Table.from_pandas(frame, preserve_index=False),
-                parsed + ([f"{path.name}: skipped {len(skipped)} malformed rows"] if skipped else []))).start()
-    except (pa.ArrowInvalid, pa.ArrowTypeError, KeyError, UnicodeDecodeError):
-        skipped.clear()
-        frame = _read_samples_slowly(data[:end], header, path, warnings)
+        if skipped:
+            warnings.append(f"{path.name}: skipped {len(skipped)} malformed rows")
+    except (pa.ArrowInvalid, pa.ArrowTypeError, KeyError, UnicodeDecodeError) as exc:
+        table, end = read_damaged(data, extents, header, path.name, warnings, str(exc), end)
+        if table is None:
+            return None
     finally:
         sys.unraisablehook = unraisable
-    if skipped:
-        warnings.append(f"{path.name}: skipped {len(skipped)} malformed rows")
-    if "t" not in frame.columns or "phase" not in frame.columns:
+    if end < len(data):
+        warnings.append(f"{path.name}: dropped a truncated last line")
+    if "t" not in table.column_names or "phase" not in table.column_names:
         warnings.append(f"{path.name}: no t/phase header, skipped")
         return None
-    return frame
-
-
-def _read_samples_slowly(data, header: list[str], path: Path, warnings: list[str]) -> pd.DataFrame:
-    """Garbage inside a field: coerce what can't be read to absent, cell by cell."""
-    import io
-    text = bytes(data).decode("utf-8", errors="replace")
-    frame = pd.read_csv(io.StringIO(text), dtype=str, on_bad_lines="skip", engine="python",
-                        keep_default_na=False)
-    for column in frame.columns:
-        if column != "phase":
-            frame[column] = pd.to_numeric(frame[column], errors="coerce")
-    frame["phase"] = frame.get("phase", pd.Series(dtype=str)).fillna("").astype("category")
-    warnings.append(f"{path.name}: unreadable values set to absent")
+    frame = table.to_pandas(split_blocks=True, self_destruct=True)  # no consolidation copy
+    del table
+    if cache:  # from the frame: one chunk, one dictionary, so the next read converts in a blink
+        parsed = [w for w in warnings if w.startswith(path.name)]
+        # Written by a thread while the caller goes on (the interpreter waits for it at exit).
+        threading.Thread(target=_write_cache, name="miles_profile-cache", args=(
+            path, pa.Table.from_pandas(frame, preserve_index=False), parsed)).start()
     return frame
 
 
 def _read_all_samples(run_dir: Path, warnings: list[str], finished: set | frozenset = frozenset()) -> pd.DataFrame:
     frames = []
     for path in sorted(run_dir.glob(f"*{SAMPLES_SUFFIX}")):
-        frame = _read_samples_cached(path, warnings, path.name[: -len(SAMPLES_SUFFIX)] in finished)
+        try:
+            frame = _read_samples_cached(path, warnings, path.name[: -len(SAMPLES_SUFFIX)] in finished)
+        except NotRegularFile as exc:
+            warnings.append(str(exc))
+            continue
         if frame is not None and len(frame):
             frame = _clean_times(frame, warnings, path.name)
             frame.insert(2, "pid", np.int64(_pid_of(path, SAMPLES_SUFFIX)))
@@ -270,20 +277,26 @@ def _clean_times(samples: pd.DataFrame, warnings: list[str], source: str) -> pd.
 
 # -- events and phases -------------------------------------------------------------------------
 def _read_all_events(run_dir: Path, warnings: list[str]) -> pd.DataFrame:
-    rows, bad = [], 0
+    rows, bad, too_long = [], 0, [0]
     for path in sorted(run_dir.glob(f"*{EVENTS_SUFFIX}")):
-        with open(path, "rb") as file:
-            for line in file:
-                try:
-                    event = json.loads(line)
-                    if not isinstance(event, dict) or not np.isfinite(float(event["t"])):
-                        raise ValueError
-                    event.setdefault("pid", _pid_of(path, EVENTS_SUFFIX))
-                    rows.append(event)
-                except (ValueError, KeyError, TypeError):
-                    bad += 1
+        try:
+            lines = bounded_lines(path, too_long=too_long)  # a regular file; no line over EVENT_LINE_MAX
+        except NotRegularFile as exc:
+            warnings.append(str(exc))
+            continue
+        for line in lines:
+            try:
+                event = json.loads(line)
+                if not isinstance(event, dict) or not np.isfinite(float(event["t"])):
+                    raise ValueError
+                event.setdefault("pid", _pid_of(path, EVENTS_SUFFIX))
+                rows.append(event)
+            except (ValueError, KeyError, TypeError):
+                bad += 1
     if bad:
         warnings.append(f"skipped {bad} unreadable event lines")
+    if too_long[0]:
+        warnings.append(f"skipped {too_long[0]} event lines over {EVENT_LINE_MAX:,} bytes")
     return events_frame(rows)
 
 
