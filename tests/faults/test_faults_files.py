@@ -214,3 +214,82 @@ def test_a_sparse_samples_file_is_read_without_reading_its_hole(tmp_path, rows_a
     text = " ".join(result["warnings"])
     assert ("dropped 1 lines over 65,536 bytes" in text) if rows_after else ("truncated last line" in text)
     assert result["maxrss"] < 400 * MiB and result["seconds"] < 10, result
+
+
+# -- the dashboard: a FIFO run never holds a request thread ------------------------------------------
+def _callback(url: str, output_prefix: str, values: dict, timeout: float) -> tuple[int, str]:
+    """POST the Dash callback whose output starts with `output_prefix`, as the page does."""
+    import urllib.error
+    import urllib.request
+    with urllib.request.urlopen(url + "_dash-dependencies", timeout=timeout) as response:
+        callback = next(c for c in json.load(response) if c["output"].lstrip(".").startswith(output_prefix))
+
+    def arg(spec):
+        return [] if isinstance(spec["id"], dict) else {**spec, "value": values.get(f"{spec['id']}.{spec['property']}")}
+
+    outputs = [dict(zip(("id", "property"), o.rsplit(".", 1))) for o in callback["output"].strip(".").split("...")]
+    body = {"output": callback["output"], "outputs": outputs if len(outputs) > 1 else outputs[0],
+            "inputs": [arg(s) for s in callback["inputs"]], "state": [arg(s) for s in callback["state"]],
+            "changedPropIds": [f"{callback['inputs'][0]['id']}.{callback['inputs'][0]['property']}"]}
+    request = urllib.request.Request(url + "_dash-update-component", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+@pytest.mark.slow
+def test_dashboard_requests_for_fifo_runs_answer_and_leave_no_thread_behind(tmp_path):
+    import psutil
+
+    from dashboards.serve import dashboard_process
+    logs = tmp_path / "logs"
+    runs = {}
+    for which in ("samples.csv", "events.jsonl", "meta.json"):
+        run = make_run(logs)
+        (run / f"{STEM}.{which}").unlink()
+        os.mkfifo(run / f"{STEM}.{which}")
+        runs[which] = run.name
+    requests = [("runs-list.children", {"page-poll.n_intervals": 1})]
+    for run_id in runs.values():
+        requests += [("timeline-graph.figure", {"runs-selected.data": run_id}),
+                     ("checks-list.children", {"runs-selected.data": run_id})]
+    with dashboard_process(logs) as url:
+        server = next(p for p in psutil.Process().children(recursive=True) if "dashboards" in " ".join(p.cmdline()))
+        _callback(url, "runs-list.children", {"page-poll.n_intervals": 0}, timeout=30)  # warm
+        threads_before = server.num_threads()
+        started = time.monotonic()
+        answers = [_callback(url, output, values, timeout=30) for output, values in (requests * 3)[:20]]
+        elapsed = time.monotonic() - started
+        time.sleep(1.0)  # request threads that finished have exited
+        threads_after = server.num_threads()
+    assert all(status in (200, 204) for status, _ in answers), answers
+    assert "Traceback" not in "".join(text for _, text in answers)
+    assert threads_after <= threads_before + 2, (threads_before, threads_after)  # was 4 -> 29 after 20 requests
+    assert elapsed < 120, elapsed
+    listed = answers[0][1]
+    assert all(run_id in listed for run_id in runs.values())  # each run listed, none waited on
+
+
+def test_live_tails_read_nothing_from_a_fifo_and_drop_overlong_event_lines(tmp_path):
+    from miles_profile.logdir.tail import EventsTail, SamplesTail
+    fifo = tmp_path / "h-9.samples.csv"
+    os.mkfifo(fifo)
+    assert SamplesTail(fifo).read() is None and EventsTail(fifo, 9).read() is None  # at once, no wait
+    events = tmp_path / "h-9.events.jsonl"
+    events.write_bytes(b'{"t": 1.0, "junk": "' + b"z" * (2 * MiB) + b'"}\n'
+                       b'{"t": 2.0, "kind": "mark", "name": "ok", "attrs": {}}\n')
+    tail = EventsTail(events, 9)
+    assert tail.read()["name"].tolist() == ["ok"] and tail.skipped_lines == 1
+
+
+def test_a_live_samples_tail_reads_a_garbage_cell_as_absent(tmp_path):
+    from miles_profile.logdir.tail import SamplesTail
+    path = tmp_path / "h-9.samples.csv"
+    path.write_bytes(b"t,phase,rss\n1.0,train,10\n2.0,tr\xffin,1x1\n3.0,train,30\n")
+    tail = SamplesTail(path)
+    frame = tail.read()
+    assert frame["t"].tolist() == [1.0, 2.0, 3.0] and frame["rss"].tolist()[::2] == [10, 30]
+    assert np.isnan(frame["rss"][1]) and frame["phase"].tolist()[1] == "tr\ufffdin"
