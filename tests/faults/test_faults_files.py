@@ -67,6 +67,10 @@ def visualize(run: Path, out: Path, timeout: float = 60) -> subprocess.Completed
 @pytest.mark.parametrize("which", ["samples.csv", "events.jsonl", "meta.json"])
 def test_a_fifo_as_a_run_file_is_skipped_with_a_warning_not_waited_on(tmp_path, which):
     run = make_run(tmp_path / "logs")
+    write_process_meta(run, "h-8", {"pid": 8, "role": "in_process"})  # a second process, intact
+    other = SampleWriter(run, "h-8", ["rss", "rss_peak"])
+    other.append(1000.5, "", [1, 2])
+    other.close()
     path = run / f"{STEM}.{which}"
     path.unlink()
     os.mkfifo(path)  # nobody ever writes to it: a read would wait forever
