@@ -19,7 +19,9 @@ Measured in tests/faults/test_faults_files.py (300k rows, one bad cell): see doc
 """
 from __future__ import annotations
 
+import contextlib
 import re
+import sys
 
 import numpy as np
 import pyarrow as pa
@@ -32,6 +34,18 @@ BAD_COLUMNS_RETRIED = 3
 _CONVERSION = re.compile(r"In CSV column #(\d+): CSV conversion error")
 _INTEGER = r"^-?[0-9]{1,18}$"  # what pyarrow casts to int64 without overflow
 _FLOAT = r"^[-+]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][-+]?[0-9]{1,3})?$"
+
+
+@contextlib.contextmanager
+def quiet_invalid_rows():
+    """pyarrow decodes a malformed row as UTF-8 before its handler sees it; a row that is not UTF-8
+    fails there and Python prints "Exception ignored ..." with a traceback. The read then fails and
+    is handled: keep that noise off the user's terminal (as the reader does around its fast path)."""
+    unraisable, sys.unraisablehook = sys.unraisablehook, lambda _: None
+    try:
+        yield
+    finally:
+        sys.unraisablehook = unraisable
 
 
 def scan_lines(data, extents: list[tuple[int, int]]) -> tuple[int, list[tuple[int, int]]]:
@@ -123,16 +137,40 @@ def _retry_bad_columns(source: pa.Buffer, header: list[str], error: str, name: s
         raw.add(header[int(match.group(1))])
         skipped.clear()
         try:
-            table = pacsv.read_csv(source, parse_options=pacsv.ParseOptions(
+            table = pacsv.read_csv(source, read_options=pacsv.ReadOptions(column_names=header, skip_rows=1),
+                                   parse_options=pacsv.ParseOptions(
                 invalid_row_handler=lambda row: skipped.append(row.number) or "skip"),
                 convert_options=pacsv.ConvertOptions(column_types=_types(header, raw), strings_can_be_null=False))
         except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
             error = str(exc)
             continue
+        except UnicodeDecodeError:  # a malformed row that is not UTF-8: see read_damaged
+            return None
         if skipped:
             warnings.append(f"{name}: skipped {len(skipped)} malformed rows")
         return _converted(table, raw, name, warnings)
     return None
+
+
+def _read_raw(body: pa.Buffer, header: list[str], skipped: list[int]) -> pa.Table | None:
+    """Every column as raw bytes (no cell can fail to convert); None when pyarrow still fails."""
+    def on_invalid(row) -> str:
+        skipped.append(row.number)
+        return "skip"
+
+    try:
+        return pacsv.read_csv(
+            body, read_options=pacsv.ReadOptions(column_names=header),
+            parse_options=pacsv.ParseOptions(quote_char=False, invalid_row_handler=on_invalid),
+            convert_options=pacsv.ConvertOptions(column_types={c: pa.binary() for c in header},
+                                                 null_values=[""], strings_can_be_null=True))
+    except (pa.ArrowInvalid, pa.ArrowTypeError, UnicodeDecodeError):
+        return None
+
+
+def usable_header(header: list[str]) -> bool:
+    """A samples header names t and phase, each column once."""
+    return "t" in header and "phase" in header and len(set(header)) == len(header)
 
 
 def read_damaged(data, extents: list[tuple[int, int]], header: list[str], name: str,
@@ -154,18 +192,17 @@ def read_damaged(data, extents: list[tuple[int, int]], header: list[str], name: 
     if long_lines:
         warnings.append(f"{name}: dropped {len(long_lines)} lines over {LINE_MAX:,} bytes "
                         f"({sum(h - l for l, h in long_lines):,} bytes)")
-    skipped = []
-
-    def on_invalid(row) -> str:
-        skipped.append(row.number)
-        return "skip"
-
-    table = pacsv.read_csv(
-        _body(data, header_end, end, long_lines),
-        read_options=pacsv.ReadOptions(column_names=header),
-        parse_options=pacsv.ParseOptions(quote_char=False, invalid_row_handler=on_invalid),
-        convert_options=pacsv.ConvertOptions(column_types={c: pa.binary() for c in header},
-                                             null_values=[""], strings_can_be_null=True))
+    skipped: list[int] = []
+    body = _body(data, header_end, end, long_lines)
+    table = _read_raw(body, header, skipped)
+    if table is None:
+        # pyarrow decodes a malformed row as UTF-8 to hand it over, and fails on one that is not:
+        # only then is the text decoded with replacement (a copy, about one more parse).
+        skipped.clear()
+        table = _read_raw(pa.py_buffer(bytes(body).decode("utf-8", "replace").encode()), header, skipped)
+    if table is None:
+        warnings.append(f"{name}: unreadable, skipped")
+        return None, end
     if skipped:
         warnings.append(f"{name}: skipped {len(skipped)} malformed rows")
     return _converted(table, set(header), name, warnings), end

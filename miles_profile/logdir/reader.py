@@ -21,7 +21,7 @@ import pyarrow.csv as pacsv
 
 from miles_profile import names
 from miles_profile.errors import MilesProfileError
-from miles_profile.logdir.damaged_csv import read_damaged
+from miles_profile.logdir.damaged_csv import read_damaged, usable_header
 from miles_profile.logdir.files import EVENT_LINE_MAX, NotRegularFile, bounded_lines, map_regular, read_small
 from miles_profile.logdir.layout import (
     EVENTS_SUFFIX, FORMAT_VERSION, PROCESS_META_SUFFIX, RUN_META, SAMPLES_SUFFIX, find_runs,
@@ -196,6 +196,9 @@ def _read_samples(path: Path, warnings: list[str], cache: bool = False) -> pd.Da
     if end >= 0:
         end += max(0, len(data) - 65536) + 1
     header = bytes(data[:4096]).split(b"\n", 1)[0].decode(errors="replace").split(",")
+    if not usable_header(header):
+        warnings.append(f"{path.name}: no t/phase header, skipped")
+        return None
     skipped = []
 
     def on_invalid(row) -> str:
@@ -214,6 +217,7 @@ def _read_samples(path: Path, warnings: list[str], cache: bool = False) -> pd.Da
         # a file with a truncated last line is parsed from a buffer cut before that line.
         table = pacsv.read_csv(
             str(path) if end == len(data) else pa.py_buffer(data[:end]),
+            read_options=pacsv.ReadOptions(column_names=header, skip_rows=1),  # names as decoded above
             parse_options=pacsv.ParseOptions(invalid_row_handler=on_invalid),
             convert_options=pacsv.ConvertOptions(column_types=types, strings_can_be_null=False),
         )

@@ -16,7 +16,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.csv as pacsv
 
-from miles_profile.logdir.damaged_csv import read_damaged
+from miles_profile.logdir.damaged_csv import quiet_invalid_rows, read_damaged, usable_header
 from miles_profile.logdir.files import EVENT_LINE_MAX
 from miles_profile.logdir.reader import EVENT_COLUMNS, phase_timeline
 
@@ -67,22 +67,22 @@ def parse_sample_rows(data: bytes, header: list[str]) -> tuple[pd.DataFrame, int
         skipped.append(row.number)
         return "skip"
 
-    try:
-        table = pacsv.read_csv(
-            pa.py_buffer(data),
-            read_options=pacsv.ReadOptions(column_names=header),
-            parse_options=pacsv.ParseOptions(invalid_row_handler=on_invalid),
-            convert_options=pacsv.ConvertOptions(column_types=sample_column_types(header),
-                                                 strings_can_be_null=False))
-        frame = table.to_pandas()
-    except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
-        # Garbage inside a field or a line too long: still pyarrow, what can't be read becomes absent.
-        skipped.clear()
-        whole = (",".join(header) + "\n").encode() + data
-        warnings: list[str] = []
-        table = read_damaged(whole, [(0, len(whole))], header, "", warnings, str(exc), len(whole))[0]
-        frame = table.to_pandas() if table is not None else pd.DataFrame({c: [] for c in header})
-        skipped.append(-1)
+    with quiet_invalid_rows():
+        try:
+            table = pacsv.read_csv(
+                pa.py_buffer(data),
+                read_options=pacsv.ReadOptions(column_names=header),
+                parse_options=pacsv.ParseOptions(invalid_row_handler=on_invalid),
+                convert_options=pacsv.ConvertOptions(column_types=sample_column_types(header),
+                                                     strings_can_be_null=False))
+            frame = table.to_pandas()
+        except (pa.ArrowInvalid, pa.ArrowTypeError, UnicodeDecodeError) as exc:
+            # Garbage in a field, a line too long: still pyarrow; what can't be read becomes absent.
+            skipped.clear()
+            whole = (",".join(header) + "\n").encode() + data
+            table = read_damaged(whole, [(0, len(whole))], header, "", [], str(exc), len(whole))[0]
+            frame = table.to_pandas() if table is not None else pd.DataFrame({c: [] for c in header})
+            skipped.append(-1)
     frame["phase"] = frame["phase"].fillna("").astype(str)
     finite = np.isfinite(frame["t"].to_numpy(dtype=float))
     return frame.loc[finite].reset_index(drop=True), len(skipped) + int((~finite).sum())
@@ -107,9 +107,10 @@ class SamplesTail:
         if b"\n" not in head:
             return False
         first = head.split(b"\n", 1)[0]
-        if not first:
+        header = first.decode(errors="replace").split(",")
+        if not first or not usable_header(header):  # nothing of it can be read: no rows, ever
             return False
-        self.header = first.decode(errors="replace").split(",")
+        self.header = header
         if self.offset == 0:
             self.offset = len(first) + 1
         return True

@@ -18,9 +18,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.csv as pacsv
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import miles_profile as mp
 from miles_profile.logdir.layout import new_run_dir
+from miles_profile.logdir.tail import SamplesTail
 from miles_profile.logdir.writer import EventWriter, SampleWriter, write_process_meta, write_run_meta
 
 REPO = Path(__file__).resolve().parents[2]
@@ -278,7 +281,7 @@ def test_dashboard_requests_for_fifo_runs_answer_and_leave_no_thread_behind(tmp_
 
 
 def test_live_tails_read_nothing_from_a_fifo_and_drop_overlong_event_lines(tmp_path):
-    from miles_profile.logdir.tail import EventsTail, SamplesTail
+    from miles_profile.logdir.tail import EventsTail
     fifo = tmp_path / "h-9.samples.csv"
     os.mkfifo(fifo)
     assert SamplesTail(fifo).read() is None and EventsTail(fifo, 9).read() is None  # at once, no wait
@@ -290,10 +293,30 @@ def test_live_tails_read_nothing_from_a_fifo_and_drop_overlong_event_lines(tmp_p
 
 
 def test_a_live_samples_tail_reads_a_garbage_cell_as_absent(tmp_path):
-    from miles_profile.logdir.tail import SamplesTail
     path = tmp_path / "h-9.samples.csv"
     path.write_bytes(b"t,phase,rss\n1.0,train,10\n2.0,tr\xffin,1x1\n3.0,train,30\n")
     tail = SamplesTail(path)
     frame = tail.read()
     assert frame["t"].tolist() == [1.0, 2.0, 3.0] and frame["rss"].tolist()[::2] == [10, 30]
     assert np.isnan(frame["rss"][1]) and frame["phase"].tolist()[1] == "tr\ufffdin"
+
+
+_PIECES = [b"\x00", b"\n", b",", b'"', b"\xff", b"x", b"1", b".", b"-", b"e", b"\r", b" ", b"z" * 70_000]
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(edits=st.lists(st.tuples(st.floats(0, 1), st.integers(0, 3), st.lists(st.sampled_from(_PIECES), max_size=4)),
+                      min_size=1, max_size=6))
+def test_any_byte_damage_to_a_samples_file_is_read_without_an_error(tmp_path_factory, edits):
+    # Found by this test: a header or malformed row that is not UTF-8 made pyarrow fail inside its own
+    # invalid-row handler; a header naming a column twice; a header without phase (live tail).
+    run = make_run(tmp_path_factory.mktemp("fuzz"))
+    path = run / f"{STEM}.samples.csv"
+    data = bytearray(path.read_bytes())
+    for where, cut, pieces in edits:
+        at = int(where * len(data))
+        data[at:at + cut] = b"".join(pieces)
+    path.write_bytes(bytes(data))
+    loaded = mp.load(run)  # never raises: damage is dropped and named in warnings
+    assert loaded.samples["t"].is_monotonic_increasing
+    SamplesTail(path).read()
