@@ -12,6 +12,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from miles_profile.errors import MilesProfileError
+from miles_profile.logdir.files import read_small
 from miles_profile.logdir.layout import PROCESS_META_SUFFIX, RUN_META
 from dashboards.paths import LogRoot
 
@@ -30,9 +32,11 @@ class RunSummary:
 
 
 def _read_json(path: Path) -> dict:
+    """A meta file, or {} when it is unreadable, too large or no regular file (a FIFO would block
+    the request's thread forever)."""
     try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
+        data = json.loads(read_small(path))
+    except (MilesProfileError, OSError, ValueError):
         return {}
     return data if isinstance(data, dict) else {}
 

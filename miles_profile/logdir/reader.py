@@ -23,6 +23,8 @@ import pyarrow.csv as pacsv
 from miles_profile import names
 from miles_profile.errors import MilesProfileError
 from miles_profile.logdir.events import EventProblems, parse_event_line
+from miles_profile.logdir.damaged_csv import read_damaged, usable_header
+from miles_profile.logdir.files import EVENT_LINE_MAX, NotRegularFile, bounded_lines, map_regular, read_small
 from miles_profile.logdir.layout import (
     EVENTS_SUFFIX, FORMAT_VERSION, PROCESS_META_SUFFIX, RUN_META, SAMPLES_SUFFIX, find_runs,
 )
@@ -96,8 +98,11 @@ class Run:
 
 
 def _read_json(path: Path, what: str) -> dict[str, Any]:
+    """A meta file: a regular file of at most META_MAX_BYTES (NotRegularFile otherwise)."""
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(read_small(path))
+    except NotRegularFile:
+        raise
     except (OSError, ValueError) as exc:
         raise MilesProfileError(f"{path}: unreadable {what} ({exc.__class__.__name__})") from None
     if not isinstance(data, dict):
@@ -172,7 +177,7 @@ def load_run(*paths: str | Path) -> Run:
     warnings: list[str] = []
     processes, sample_frames, event_frames = [], [], []
     for folder, _ in dirs:
-        found = [_read_json(p, "process meta") for p in sorted(folder.glob(f"*{PROCESS_META_SUFFIX}"))]
+        found = _read_process_metas(folder, warnings)
         processes += found
         finished = {p.get("stem") for p in found if p.get("end_time")}
         sample_frames.append(_read_all_samples(folder, warnings, finished))
@@ -205,6 +210,17 @@ def _warn_shared_pids(processes: list[dict[str, Any]], warnings: list[str]) -> N
     if shared:
         warnings.append(f"pid {shared[0]} (and {len(shared) - 1} more) runs on several hosts: "
                         "samples are told apart by pid only; phases and events by (host, pid)")
+
+
+def _read_process_metas(run_dir: Path, warnings: list[str]) -> list[dict[str, Any]]:
+    """Every process meta; one that is no regular file (a FIFO, a device) or too large is skipped."""
+    processes = []
+    for path in sorted(run_dir.glob(f"*{PROCESS_META_SUFFIX}")):
+        try:
+            processes.append(_read_json(path, "process meta"))
+        except NotRegularFile as exc:
+            warnings.append(str(exc))
+    return processes
 
 
 # -- samples ---------------------------------------------------------------------------------
@@ -279,76 +295,71 @@ def _read_samples_cached(path: Path, warnings: list[str], finished: bool) -> pd.
 
 
 def _read_samples(path: Path, warnings: list[str], cache: bool = False) -> pd.DataFrame | None:
-    """Parse one samples CSV; with `cache`, leave the parsed columns for the next read (see above)."""
-    with pa.memory_map(str(path)) as source:
-        buffer = source.read_buffer()
-    data = memoryview(buffer)
+    """Parse one samples CSV; with `cache`, leave the parsed columns for the next read (see above).
+    Only a regular file is read (NotRegularFile otherwise); damage goes to `read_damaged`, whose cost
+    stays near the fast path's."""
+    mapped, extents = map_regular(path)
+    data = memoryview(mapped)
     end = bytes(data[-65536:]).rfind(b"\n") if len(data) else -1
-    if end < 0:
-        warnings.append(f"{path.name}: no complete line, skipped")
+    if end >= 0:
+        end += max(0, len(data) - 65536) + 1
+    header = bytes(data[:4096]).split(b"\n", 1)[0].decode(errors="replace").split(",")
+    if not usable_header(header):
+        warnings.append(f"{path.name}: no t/phase header, skipped")
         return None
-    end += max(0, len(data) - 65536) + 1
-    if end < len(data):
-        warnings.append(f"{path.name}: dropped a truncated last line")
     skipped = []
 
     def on_invalid(row) -> str:
         skipped.append(row.number)
         return "skip"
 
-    header = bytes(data[: min(end, 4096)]).split(b"\n", 1)[0].decode(errors="replace").split(",")
     types = {c: pa.int64() for c in header if c not in ("t", "phase")}
     types.update(t=pa.float64(), phase=pa.dictionary(pa.int32(), pa.string()))
     # A row that is not UTF-8 makes pyarrow fail inside the handler ("Exception ignored"): keep that
-    # noise off the user's terminal; the read then fails and the slow path below takes over.
+    # noise off the user's terminal; the read then fails and read_damaged takes over.
     unraisable, sys.unraisablehook = sys.unraisablehook, lambda _: None
     try:
+        if end < 0:  # no newline in the last 64 KiB: a long damaged tail (or no line at all)
+            raise pa.ArrowInvalid("no line end near the end of the file")
         # A complete file parses fastest from its path (pyarrow overlaps reading and parsing);
         # a file with a truncated last line is parsed from a buffer cut before that line.
         table = pacsv.read_csv(
             str(path) if end == len(data) else pa.py_buffer(data[:end]),
+            read_options=pacsv.ReadOptions(column_names=header, skip_rows=1),  # names as decoded above
             parse_options=pacsv.ParseOptions(invalid_row_handler=on_invalid),
             convert_options=pacsv.ConvertOptions(column_types=types, strings_can_be_null=False),
         )
-        frame = table.to_pandas(split_blocks=True, self_destruct=True)  # no consolidation copy
-        del table
-        if cache:  # from the frame: one chunk, one dictionary, so the next read converts in a blink
-            parsed = [w for w in warnings if w.startswith(path.name)]
-            # Written by a thread while the caller goes on (the interpreter waits for it at exit).
-            threading.Thread(target=_write_cache, name="miles_profile-cache", args=(
-                path, pa.Table.from_pandas(frame, preserve_index=False),
-                parsed + ([f"{path.name}: skipped {len(skipped)} malformed rows"] if skipped else []))).start()
-    except (pa.ArrowInvalid, pa.ArrowTypeError, KeyError, UnicodeDecodeError):
-        skipped.clear()
-        frame = _read_samples_slowly(data[:end], header, path, warnings)
+        if skipped:
+            warnings.append(f"{path.name}: skipped {len(skipped)} malformed rows")
+    except (pa.ArrowInvalid, pa.ArrowTypeError, KeyError, UnicodeDecodeError) as exc:
+        table, end = read_damaged(data, extents, header, path.name, warnings, str(exc), end)
+        if table is None:
+            return None
     finally:
         sys.unraisablehook = unraisable
-    if skipped:
-        warnings.append(f"{path.name}: skipped {len(skipped)} malformed rows")
-    if "t" not in frame.columns or "phase" not in frame.columns:
+    if end < len(data):
+        warnings.append(f"{path.name}: dropped a truncated last line")
+    if "t" not in table.column_names or "phase" not in table.column_names:
         warnings.append(f"{path.name}: no t/phase header, skipped")
         return None
-    return frame
-
-
-def _read_samples_slowly(data, header: list[str], path: Path, warnings: list[str]) -> pd.DataFrame:
-    """Garbage inside a field: coerce what can't be read to absent, cell by cell."""
-    import io
-    text = bytes(data).decode("utf-8", errors="replace")
-    frame = pd.read_csv(io.StringIO(text), dtype=str, on_bad_lines="skip", engine="python",
-                        keep_default_na=False)
-    for column in frame.columns:
-        if column != "phase":
-            frame[column] = pd.to_numeric(frame[column], errors="coerce")
-    frame["phase"] = frame.get("phase", pd.Series(dtype=str)).fillna("").astype("category")
-    warnings.append(f"{path.name}: unreadable values set to absent")
+    frame = table.to_pandas(split_blocks=True, self_destruct=True)  # no consolidation copy
+    del table
+    if cache:  # from the frame: one chunk, one dictionary, so the next read converts in a blink
+        parsed = [w for w in warnings if w.startswith(path.name)]
+        # Written by a thread while the caller goes on (the interpreter waits for it at exit).
+        threading.Thread(target=_write_cache, name="miles_profile-cache", args=(
+            path, pa.Table.from_pandas(frame, preserve_index=False), parsed)).start()
     return frame
 
 
 def _read_all_samples(run_dir: Path, warnings: list[str], finished: set | frozenset = frozenset()) -> pd.DataFrame:
     frames = []
     for path in sorted(run_dir.glob(f"*{SAMPLES_SUFFIX}")):
-        frame = _read_samples_cached(path, warnings, path.name[: -len(SAMPLES_SUFFIX)] in finished)
+        try:
+            frame = _read_samples_cached(path, warnings, path.name[: -len(SAMPLES_SUFFIX)] in finished)
+        except NotRegularFile as exc:
+            warnings.append(str(exc))
+            continue
         if frame is not None and len(frame):
             frame = _clean_times(frame, warnings, path.name)
             frame.insert(2, "pid", np.int64(_pid_of(path, SAMPLES_SUFFIX)))
@@ -378,16 +389,22 @@ def _clean_times(samples: pd.DataFrame, warnings: list[str], source: str) -> pd.
 
 # -- events and phases -------------------------------------------------------------------------
 def _read_all_events(run_dir: Path, warnings: list[str]) -> pd.DataFrame:
-    rows, problems = [], EventProblems()
+    rows, problems, too_long = [], EventProblems(), [0]
     for path in sorted(run_dir.glob(f"*{EVENTS_SUFFIX}")):
-        with open(path, "rb") as file:
-            for line in file:
-                event = parse_event_line(line, _pid_of(path, EVENTS_SUFFIX), problems)
-                if event is not None:
-                    if not isinstance(event.get("host"), str):
-                        event["host"] = path.name[: -len(EVENTS_SUFFIX)].rsplit("-", 1)[0]
-                    rows.append(event)
+        try:
+            lines = bounded_lines(path, too_long=too_long)  # a regular file; no line over EVENT_LINE_MAX
+        except NotRegularFile as exc:
+            warnings.append(str(exc))
+            continue
+        for line in lines:
+            event = parse_event_line(line, _pid_of(path, EVENTS_SUFFIX), problems)
+            if event is not None:
+                if not isinstance(event.get("host"), str):
+                    event["host"] = path.name[: -len(EVENTS_SUFFIX)].rsplit("-", 1)[0]
+                rows.append(event)
     warnings.extend(problems.warnings())
+    if too_long[0]:
+        warnings.append(f"skipped {too_long[0]} event lines over {EVENT_LINE_MAX:,} bytes")
     return events_frame(rows)
 
 

@@ -6,8 +6,8 @@ those of `reader.py`, so appended rows concatenate with a frame that `load_run` 
 """
 from __future__ import annotations
 
-import io
 import os
+import stat
 from pathlib import Path
 
 import numpy as np
@@ -16,26 +16,41 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 
 from miles_profile.logdir.events import EventProblems, parse_event_line
+from miles_profile.logdir.damaged_csv import quiet_invalid_rows, read_damaged, usable_header
+from miles_profile.logdir.files import EVENT_LINE_MAX
 from miles_profile.logdir.reader import EVENT_COLUMNS, phase_timeline
 
 _CHUNK = 64 * 1024 * 1024  # at most this much per call: a huge backlog is read over several calls
 
 
 def _pread(path: Path, offset: int, limit: int) -> bytes:
-    """Up to `limit` bytes from `offset`. Never follows a link."""
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    """Up to `limit` bytes from `offset`; b"" for anything but a regular file (a FIFO would block the
+    dashboard's thread forever, a device never ends). Never follows a link; O_NONBLOCK: even the open
+    of a FIFO returns at once."""
     try:
-        size = os.fstat(fd).st_size
-        return os.pread(fd, min(size - offset, limit), offset) if size > offset else b""
+        if not stat.S_ISREG(os.lstat(path).st_mode):
+            return b""
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return b""
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_size <= offset:
+            return b""
+        return os.pread(fd, min(info.st_size - offset, limit), offset)
     finally:
         os.close(fd)
 
 
-def _read_lines_from(path: Path, offset: int) -> bytes:
-    """Bytes from `offset` up to the last complete line (b"" when nothing new)."""
+def _read_lines_from(path: Path, offset: int) -> tuple[bytes, int]:
+    """(bytes from `offset` up to the last complete line, bytes consumed). A whole chunk without a
+    newline is damage (no line is 64 MiB long): consumed and dropped, so it is not read again at each
+    poll; the rest of that line then reads as one malformed line."""
     data = _pread(path, offset, _CHUNK)
     end = data.rfind(b"\n")
-    return data[: end + 1] if end >= 0 else b""
+    if end < 0:
+        return b"", len(data) if len(data) == _CHUNK else 0
+    return data[: end + 1], end + 1
 
 
 def sample_column_types(header: list[str]) -> dict[str, pa.DataType]:
@@ -52,22 +67,22 @@ def parse_sample_rows(data: bytes, header: list[str]) -> tuple[pd.DataFrame, int
         skipped.append(row.number)
         return "skip"
 
-    try:
-        table = pacsv.read_csv(
-            pa.py_buffer(data),
-            read_options=pacsv.ReadOptions(column_names=header),
-            parse_options=pacsv.ParseOptions(invalid_row_handler=on_invalid),
-            convert_options=pacsv.ConvertOptions(column_types=sample_column_types(header),
-                                                 strings_can_be_null=False))
-        frame = table.to_pandas()
-    except (pa.ArrowInvalid, pa.ArrowTypeError):
-        # Garbage inside a field: what can't be read becomes absent, cell by cell.
-        frame = pd.read_csv(io.BytesIO(data), names=header, dtype=str, on_bad_lines="skip",
-                            engine="python", keep_default_na=False)
-        for column in frame.columns:
-            if column != "phase":
-                frame[column] = pd.to_numeric(frame[column], errors="coerce")
-        skipped.append(-1)
+    with quiet_invalid_rows():
+        try:
+            table = pacsv.read_csv(
+                pa.py_buffer(data),
+                read_options=pacsv.ReadOptions(column_names=header),
+                parse_options=pacsv.ParseOptions(invalid_row_handler=on_invalid),
+                convert_options=pacsv.ConvertOptions(column_types=sample_column_types(header),
+                                                     strings_can_be_null=False))
+            frame = table.to_pandas()
+        except (pa.ArrowInvalid, pa.ArrowTypeError, UnicodeDecodeError) as exc:
+            # Garbage in a field, a line too long: still pyarrow; what can't be read becomes absent.
+            skipped.clear()
+            whole = (",".join(header) + "\n").encode() + data
+            table = read_damaged(whole, [(0, len(whole))], header, "", [], str(exc), len(whole))[0]
+            frame = table.to_pandas() if table is not None else pd.DataFrame({c: [] for c in header})
+            skipped.append(-1)
     frame["phase"] = frame["phase"].fillna("").astype(str)
     finite = np.isfinite(frame["t"].to_numpy(dtype=float))
     return frame.loc[finite].reset_index(drop=True), len(skipped) + int((~finite).sum())
@@ -92,9 +107,10 @@ class SamplesTail:
         if b"\n" not in head:
             return False
         first = head.split(b"\n", 1)[0]
-        if not first:
+        header = first.decode(errors="replace").split(",")
+        if not first or not usable_header(header):  # nothing of it can be read: no rows, ever
             return False
-        self.header = first.decode(errors="replace").split(",")
+        self.header = header
         if self.offset == 0:
             self.offset = len(first) + 1
         return True
@@ -103,13 +119,14 @@ class SamplesTail:
         """New complete rows (columns as in the header), or None when there are none."""
         if self.header is None and not self._read_header():
             return None
-        data = _read_lines_from(self.path, self.offset)
+        data, consumed = _read_lines_from(self.path, self.offset)
         if not data:
+            self.offset += consumed
             return None
         start = 0
         if self.offset > 0 and _pread(self.path, self.offset - 1, 1) != b"\n":
-            start = data.find(b"\n") + 1  # resume mid-line: that line was loaded already
-        self.offset += len(data)
+            start = data.find(b"\n") + 1  # resume mid-line: that line was loaded (or dropped) already
+        self.offset += consumed
         frame, skipped = parse_sample_rows(data[start:], self.header) if data[start:] else (None, 0)
         self.skipped_rows += skipped
         if frame is None:
@@ -132,12 +149,15 @@ class EventsTail:
         self.problems = EventProblems()  # what the reader would warn about, counted the same way
 
     def read(self) -> pd.DataFrame | None:
-        data = _read_lines_from(self.path, self.offset)
+        data, consumed = _read_lines_from(self.path, self.offset)
+        self.offset += consumed
         if not data:
             return None
-        self.offset += len(data)
         rows = []
         for line in data.splitlines():
+            if len(line) > EVENT_LINE_MAX:  # as the reader: damage, never parsed
+                self.problems.line(f"a line over {EVENT_LINE_MAX:,} bytes")
+                continue
             event = parse_event_line(line, self.pid, self.problems)
             if event is not None:
                 if not isinstance(event.get("host"), str):

@@ -189,7 +189,8 @@ def test_comparison_aligns_two_runs_by_phase(page, artifacts):
         page.get_by_role("option", name=run_id).click()
     page.keyboard.press("Escape")
     page.wait_for_function("() => { const g = document.querySelector('#compare-graph .js-plotly-plot');"
-                           " return g && g._fullData && g._fullData.length >= 2; }", timeout=20_000)  # one per run
+                           " return g && g._fullData && g._fullData.filter(d => d.legendgroup !== 'phase bands').length >= 2; }",
+                           timeout=20_000)  # one line per run, besides the phase bands
     page.wait_for_selector("#compare-table .dash-spreadsheet")
     page.locator("#compare-section").screenshot(path=str(artifacts / "dashboard-comparison.png"))
 

@@ -1,6 +1,8 @@
 """Comparison of runs aligned by (iteration, phase), including runs whose phases differ."""
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pandas as pd
 
@@ -33,8 +35,42 @@ def test_peak_table_aligns_by_phase_and_leaves_missing_phases_empty():
 def test_figure_x_is_the_phase_slot_not_wall_clock():
     a, b = _run("a", 5 * GiB), _run("b", 5 * GiB, slow=2.0)
     fig = comparison_figure([a, b])
-    for trace in fig.data:
+    for trace in (t for t in fig.data if t.legendgroup != "phase bands"):
         x = np.asarray(trace.x, dtype=float)
         x = x[np.isfinite(x)]
         assert x.min() >= 0 and x.max() <= len(slot_keys(a))  # within the slots, whatever the durations
         assert np.nanmax(np.asarray(trace.y, dtype=float)) == 5.0  # the generate peak, in GiB, exactly
+
+
+def _many_phases(n: int, name: str, slow: float = 1.0):
+    cycle = ["generate", "offload_rollout", "train", "offload_train", "onload_weights"]
+    t = np.arange(0.0, n * slow, slow / 4)  # four samples per phase
+    level = np.tile([1.0, 2.0, 3.0, 1.5], n) * GiB
+    phases = [dict(name=cycle[k % len(cycle)], start=k * slow, end=(k + 0.99) * slow, rollout_id=k // len(cycle))
+              for k in range(n)]
+    return make_run({"t": t, "rss": level, "rss_peak": level}, phases, name=name)
+
+
+def test_phase_bands_cover_each_slot_once_in_its_phase_colour():
+    a, b = _run("a", 5 * GiB), _run("b", 5 * GiB, with_offload=False)
+    fig = comparison_figure([a, b])
+    bands = [t for t in fig.data if t.legendgroup == "phase bands"]
+    assert not fig.layout.shapes
+    covered = {}
+    for band in bands:
+        x = np.asarray(band.x, dtype=float).reshape(-1, 6)  # x0, x0, x1, x1, x0, gap per rectangle
+        assert np.all(x[:, 2] - x[:, 0] == 1) and np.isnan(x[:, 5]).all()
+        covered.update({int(x0): band.name for x0 in x[:, 0]})
+    assert covered == {0: "generate", 1: "offload_rollout", 2: "train"}
+    assert fig.data.index(bands[-1]) < min(fig.data.index(t) for t in fig.data if t not in bands)  # drawn below
+
+
+def test_ten_thousand_phases_compare_in_linear_time_with_a_bounded_figure():
+    # Was one add_vrect per phase slot: 2 x 280 phases took 86 s, 10,000 would take hours.
+    runs = [_many_phases(10_000, "a"), _many_phases(10_000, "b", slow=1.5)]
+    started = time.perf_counter()
+    fig = comparison_figure(runs)
+    elapsed = time.perf_counter() - started
+    assert not fig.layout.shapes  # no shape per phase
+    assert len(fig.data) == 5 + 2  # one band trace per phase name, one line per run (a host row only)
+    assert elapsed < 60, elapsed  # about 2 s on an idle core; bound generous for a loaded 2-core machine
