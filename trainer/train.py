@@ -188,12 +188,14 @@ def _ids(i: int | None) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    cfg = parse_args(sys.argv[1:] if argv is None else argv)  # exits 2 with one line on bad flags
     try:
-        run(cfg)
+        run(parse_args(sys.argv[1:] if argv is None else argv))  # bad flags: exits 2 with one line
     except TrainerError as exc:
         print(f"trainer: error: {exc}", file=sys.stderr, flush=True)
         return exc.exit_code
+    except KeyboardInterrupt:  # Ctrl-C: `run` has cleaned up on the way out (offload files, threads)
+        print("trainer: interrupted", file=sys.stderr, flush=True)
+        return 130
     return 0
 
 
