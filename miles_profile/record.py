@@ -246,6 +246,9 @@ def main(argv: list[str] | None = None) -> int:
     except MilesProfileError as exc:
         print(f"miles_profile.record: error: {exc}", file=sys.stderr)
         return exc.exit_code
+    except KeyboardInterrupt:  # Ctrl-C while starting or stopping (the trainer handles its own)
+        print("miles_profile.record: interrupted", file=sys.stderr)
+        return 130
     return code
 
 

@@ -1,15 +1,19 @@
 """Command-line flags, grouped as in Miles, and every rule across flags in one function.
 
 `parse_args(argv)` returns a frozen `RunConfig` with every default resolved; the argparse namespace is
-never mutated after validation. Each invalid combination is one line on stderr and exit code 2.
+never mutated after validation. Each invalid value or combination is one line on stderr and exit code 2:
+every number is checked here, before torch sees it (an int64 overflow, a NaN learning rate or a pool
+larger than the device would otherwise surface as a traceback, or not at all).
 """
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import re
 import tempfile
 from dataclasses import dataclass
+from fractions import Fraction
 from pathlib import Path
 
 from miles_profile.names import BUILTIN, KV_CACHE, MEMORY_BACKENDS, TORCH_MEMORY_SAVER, WEIGHTS
@@ -17,6 +21,7 @@ from trainer import memory_backend
 from trainer.config import PRESETS, Preset, model_config
 
 LEVELS = {"kv_cache": KV_CACHE, "weight": WEIGHTS}  # --offload-rollout-level value -> engine tag
+SEED_MAX = 2**63 - 1  # torch seeds are 64-bit; the critic is seeded with seed + 1
 _UNITS = {"": 1, "k": 1024, "kib": 1024, "m": 1024**2, "mib": 1024**2, "g": 1024**3, "gib": 1024**3}
 
 
@@ -54,7 +59,7 @@ def parse_bytes(text: str) -> int:
     m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", text)
     if not m or m.group(2).lower() not in _UNITS:
         raise argparse.ArgumentTypeError(f"invalid size {text!r} (examples: 1048576, 64MiB, 12GiB)")
-    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+    return int(Fraction(m.group(1)) * _UNITS[m.group(2).lower()])  # exact: no float overflow or rounding
 
 
 def parse_levels(values: list[str]) -> tuple[str, ...]:
@@ -147,8 +152,10 @@ def _add_offload_arguments(g) -> None:
                         "(default: %(default)s)")
 
 
-def validate(args: argparse.Namespace, cuda_available: bool, world_size: int = 1) -> str | None:
-    """Every rule across flags; returns the first violation as one line, or None."""
+def validate(args: argparse.Namespace, cuda_available: bool, world_size: int = 1,
+             memory_bytes: int | None = None) -> str | None:
+    """Every rule on flag values and across flags; returns the first violation as one line, or None.
+    `memory_bytes`: total memory of the device the run uses (`device_memory`); None skips that bound."""
     preset = PRESETS[args.preset]
     batch = args.rollout_batch_size or preset.rollout_batch_size
     if batch >= 1 and batch % world_size:
@@ -158,9 +165,11 @@ def validate(args: argparse.Namespace, cuda_available: bool, world_size: int = 1
                  "kv_cache_bytes", "offload_chunk_bytes"):
         if getattr(args, flag) is not None and getattr(args, flag) < 1:
             return f"--{flag.replace('_', '-')} must be at least 1"
-    if args.lr is not None and args.lr <= 0:
-        return "--lr must be positive"
-    group = args.n_samples_per_prompt or preset.n_samples_per_prompt
+    if not 0 <= args.seed <= SEED_MAX:
+        return f"--seed must be from 0 to {SEED_MAX}"
+    if args.lr is not None and not (math.isfinite(args.lr) and args.lr > 0):
+        return "--lr must be positive and finite"
+    group = preset.n_samples_per_prompt if args.n_samples_per_prompt is None else args.n_samples_per_prompt
     if group < (1 if args.use_critic else 2):
         return "--n-samples-per-prompt must be at least 2 for GRPO (1 is allowed with --use-critic)"
     if args.device == "cuda" and not cuda_available:
@@ -193,7 +202,7 @@ def validate(args: argparse.Namespace, cuda_available: bool, world_size: int = 1
             return "--colocate-memory-peak-device gpu needs --offload-train and --offload-rollout"
         if args.use_critic:
             return "--colocate-memory-peak-device gpu does not support --use-critic"
-    return _kv_problem(args, preset, device)
+    return _kv_problem(args, preset, device) or _memory_problem(args, preset, device, group, memory_bytes)
 
 
 def _backend_problem(args: argparse.Namespace, device: str) -> str | None:
@@ -219,6 +228,35 @@ def _kv_problem(args: argparse.Namespace, preset: Preset, device: str) -> str | 
         need = cfg.max_seq_len * cfg.kv_bytes_per_token(itemsize)
         return f"--kv-cache-bytes {kv_bytes} holds less than one sequence ({need} bytes needed)"
     return None
+
+
+def _memory_problem(args: argparse.Namespace, preset: Preset, device: str, group: int,
+                    memory_bytes: int | None) -> str | None:
+    """Buffers that could never be allocated on the device: a necessary bound, not a promise that
+    what passes fits next to everything else."""
+    if memory_bytes is None:
+        return None
+    kv_bytes = args.kv_cache_bytes or preset.kv_cache_bytes
+    if kv_bytes > memory_bytes:
+        return f"--kv-cache-bytes {kv_bytes} is more than the {device}'s memory ({memory_bytes} bytes)"
+    prompts = args.rollout_batch_size or preset.rollout_batch_size
+    token_bytes = prompts * group * model_config(preset, args.digits or preset.digits).max_seq_len * 8
+    if token_bytes > memory_bytes:  # the rollout's int64 token ids, all on the device while training
+        return (f"--rollout-batch-size {prompts} x --n-samples-per-prompt {group}: the token ids alone "
+                f"({token_bytes} bytes) are more than the {device}'s memory ({memory_bytes} bytes)")
+    return None
+
+
+def device_memory(device: str) -> int | None:
+    """Total bytes of the memory a run on `device` allocates from (host RAM, or the current GPU's),
+    or None when it cannot be read."""
+    try:
+        if device == "cuda":
+            import torch
+            return int(torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory)
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except Exception:  # no driver, no device, no sysconf name (CUDA raises several types): no bound
+        return None
 
 
 def _unwritable(directory: Path) -> str | None:
@@ -277,7 +315,7 @@ def parse_args(argv: list[str] | None, cuda_available: bool | None = None,
         world_size = int(os.environ.get("WORLD_SIZE", 1)) if under_torchrun else 1
     parser = build_parser()
     args = parser.parse_args(argv)
-    problem = validate(args, cuda_available, world_size)
+    problem = validate(args, cuda_available, world_size, device_memory(_device(args.device, cuda_available)))
     if problem:
         parser.error(problem)
     return resolve(args, cuda_available, world_size, under_torchrun or world_size > 1)

@@ -10,7 +10,9 @@ host-side optimizer, identical after every step) is freed without being saved an
 - `DiskOffloader` (target disk): every tensor, host ones included (disk offload exists to free host
   memory), goes to chunk files (`disk_store`) written by a small thread pool; device tensors pass
   through reused pinned staging buffers. Memory is freed only once every chunk and the manifest are on
-  disk, so any write error leaves the state intact.
+  disk, so any write error leaves the state intact. Onload first checks that the manifest lists exactly
+  the chunks written (every element of every tensor once), then reads and verifies each chunk; any
+  damage is an `OffloadError` and leaves the state offloaded, so onload can be retried.
 - `SaverOffloader` (target cpu, backend torch_memory_saver, CUDA): the device state was allocated in a
   region tagged `train_state` with a CPU backup; offload pauses the tag (the package copies the bytes
   to a host buffer and unmaps the device memory), onload resumes it at the same addresses, as Miles'
@@ -191,6 +193,7 @@ class DiskOffloader:
         self._pinned: set[str] = set()  # registered host tensors freed by offload, registered again by onload
         self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="offload-io")
         self._cleanup: Future = self._pool.submit(lambda: None)
+        self._written: frozenset[ChunkEntry] | None = None  # what the last offload put on disk
         self.offloaded = False
 
     def expected_bytes(self) -> int:
@@ -207,8 +210,10 @@ class DiskOffloader:
         try:
             self._remove_files()  # the state in memory is newer than any copy on disk
             self._check_space()
+            self._written = None
             entries = self._write_all()
             disk_store.write_manifest(self.directory, entries)
+            self._written = frozenset(entries)
         except OSError as exc:
             self._remove_files(ignore_errors=True)
             raise OffloadError(self._describe(exc)) from None
@@ -256,7 +261,7 @@ class DiskOffloader:
     # --- onload ---------------------------------------------------------------------------------
 
     def onload(self) -> None:
-        entries = disk_store.read_manifest(self.directory)
+        entries = self._manifest()  # before any memory is touched: a bad manifest changes nothing
         by_name = {s.name: s for s in self.state}
         for s in self.state:
             _realloc(s.tensor, s.name in self._pinned)
@@ -303,7 +308,7 @@ class DiskOffloader:
         offloaded; the tensor is a reused buffer, valid until the next item."""
         s = next(s for s in self.state if s.name == name)
         source = name if s.mirror is None else next(m.name for m in self.state if m.tensor is s.mirror)
-        for e in disk_store.read_manifest(self.directory):
+        for e in self._manifest():
             if e.tensor == source:
                 buf = self._stage(0, e.numel, s.tensor.dtype)
                 disk_store.read_chunk(self.directory / e.file, e, buf)
@@ -312,6 +317,19 @@ class DiskOffloader:
             self._staging[0] = None  # a CPU run frees it: pinned staging is kept only to avoid re-pinning
 
     # --- helpers --------------------------------------------------------------------------------
+
+    def _manifest(self) -> list[ChunkEntry]:
+        """The manifest on disk, checked to cover every offloaded element exactly once and to list
+        exactly the chunks (files and checksums) that the last offload wrote."""
+        entries = disk_store.read_manifest(self.directory)
+        layout = {s.name: (s.tensor.numel(), disk_store.dtype_name(s.tensor.dtype))
+                  for s in self.state if s.mirror is None}
+        disk_store.check_coverage(self.directory, entries, layout)
+        if self._written is not None and frozenset(entries) != self._written:
+            differ = len(self._written.symmetric_difference(entries))
+            raise OffloadError(f"offload manifest {self.directory / disk_store.MANIFEST} is not the one "
+                               f"written at offload ({differ} entries differ in file or checksum)")
+        return entries
 
     def _chunks(self) -> Iterator[tuple[StateTensor, int, int]]:
         for s in self.state:

@@ -272,6 +272,9 @@ def main(argv: list[str] | None = None) -> int:
     except TrainerError as exc:
         print(f"trainer: error: {exc}", file=sys.stderr, flush=True)
         return exc.exit_code
+    except KeyboardInterrupt:  # Ctrl-C: `run` has cleaned up on the way out (offload files, threads)
+        print("trainer: interrupted", file=sys.stderr, flush=True)
+        return 130
     return 0
 
 
