@@ -26,7 +26,7 @@ grep -HE "^(PASS|FAIL|SKIP)|step [0-9]:|freed|hook mode" "$out"/trainer_gpu_test
 timeout 90 python3 bench/bench_sampler.py --only spikes --out "$out/bench" > "$out/spikes.log" 2>&1 || status=1
 grep -iE "spike|caught|captured" "$out/spikes.log" | tail -6
 for ms in 20 50; do
-  timeout 150 python3 bench/overhead_ab.py --interval-ms $ms --block-ms 200 --blocks 480 \
+  timeout 130 python3 bench/overhead_ab.py --interval-ms $ms --block-ms 200 --blocks 400 \
     --out "$out/overhead_ab_${ms}ms.json" 2>&1 | grep "^overhead_ab" || status=1
 done
 exit $status

@@ -2,9 +2,10 @@
 # Miles' topology on one H200: one training rank under torchrun with its rollout engine in a separate
 # process (python -m trainer.engine_server) sharing the GPU, recorded by `record` in one command:
 #   scripts/h200_dist.sh OUT_DIR [NUM_ROLLOUT]
-# Writes OUT_DIR/logs (the run: record, rank and engine each with their own files), train.log,
-# nvidia-smi.csv (both processes on the GPU, once a second), report.html and visualize.log, and runs the
-# engine server's GPU test (weights over CUDA IPC handles). About 2-3 minutes; runs from source.
+# Writes OUT_DIR/logs (the run: record, rank and engine each with their own files), train.log and
+# nvidia-smi.csv (both processes on the GPU, once a second), and runs the engine server's GPU test
+# (weights over CUDA IPC handles). About 2-3 minutes; runs from source. The GPU machine has no plotly:
+# render the report where it is installed (python -m miles_profile.visualize OUT_DIR/logs).
 set -uo pipefail
 out=${1:?usage: $0 OUT_DIR [NUM_ROLLOUT]}
 rollouts=${2:-3}
@@ -22,6 +23,4 @@ timeout 480 python3 -m miles_profile.record --log-dir "$out/logs" -- --nproc-per
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 kill "$smi" 2>/dev/null; wait "$smi" 2>/dev/null
 echo "GPU processes seen: $(awk -F', ' 'NR>1 {print $2}' "$out/nvidia-smi.csv" | sort -u | tr '\n' ' ')"
-timeout 120 python3 -m miles_profile.visualize "$out/logs" -o "$out/report.html" > "$out/visualize.log" 2>&1 || status=1
-tail -25 "$out/visualize.log"
 exit $status
