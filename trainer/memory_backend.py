@@ -26,7 +26,9 @@ resume, exactly like the builtin backend's pinned buffers.
 """
 from __future__ import annotations
 
+import atexit
 import contextlib
+import ctypes
 import os
 from typing import ContextManager, Sequence
 
@@ -107,8 +109,20 @@ def saver():
         if tms._impl is None:  # the setter only works before the first region/pause
             tms.hook_mode = hook_mode()
         tms.retain_cpu_backup = True  # see the module docstring: 0.97x of a pinned copy instead of 0.05x
+        if hook_mode() == "torch":
+            atexit.register(_keep_pools_past_exit)
         _SAVER.append(tms)
     return _SAVER[0]
+
+
+def _keep_pools_past_exit() -> None:
+    """Torch hook mode: a pool destroyed at interpreter exit frees its blocks outside any region, which
+    the package treats as fatal ("only support interesting region", exit status 1) after the program
+    has finished (seen on the H200: every recorded run exited 1). The driver takes the memory back when
+    the process ends, so the pools are never destroyed."""
+    impl = getattr(_SAVER[0], "_impl", None) if _SAVER else None
+    for pool in list(getattr(impl, "_mem_pools", {}).values()):
+        ctypes.pythonapi.Py_IncRef(ctypes.py_object(pool))
 
 
 def pause(tag: str) -> None:
