@@ -59,6 +59,11 @@ def build_run_report(run, *, thresholds: checks_mod.Thresholds | None = None, ch
 
 
 # -- formatting --------------------------------------------------------------------------------
+def _total_text(total) -> str:
+    # An imported run (Miles' dashboard) may not know a device's total: say so, never "0.0 GiB".
+    return f"{total / GiB:.1f} GiB" if isinstance(total, (int, float)) else "total unknown"
+
+
 def _e(x) -> str:
     return html.escape(str(x))
 
@@ -136,7 +141,7 @@ def _facts_html(run) -> str:
     start = run_start(run)
     t = run.samples["t"] if len(run.samples) else pd.Series(dtype=float)
     duration = (float(t.iloc[-1]) - start) if len(t) else float("nan")
-    devices = ", ".join(f"GPU {d.get('index')}: {d.get('name', '?')} ({d.get('total', 0) / GiB:.1f} GiB)"
+    devices = ", ".join(f"GPU {d.get('index')}: {d.get('name') or '?'} ({_total_text(d.get('total'))})"
                         for d in run.devices) or "no GPU seen (NVML absent): host memory only"
     processes = ", ".join(f"pid {p.get('pid')} ({p.get('role', '?')}, rank {p.get('rank', 0)})"
                           for p in run.processes) or "–"
