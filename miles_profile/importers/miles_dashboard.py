@@ -83,9 +83,11 @@ def find_miles_dashboard(path: str | Path) -> Path | None:
 
 # -- streams -----------------------------------------------------------------------------------
 def _stream_files(root: Path, stream: str) -> list[Path]:
+    # Links are not followed: the dashboard serves what is under its root only (dashboards/paths.py).
     legacy = root / f"{stream}.jsonl"
-    parts = sorted((root / stream).glob("*.jsonl")) if (root / stream).is_dir() else []
-    return ([legacy] if legacy.is_file() else []) + parts
+    folder = root / stream
+    parts = sorted(folder.glob("*.jsonl")) if folder.is_dir() and not folder.is_symlink() else []
+    return [p for p in ([legacy] if legacy.is_file() else []) + parts if not p.is_symlink()]
 
 
 def _records(root: Path, stream: str, warnings: list[str]) -> list[dict]:

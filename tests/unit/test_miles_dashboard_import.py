@@ -173,8 +173,20 @@ def test_visualize_and_dashboard_list_it(dashboard, tmp_path):
     code = visualize(VisualizeOptions([str(dashboard.parent)], output=str(out)), echo=lines.append)
     assert code == 0, lines
     assert out.stat().st_size > 0 and any("leak" in line and "PASS" in line for line in lines)
-    runs = list_runs(LogRoot(dashboard.parent))
+    root = LogRoot(dashboard.parent)
+    runs = list_runs(root)
     assert [r.run_id for r in runs] == ["dashboard"] and runs[0].start_time == START and not runs[0].problem
+    assert runs[0].command == "Miles dashboard: fixture"
+    from dashboards.live_run import RunCache
+    opened = RunCache(root).get("dashboard").current  # what the dashboard's pages read
+    assert {p["role"] for p in opened.processes} == {"actor", "engine"} and len(opened.gpu_samples)
+
+
+def test_links_out_of_the_directory_are_not_followed(dashboard, tmp_path):
+    outside = tmp_path / "outside.jsonl"
+    outside.write_text(json.dumps(dict(ts=START, node="evil", gpu=0, util=0, mem_mb=1, power_w=0)) + "\n")
+    (dashboard / "gpu_util" / "20260101_05.jsonl").symlink_to(outside)
+    assert "evil" not in set(load_miles_dashboard(dashboard).gpu_samples["host"])
 
 
 @pytest.mark.slow
