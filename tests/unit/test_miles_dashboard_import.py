@@ -18,10 +18,11 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from miles_profile import names
-from miles_profile.importers.miles_dashboard import MIB, load_miles_dashboard
+from miles_profile.importers.miles_dashboard import load_miles_dashboard
 from miles_profile.report.checks import run_checks
 
 HOSTS = ("10.0.0.1", "10.0.0.2")
@@ -86,6 +87,7 @@ def write_miles_dashboard(root: Path, iterations: int = 4, creep_mib: int = 0, u
                 phase("train_wait", t, t + 12, node, [g], rank, "train")
                 phase("wake_up", t + 12.2, t + 13.8, node, [g], rank, "train")
                 phase("log_probs", t + 14, t + 16, node, [g], rank, "train")
+                phase("data_preprocess", t + 14.2, t + 14.8, node, [g], rank, "train")  # nested in log_probs
                 phase("actor_train", t + 16, t + 23.8, node, [g], rank, "train")
                 phase("update_weights", t + 24, t + 28, node, [g], rank, "train")
                 phase("sleep", t + 28.1, t + 29.5, node, [g], rank, "train")
@@ -122,9 +124,12 @@ def test_import_gives_ranks_engines_phases_and_gpu_samples(dashboard):
     rank3 = next(p["pid"] for p in actors if p["rank"] == 3)
     mine = phases[phases["pid"] == rank3]
     assert mine["name"].value_counts().to_dict() == {
-        "train_wait": 4, names.ONLOAD_TRAIN: 4, "log_probs": 4, names.TRAIN: 4, names.UPDATE_WEIGHTS: 4,
-        names.OFFLOAD_TRAIN: 4}
+        "train_wait": 4, names.ONLOAD_TRAIN: 4, "log_probs": 4, "data_preprocess": 4, names.TRAIN: 4,
+        names.UPDATE_WEIGHTS: 4, names.OFFLOAD_TRAIN: 4}
     assert (mine["status"] == "ok").all()
+    inner = mine[mine["name"] == "data_preprocess"].iloc[0]
+    outer = mine[(mine["name"] == "log_probs") & (mine["rollout_id"] == inner["rollout_id"])].iloc[0]
+    assert (inner["depth"], inner["parent"]) == (1, outer["id"]) and outer["depth"] == 0
     assert sorted(mine.loc[mine["name"] == names.TRAIN, "rollout_id"]) == [0, 1, 2, 3]
     generate = phases[phases["name"] == names.GENERATE]
     assert len(generate) == 4 * 8 and set(generate["pid"]) == {p["pid"] for p in engines}
@@ -133,7 +138,7 @@ def test_import_gives_ranks_engines_phases_and_gpu_samples(dashboard):
     gpu = run.gpu_samples
     assert len(gpu) == 8 * len(np.arange(START, START + 5 + 4 * ITER_S + 3, 1.0))
     first = gpu[(gpu["host"] == HOSTS[1]) & (gpu["gpu_uuid"] == f"{HOSTS[1]}:3")].iloc[10]
-    assert first["used"] == _level_mib(first["t"], 4, 0) * MIB
+    assert first["used"] == _level_mib(first["t"], 4, 0) * 1_048_576  # MiB (used >> 20), not 10**6
     own = run.samples[run.samples["pid"] == rank3]
     assert own["gpu3_used"].notna().all() and own[["gpu0_used", "gpu1_used", "gpu2_used"]].isna().all().all()
     assert not any(c.endswith(("_alloc", "_reserved", "_proc")) or c.startswith("rss") for c in run.samples)
@@ -197,3 +202,22 @@ def test_visualize_cli_leak_fails_without_traceback(tmp_path):
                           capture_output=True, text=True, env=python_env(), timeout=300)
     assert proc.returncode == 1, proc.stderr
     assert "Traceback" not in proc.stderr and "FAIL  leak" in proc.stdout
+
+
+def test_phases_are_what_the_reader_makes_of_the_events(dashboard):
+    """The importer builds the phases table directly (the reader's loop costs seconds on a fleet): it
+    must equal what logdir.reader makes of the same events, and each sample's phase the reader's label."""
+    from miles_profile.logdir.reader import PHASE_COLUMNS, phase_timeline, phases_from_events
+    run = load_miles_dashboard(dashboard)
+    expected = phases_from_events(run.events, run.samples)
+    columns = [c for c in PHASE_COLUMNS if c != "attrs"] + ["rollout_id", "miles_name"]
+    key = ["pid", "id"]
+    got = run.phases[columns].sort_values(key).reset_index(drop=True)
+    want = expected[columns].sort_values(key).reset_index(drop=True)
+    pd.testing.assert_frame_equal(got, want)
+    for pid in run.samples["pid"].unique()[:3]:
+        own = run.samples[run.samples["pid"] == pid]
+        times, labels = phase_timeline(run.events[run.events["pid"] == pid])
+        at = np.searchsorted(times, own["t"].to_numpy(), side="right") - 1
+        want_labels = [labels[k] if k >= 0 else "" for k in at]
+        assert own["phase"].astype(str).tolist() == want_labels
