@@ -19,7 +19,7 @@ The schema was read from radixark/miles `miles/dashboard/store.py` at commit
 What the `Run` holds (docs/log-format.md, "Importing Miles' dashboard data"): one `actor` process per
 training rank, one `engine` process per GPU of each rollout engine, their phases under canonical names
 (MILES_PHASES), `gpu_samples` per (host, GPU) in bytes (MiB x 2**20), and the same NVML level in
-`samples` as `gpu{i}_used` of the process that owns the GPU. Miles records no pid (pids here are
+`samples` as `gpu{i}_used` of every process on that GPU. Miles records no pid (pids here are
 synthetic), no device totals, no true peaks, no allocator and no host memory: those are absent,
 never zero, and the checks that need them say n/a.
 
@@ -121,13 +121,13 @@ def _processes(ph: pd.DataFrame, snapshots: list[dict], uuids, start: float, las
     ranks = train.groupby(["node", "gpu"], sort=False)["rank"].max()
     world = int((ranks >= 0).sum())
     order = sorted(ranks.items(), key=lambda kv: (kv[1] < 0, kv[1], kv[0]))
-    processes, actor_pid, owner = [], {}, {}
+    processes, actor_pid, on_gpu = [], {}, {}
     for n, ((node, index), rank) in enumerate(order):
         pid = ACTOR_PID0 + (int(rank) if rank >= 0 else 100_000 + n)
         actor_pid[(node, int(index))] = pid
         processes.append(_process(pid, node, int(index), int(rank), "actor", world, uuids, start, last))
         if index >= 0:
-            owner.setdefault((node, int(index)), pid)
+            on_gpu.setdefault((node, int(index)), []).append(pid)
     rank_on_gpu = {(p["host"], p["gpu_index"]): p["rank"] for p in processes}
     worker_pid: dict[tuple[str, str, int], int] = {}
     for snapshot in snapshots:
@@ -140,8 +140,8 @@ def _processes(ph: pd.DataFrame, snapshots: list[dict], uuids, start: float, las
                          uuids, start, last)
             p["engine"] = {"addr": w["addr"], "engine_rank": w["engine_rank"]}
             processes.append(p)
-            owner.setdefault((w["node"], w["gpu"]), pid)
-    return processes, actor_pid, worker_pid, owner
+            on_gpu.setdefault((w["node"], w["gpu"]), []).append(pid)
+    return processes, actor_pid, worker_pid, on_gpu
 
 
 def _place(ph: pd.DataFrame, snapshots, actor_pid, worker_pid, warnings) -> pd.DataFrame:
@@ -249,13 +249,18 @@ def _by_pid(pids: np.ndarray) -> dict[int, np.ndarray]:
     return {int(p): rows for p, rows in zip(unique, np.split(order, first[1:]))}
 
 
-def _samples(gpu: pd.DataFrame, lane: np.ndarray, owner_of_lane: np.ndarray, phases: pd.DataFrame) -> pd.DataFrame:
-    """NVML used of each GPU as `gpu<index>_used` of the process that owns it (its actor, else its first
-    engine worker) with that process's innermost phase; GPUs nobody owns stay in gpu_samples only."""
-    pids = owner_of_lane[lane]
-    keep = pids >= 0
-    t, pids, index = gpu["ts"].to_numpy(float)[keep], pids[keep], gpu["gpu"].to_numpy(np.int64)[keep]
-    used = gpu["mem_mb"].to_numpy(np.int64)[keep].astype(float) * MIB
+def _samples(gpu: pd.DataFrame, lane: np.ndarray, pids_of_lane: list[list[int]], phases: pd.DataFrame) -> pd.DataFrame:
+    """NVML used of each GPU as `gpu<index>_used` of every process on it (its actor and engine workers),
+    as each of our own processes records its device's level, with that process's innermost phase.
+    GPUs no process is known on stay in gpu_samples only."""
+    rows_of_lane = _by_pid(lane)
+    picks = [(rows_of_lane[k], p) for k, pids in enumerate(pids_of_lane) if k in rows_of_lane for p in pids]
+    take = np.concatenate([rows for rows, _ in picks]) if picks else np.zeros(0, np.int64)
+    pids = np.concatenate([np.full(len(rows), p, np.int64) for rows, p in picks]) if picks else np.zeros(0, np.int64)
+    order = np.argsort(gpu["ts"].to_numpy(float)[take], kind="stable")  # samples are in time order, as the reader's
+    take, pids = take[order], pids[order]
+    t, index = gpu["ts"].to_numpy(float)[take], gpu["gpu"].to_numpy(np.int64)[take]
+    used = gpu["mem_mb"].to_numpy(np.int64)[take].astype(float) * MIB
     frame = pd.DataFrame({"t": t, "phase": "", "pid": pids})
     for i in np.unique(index):
         frame[f"gpu{i}_used"] = np.where(index == i, used, np.nan)
@@ -291,16 +296,16 @@ def load_miles_dashboard(path: str | Path) -> Run:
     start = float(meta_in["start_ts"]) if isinstance(meta_in.get("start_ts"), (int, float)) else min(stamps)
     last = max([start, *stamps])
 
-    processes, actor_pid, worker_pid, owner = _processes(ph, snapshots, uuids, start, last)
+    processes, actor_pid, worker_pid, on_gpu = _processes(ph, snapshots, uuids, start, last)
     placed = _place(ph, snapshots, actor_pid, worker_pid, warnings)
     phases, events = _phases_and_events(placed, _iteration_anchors(ph), last)
 
-    # One code per (node, GPU) lane: identity and owner are looked up once per lane, not per sample.
+    # One code per (node, GPU) lane: identity and processes are looked up once per lane, not per sample.
     lanes = gpu[["node", "gpu"]].drop_duplicates().reset_index(drop=True)
     lane = pd.MultiIndex.from_frame(lanes).get_indexer(pd.MultiIndex.from_frame(gpu[["node", "gpu"]]))
     lane_ids = [_gpu_id(n, int(g), uuids) for n, g in zip(lanes["node"], lanes["gpu"])]
-    owner_of_lane = np.array([owner.get((n, int(g)), -1) for n, g in zip(lanes["node"], lanes["gpu"])], np.int64)
-    samples = _samples(gpu, lane, owner_of_lane, phases)
+    pids_of_lane = [on_gpu.get((n, int(g)), []) for n, g in zip(lanes["node"], lanes["gpu"])]
+    samples = _samples(gpu, lane, pids_of_lane, phases)
     gpu_samples = pd.DataFrame({
         "t": gpu["ts"].to_numpy(float),
         "host": pd.Categorical(gpu["node"].to_numpy(object)),

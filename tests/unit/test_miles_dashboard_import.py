@@ -134,13 +134,17 @@ def test_import_gives_ranks_engines_phases_and_gpu_samples(dashboard):
     generate = phases[phases["name"] == names.GENERATE]
     assert len(generate) == 4 * 8 and set(generate["pid"]) == {p["pid"] for p in engines}
 
-    # NVML samples: MiB x 2**20 bytes, per (host, GPU); the owning rank's samples carry the same level.
+    # NVML samples: MiB x 2**20 bytes, per (host, GPU); every process on a GPU carries its level.
     gpu = run.gpu_samples
     assert len(gpu) == 8 * len(np.arange(START, START + 5 + 4 * ITER_S + 3, 1.0))
     first = gpu[(gpu["host"] == HOSTS[1]) & (gpu["gpu_uuid"] == f"{HOSTS[1]}:3")].iloc[10]
     assert first["used"] == _level_mib(first["t"], 4, 0) * 1_048_576  # MiB (used >> 20), not 10**6
     own = run.samples[run.samples["pid"] == rank3]
     assert own["gpu3_used"].notna().all() and own[["gpu0_used", "gpu1_used", "gpu2_used"]].isna().all().all()
+    engine3 = next(p["pid"] for p in engines if p["rank"] == 3)
+    theirs = run.samples[run.samples["pid"] == engine3]
+    assert theirs["gpu3_used"].tolist() == own["gpu3_used"].tolist() and set(theirs["phase"]) >= {names.GENERATE}
+    assert run.samples["t"].is_monotonic_increasing
     assert not any(c.endswith(("_alloc", "_reserved", "_proc")) or c.startswith("rss") for c in run.samples)
     assert run.host_samples.empty and run.gpu_procs.empty  # absent, not zero
     assert [h["host"] for h in run.hosts] == list(HOSTS) and all(g["total"] is None for h in run.hosts for g in h["gpus"])
