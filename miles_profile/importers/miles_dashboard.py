@@ -320,7 +320,8 @@ def load_miles_dashboard(path: str | Path) -> Run:
              for node, part in lanes.groupby("node", sort=True)]
     interval = float(gpu.groupby(lane)["ts"].diff().median() * 1000) if len(gpu) > 1 else float("nan")
     meta = {"format_version": FORMAT_VERSION, "run_id": f"miles:{meta_in.get('run_name', root.name)}",
-            "command": [f"imported from {root}"], "host": "", "start_time": start, "end_time": last,
+            "command": [f"imported from {root}"], "start_time": start, "end_time": last,
+            "host": f"{len(hosts)} hosts: " + ", ".join(h["host"] for h in hosts[:8]) + (" ..." if len(hosts) > 8 else ""),
             "interval_ms": interval if np.isfinite(interval) else None, "source": SOURCE,
             "miles_run_name": meta_in.get("run_name"), "miles_schema_version": meta_in.get("schema_version")}
     warnings.append("imported from Miles' dashboard: NVML device memory every ~1 s; no true peaks between "

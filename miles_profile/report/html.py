@@ -147,9 +147,12 @@ def _facts_html(run) -> str:
                           for p in run.processes) or "–"
     interval = meta.get("interval_ms")
     when = _dt.datetime.fromtimestamp(start).strftime("%Y-%m-%d %H:%M:%S") if start > 1e8 else "–"
+    # Imports (Miles' CSV, Miles' dashboard) have levels only: no peak column, no claim of true peaks.
+    peaks = ("true peaks between samples are kept" if any(str(c).endswith("_peak") for c in run.samples.columns)
+             else "sampled levels only: a peak between two samples is not seen")
     rows = [("run", str(run.path)), ("command", command), ("host", meta.get("host", "–")), ("started", when),
             ("duration", f"{duration:.1f} s" if np.isfinite(duration) else "–"),
-            ("sampling interval", f"{interval:g} ms (true peaks between samples are kept)" if interval else "–"),
+            ("sampling interval", f"{interval:g} ms ({peaks})" if interval else "–"),
             ("samples", f"{len(run.samples):,}"), ("phases", f"{len(run.phases):,}"),
             ("devices", devices), ("processes", processes)]
     return '<table class="facts">' + "".join(f"<tr><th>{_e(k)}</th><td>{_e(v)}</td></tr>" for k, v in rows) + "</table>"

@@ -181,7 +181,10 @@ def test_visualize_and_dashboard_list_it(dashboard, tmp_path):
     lines: list[str] = []
     code = visualize(VisualizeOptions([str(dashboard.parent)], output=str(out)), echo=lines.append)
     assert code == 0, lines
-    assert out.stat().st_size > 0 and any("leak" in line and "PASS" in line for line in lines)
+    assert any("leak" in line and "PASS" in line for line in lines)
+    html = out.read_text()
+    assert "sampled levels only" in html and "true peaks between samples are kept" not in html
+    assert "2 hosts: 10.0.0.1, 10.0.0.2" in html and "total unknown" in html
     root = LogRoot(dashboard.parent)
     runs = list_runs(root)
     assert [r.run_id for r in runs] == ["dashboard"] and runs[0].start_time == START and not runs[0].problem
