@@ -53,7 +53,7 @@ TRAIN, ROLLOUT_MANAGER = "train", "rollout_manager"  # Miles' Role values
 MILES_PHASES = {"rollout": names.GENERATE, "eval_rollout": names.EVAL, "actor_train": names.TRAIN,
                 "update_weights": names.UPDATE_WEIGHTS}
 TRAIN_ONLY = {"sleep": names.OFFLOAD_TRAIN, "wake_up": names.ONLOAD_TRAIN}
-ACTOR_PID0, ENGINE_PID0 = 1_000_000, 2_000_000  # synthetic pids: Miles records none
+ACTOR_PID0, ENGINE_PID0, GPU_PID0 = 1_000_000, 2_000_000, 3_000_000  # synthetic pids: Miles records none
 SOURCE = "Miles dashboard (--use-miles-dashboard)"
 
 
@@ -185,7 +185,7 @@ def _phases_and_events(placed: pd.DataFrame, anchors: np.ndarray, last: float) -
     on a 512-GPU hour). A test checks both agree. Nesting: the parent is the innermost enclosing interval."""
     placed = placed.assign(end=np.where(placed["t1"] == OPEN_T1, np.inf, placed["t1"]))
     placed = placed.sort_values(["pid", "t0", "end"], ascending=[True, True, False], kind="stable")
-    pid, t0, end = (placed[c].to_numpy() for c in ("pid", "t0", "end"))
+    pid, t0, end = placed["pid"].to_numpy(np.int64), placed["t0"].to_numpy(float), placed["end"].to_numpy(float)
     n = len(placed)
     ids, parents, depths = np.zeros(n, np.int64), np.full(n, -1, np.int64), np.zeros(n, np.int64)
     stack: list[tuple[int, float]] = []
@@ -304,7 +304,12 @@ def load_miles_dashboard(path: str | Path) -> Run:
     lanes = gpu[["node", "gpu"]].drop_duplicates().reset_index(drop=True)
     lane = pd.MultiIndex.from_frame(lanes).get_indexer(pd.MultiIndex.from_frame(gpu[["node", "gpu"]]))
     lane_ids = [_gpu_id(n, int(g), uuids) for n, g in zip(lanes["node"], lanes["gpu"])]
-    pids_of_lane = [on_gpu.get((n, int(g)), []) for n, g in zip(lanes["node"], lanes["gpu"])]
+    for n, g in zip(lanes["node"], lanes["gpu"]):  # a GPU Miles sampled but no phase or engine names: its own lane
+        if (n, int(g)) not in on_gpu:
+            pid = GPU_PID0 + len(processes)
+            processes.append(_process(pid, n, int(g), -1, "gpu", None, uuids, start, last))
+            on_gpu[(n, int(g))] = [pid]
+    pids_of_lane = [on_gpu[(n, int(g))] for n, g in zip(lanes["node"], lanes["gpu"])]
     samples = _samples(gpu, lane, pids_of_lane, phases)
     gpu_samples = pd.DataFrame({
         "t": gpu["ts"].to_numpy(float),

@@ -228,3 +228,38 @@ def test_phases_are_what_the_reader_makes_of_the_events(dashboard):
         at = np.searchsorted(times, own["t"].to_numpy(), side="right") - 1
         want_labels = [labels[k] if k >= 0 else "" for k in at]
         assert own["phase"].astype(str).tolist() == want_labels
+
+
+def test_gpu_samples_alone_and_an_empty_directory(dashboard, tmp_path, capsys):
+    import shutil
+    from miles_profile.visualize import main
+    shutil.rmtree(dashboard / "phases")
+    (dashboard / "topology.jsonl").unlink()
+    run = load_miles_dashboard(dashboard)  # no phase, no engine: each GPU its own lane
+    assert sorted(p["role"] for p in run.processes) == ["gpu"] * 8 and len(run.samples) == len(run.gpu_samples)
+    assert main([str(dashboard), "-o", str(tmp_path / "a.html")]) == 0
+    empty = tmp_path / "empty" / "dashboard"
+    empty.mkdir(parents=True)
+    (empty / "meta.json").write_text(json.dumps({"run_name": "x", "start_ts": START, "args": {}, "schema_version": 1}))
+    capsys.readouterr()
+    assert main([str(empty)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "holds no gpu_util samples and no phases" in err
+
+
+def test_a_run_that_died_mid_phase(dashboard):
+    """Miles wrote open markers (t1 = -1) for the phases running when it died: they are open phases,
+    drawn to the last sample, and their iteration is not judged by the leak check."""
+    t = START + 5 + 4 * ITER_S
+    for rank in range(8):
+        node, gpu = HOSTS[rank // GPUS], rank % GPUS
+        _append(dashboard, "phases", t, dict(name="actor_train", t0=t, t1=-1.0, node=node, gpus=[gpu], rank=rank,
+                                             role="train"))
+    _append(dashboard, "phases", t - 1, dict(name="rollout", t0=t - 1, t1=-1.0, node=HOSTS[0], gpus=[], rank=-1,
+                                             role="rollout_manager"))
+    run = load_miles_dashboard(dashboard)
+    died = run.phases[run.phases["status"] == names.OPEN]
+    assert len(died) == 8 + 8 and set(died["name"]) == {names.TRAIN, names.GENERATE}
+    assert (died["end"] == run.meta["end_time"]).all() and (died["rollout_id"] == 4).all()
+    leak = {r.name: r for r in run_checks(run)}["leak"]
+    assert leak.status == "pass" and "over 3 iterations" in leak.summary  # 0 is warm-up, 4 unfinished
