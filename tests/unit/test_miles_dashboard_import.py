@@ -192,6 +192,11 @@ def test_visualize_and_dashboard_list_it(dashboard, tmp_path):
     from dashboards.live_run import RunCache
     opened = RunCache(root).get("dashboard").current  # what the dashboard's pages read
     assert {p["role"] for p in opened.processes} == {"actor", "engine"} and len(opened.gpu_samples)
+    from dashboards.panels import checks as checks_panel, phases as phases_panel, timeline as timeline_panel
+    assert len(timeline_panel.build_figure(opened, "dashboard", None).data)
+    assert {r.name for r in checks_panel.compute(opened)[0]} >= {"leak", "headroom"}
+    table, _ = phases_panel.compute(opened, by_iteration=True)
+    assert {names.TRAIN, names.GENERATE, names.OFFLOAD_TRAIN} <= set(table["name"])
 
 
 def test_links_out_of_the_directory_are_not_followed(dashboard, tmp_path):
