@@ -46,11 +46,7 @@ def _expand(path: Path) -> list[Path]:
         return [path]
     if not path.exists():
         raise MilesProfileError(f"{path}: no such file or directory")
-    from miles_profile.importers.miles_dashboard import find_miles_dashboard
-    miles = find_miles_dashboard(path)  # its meta.json would pass for a run's: test it first
-    if miles is not None:
-        return [miles]
-    runs = find_runs(path)
+    runs = find_runs(path)  # Miles' dashboard directories too (they have a meta.json): _load_one imports them
     if not runs:
         csvs = sorted(path.glob("*.csv")) if path.is_dir() else []
         if csvs and not any(path.glob("*.samples.csv")):

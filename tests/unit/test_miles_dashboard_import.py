@@ -268,3 +268,11 @@ def test_a_run_that_died_mid_phase(dashboard):
     assert (died["end"] == run.meta["end_time"]).all() and (died["rollout_id"] == 4).all()
     leak = {r.name: r for r in run_checks(run)}["leak"]
     assert leak.status == "pass" and "over 3 iterations" in leak.summary  # 0 is warm-up, 4 unfinished
+
+
+def test_a_log_directory_with_several_dashboards(tmp_path):
+    from miles_profile.report.build import load_inputs
+    write_miles_dashboard(tmp_path / "logs" / "dashboard", iterations=2)
+    write_miles_dashboard(tmp_path / "logs" / "run2" / "dashboard", iterations=3)
+    runs, notes = load_inputs([str(tmp_path / "logs")])
+    assert not notes and sorted(r.phases["rollout_id"].max() for r in runs) == [1, 2]
