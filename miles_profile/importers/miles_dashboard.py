@@ -16,7 +16,7 @@ The schema was read from radixark/miles `miles/dashboard/store.py` at commit
                                     gpu_uuids: [uuid or null]}]}: snapshot N holds until snapshot N+1
     (a v1 flat `<stream>.jsonl` reads as one more partition, as Miles does)
 
-What the `Run` holds (docs/log-format.md, "Importing Miles' dashboard data"): one `actor` process per
+What the `Run` holds (docs/report.md, "Importing Miles' dashboard data"): one `actor` process per
 training rank, one `engine` process per GPU of each rollout engine, their phases under canonical names
 (MILES_PHASES), `gpu_samples` per (host, GPU) in bytes (MiB x 2**20), and the same NVML level in
 `samples` as `gpu{i}_used` of every process on that GPU. Miles records no pid (pids here are
@@ -289,6 +289,9 @@ def load_miles_dashboard(path: str | Path) -> Run:
     snapshots = topology(root, warnings)
     if gpu.empty and ph.empty:
         raise MilesProfileError(f"{root}: the Miles dashboard holds no gpu_util samples and no phases")
+    if gpu.empty:  # Miles' sampler found no NVML: phases without one memory value
+        raise MilesProfileError(f"{root}: the Miles dashboard holds phases but no gpu_util samples "
+                                "(NVML was unavailable to Miles' GPU sampler): no memory to report")
     uuids = {(w["node"], w["gpu"]): w["uuid"] for s in snapshots for w in s["workers"] if w["uuid"]}
     stamps = [*gpu["ts"].iloc[[0, -1]]] if len(gpu) else []
     stamps += [float(ph["t0"].min()), float(ph.loc[ph["t1"] != OPEN_T1, "t1"].max())] if len(ph) else []

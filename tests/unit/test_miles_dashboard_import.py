@@ -250,6 +250,11 @@ def test_gpu_samples_alone_and_an_empty_directory(dashboard, tmp_path, capsys):
     assert main([str(empty)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "holds no gpu_util samples and no phases" in err
+    no_nvml = write_miles_dashboard(tmp_path / "no_nvml" / "dashboard", iterations=1)
+    shutil.rmtree(no_nvml / "gpu_util")
+    assert main([str(no_nvml)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "NVML was unavailable" in err
 
 
 def test_a_run_that_died_mid_phase(dashboard):
