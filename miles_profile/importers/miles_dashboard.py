@@ -14,14 +14,17 @@ The schema was read from radixark/miles `miles/dashboard/store.py` at commit
                                     mem_mb = nvmlDeviceGetMemoryInfo(...).used >> 20 (MiB, rounded down)
     topology.jsonl                  {ts, engines: [{addr, worker_type, engine_rank, gpus: [[node, gpu]],
                                     gpu_uuids: [uuid or null]}]}: snapshot N holds until snapshot N+1
+    gpu_processes/<YYYYMMDD_HH>.jsonl   {ts, node, gpu, pid, name, mem_mb}: NVML per process every 5 s,
+                                    only in a later store.py (GpuProcessSample; gpu_sampler.py at 3e08b1bf
+                                    writes it); read when present, into `gpu_procs`
     (a v1 flat `<stream>.jsonl` reads as one more partition, as Miles does)
 
 What the `Run` holds (docs/report.md, "Importing Miles' dashboard data"): one `actor` process per
 training rank, one `engine` process per GPU of each rollout engine, their phases under canonical names
 (MILES_PHASES), `gpu_samples` per (host, GPU) in bytes (MiB x 2**20), and the same NVML level in
 `samples` as `gpu{i}_used` of every process on that GPU. Miles records no pid (pids here are
-synthetic), no device totals, no true peaks, no allocator and no host memory: those are absent,
-never zero, and the checks that need them say n/a.
+synthetic; `gpu_procs` keeps the real pids of the host), no device totals, no true peaks, no allocator
+and no host memory: those are absent, never zero, and the checks that need them say n/a.
 
     is_miles_dashboard(path) -> bool
     find_miles_dashboard(path) -> Path | None     # the directory itself or its `dashboard/`
@@ -40,7 +43,7 @@ import pandas as pd
 
 from miles_profile import names
 from miles_profile.errors import MilesProfileError
-from miles_profile.importers.miles_dashboard_streams import OPEN_T1, gpu_frame, phase_frame, topology
+from miles_profile.importers.miles_dashboard_streams import OPEN_T1, gpu_frame, phase_frame, proc_frame, topology
 from miles_profile.logdir.host_reader import GPU_PROC_COLUMNS, GPU_SAMPLE_COLUMNS, HOST_COLUMNS
 from miles_profile.logdir.layout import FORMAT_VERSION
 from miles_profile.logdir.reader import EVENT_COLUMNS, PHASE_COLUMNS, Run
@@ -87,13 +90,15 @@ class ImportedRun(Run):
     """A `Run` whose host-level data come from the import, not from host sampler files."""
     imported_hosts: list[dict[str, Any]] = field(default_factory=list)
     imported_gpu_samples: pd.DataFrame | None = None
+    imported_gpu_procs: pd.DataFrame | None = None
 
     @cached_property
     def _host_data(self) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
         def empty(columns):
             return pd.DataFrame({c: pd.Series(dtype=str if c in ("host", "gpu_uuid") else float) for c in columns})
         gpus = self.imported_gpu_samples if self.imported_gpu_samples is not None else empty(GPU_SAMPLE_COLUMNS)
-        return empty(HOST_COLUMNS), gpus, empty(GPU_PROC_COLUMNS)
+        procs = self.imported_gpu_procs if self.imported_gpu_procs is not None else empty(GPU_PROC_COLUMNS)
+        return empty(HOST_COLUMNS), gpus, procs
 
     @cached_property
     def hosts(self) -> list[dict[str, Any]]:
@@ -321,6 +326,14 @@ def load_miles_dashboard(path: str | Path) -> Run:
                      else pd.Categorical(np.asarray(lane_ids, dtype=object)[lane])),  # one UUID on two lanes: damage
         "used": gpu["mem_mb"].to_numpy(np.int64) * MIB,
     })
+    procs = proc_frame(root, warnings)
+    gpu_procs = pd.DataFrame({  # real pids of the host, not the synthetic ones of `processes`
+        "t": procs["ts"].to_numpy(float), "host": pd.Categorical(procs["node"].to_numpy(object)),
+        "gpu_uuid": pd.Categorical([_gpu_id(n, int(g), uuids) for n, g in zip(procs["node"], procs["gpu"])]),
+        "pid": procs["pid"].to_numpy(np.int64),
+        # 0 is how Miles wrote a usage NVML did not report (None); a process with a CUDA context holds more
+        "bytes": np.where(procs["mem_mb"].to_numpy(float) > 0, procs["mem_mb"].to_numpy(float) * MIB, np.nan),
+    })
     hosts = [{"host": node, "source": SOURCE,
               "gpus": [{"index": int(g), "uuid": _gpu_id(node, int(g), uuids), "name": None, "total": None}
                        for g in sorted(part["gpu"].unique())],
@@ -335,4 +348,4 @@ def load_miles_dashboard(path: str | Path) -> Run:
     warnings.append("imported from Miles' dashboard: NVML device memory every ~1 s; no true peaks between "
                     "samples, no allocator, no host memory and no device totals (checks that need them are n/a)")
     return ImportedRun(root, meta, processes, samples, events, phases, warnings, [root],
-                       imported_hosts=hosts, imported_gpu_samples=gpu_samples)
+                       imported_hosts=hosts, imported_gpu_samples=gpu_samples, imported_gpu_procs=gpu_procs)

@@ -1,6 +1,7 @@
 """Read the streams of a Miles dashboard directory (see importers/miles_dashboard.py for the schema).
 
     gpu_frame(root, warnings)   -> ts, node, gpu, mem_mb       (every gpu_util partition, by time)
+    proc_frame(root, warnings)  -> ts, node, gpu, pid, mem_mb   (gpu_processes, newer Miles; may be empty)
     phase_frame(root, warnings) -> name, t0, t1, node, gpu, rank, role   (open markers resolved)
     topology(root, warnings)    -> [{t0, t1, workers: [{addr, engine_rank, node, gpu, uuid}]}]
 
@@ -21,6 +22,10 @@ import pyarrow.json as pajson
 
 OPEN_T1 = -1.0  # PhaseEvent.OPEN_T1: the interval was still open when written
 GPU_SCHEMA = pa.schema([("ts", pa.float64()), ("node", pa.string()), ("gpu", pa.int64()), ("mem_mb", pa.int64())])
+# GpuProcessSample, in a later store.py than the commit read for the rest (gpu_sampler.py at 3e08b1bf
+# writes it every 5 s): NVML's per-process usedGpuMemory >> 20, where None (not reported) was written as 0.
+PROC_SCHEMA = pa.schema([("ts", pa.float64()), ("node", pa.string()), ("gpu", pa.int64()), ("pid", pa.int64()),
+                         ("mem_mb", pa.int64())])
 PHASE_SCHEMA = pa.schema([("name", pa.string()), ("t0", pa.float64()), ("t1", pa.float64()), ("node", pa.string()),
                           ("gpus", pa.list_(pa.int64())), ("rank", pa.int64()), ("role", pa.string())])
 
@@ -98,6 +103,17 @@ def gpu_frame(root: Path, warnings: list[str]) -> pd.DataFrame:
     if (~good).any():
         warnings.append(f"gpu_util: skipped {int((~good).sum())} samples without ts, node, gpu or mem_mb")
     frame = frame[good].astype({"ts": "float64", "gpu": "int64", "mem_mb": "int64", "node": str})
+    return frame.sort_values("ts", kind="stable").reset_index(drop=True)
+
+
+def proc_frame(root: Path, warnings: list[str]) -> pd.DataFrame:
+    frame = _stream_frame(root, "gpu_processes", PROC_SCHEMA, warnings)
+    for column in ("ts", "gpu", "pid", "mem_mb"):
+        frame[column] = pd.to_numeric(frame[column], errors="coerce")
+    good = frame[["ts", "gpu", "pid", "node"]].notna().all(axis=1)
+    if (~good).any():
+        warnings.append(f"gpu_processes: skipped {int((~good).sum())} samples without ts, node, gpu or pid")
+    frame = frame[good].astype({"ts": "float64", "gpu": "int64", "pid": "int64", "mem_mb": "float64", "node": str})
     return frame.sort_values("ts", kind="stable").reset_index(drop=True)
 
 

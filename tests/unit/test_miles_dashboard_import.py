@@ -58,8 +58,11 @@ def _level_mib(t: float, iterations: int, creep_mib: int) -> int:
     return floor + 8_000  # update_weights
 
 
-def write_miles_dashboard(root: Path, iterations: int = 4, creep_mib: int = 0, uuid_host2: bool = False) -> Path:
-    """A Miles dashboard directory (see the module docstring); returns it."""
+def write_miles_dashboard(root: Path, iterations: int = 4, creep_mib: int = 0, uuid_host2: bool = False,
+                          gpu_processes: bool = False) -> Path:
+    """A Miles dashboard directory (see the module docstring); returns it. `gpu_processes` adds the
+    per-process stream of a later store.py (GpuProcessSample {ts, node, gpu, pid, name, mem_mb}, every
+    5 s, `(usedGpuMemory or 0) >> 20`): an actor and an engine process on each GPU of host 1."""
     root.mkdir(parents=True, exist_ok=True)
     (root / "meta.json").write_text(json.dumps({"run_name": "fixture", "start_ts": START,
                                                 "args": {"use_miles_dashboard": True}, "schema_version": 1}, indent=1))
@@ -92,6 +95,13 @@ def write_miles_dashboard(root: Path, iterations: int = 4, creep_mib: int = 0, u
                 phase("update_weights", t + 24, t + 28, node, [g], rank, "train")
                 phase("sleep", t + 28.1, t + 29.5, node, [g], rank, "train")
     end = START + 5 + iterations * ITER_S + 3
+    for ts in np.arange(START, end, 5.0) if gpu_processes else []:
+        for g in range(GPUS):
+            level = _level_mib(float(ts), iterations, creep_mib)
+            _append(root, "gpu_processes", ts, dict(ts=float(ts), node=HOSTS[0], gpu=g, pid=4000 + g,
+                                                    name="ray::TrainActor", mem_mb=level // 3))
+            _append(root, "gpu_processes", ts, dict(ts=float(ts), node=HOSTS[0], gpu=g, pid=5000 + g // 2,
+                                                    name="sglang::scheduler", mem_mb=0 if g == 3 else level // 2))
     for ts in np.arange(START, end, 1.0):
         for node in HOSTS:
             for g in range(GPUS):
@@ -281,3 +291,14 @@ def test_a_log_directory_with_several_dashboards(tmp_path):
     write_miles_dashboard(tmp_path / "logs" / "run2" / "dashboard", iterations=3)
     runs, notes = load_inputs([str(tmp_path / "logs")])
     assert not notes and sorted(r.phases["rollout_id"].max() for r in runs) == [1, 2]
+
+
+def test_per_process_gpu_memory_of_a_later_miles(tmp_path):
+    run = load_miles_dashboard(write_miles_dashboard(tmp_path / "dashboard", gpu_processes=True))
+    procs = run.gpu_procs
+    assert set(procs["pid"]) == {4000, 4001, 4002, 4003, 5000, 5001}  # the host's pids, as Miles saw them
+    gpu2 = procs[(procs["gpu_uuid"] == "GPU-0002aaaa-0000-0000-0000-000000000000") & (procs["pid"] == 4002)]
+    assert len(gpu2) == len(np.arange(START, START + 5 + 4 * ITER_S + 3, 5.0))
+    assert gpu2["bytes"].iloc[3] == _level_mib(gpu2["t"].iloc[3], 4, 0) // 3 * 1_048_576
+    unreported = procs[(procs["pid"] == 5001) & (procs["gpu_uuid"].astype(str).str.endswith("0003aaaa-0000-0000-0000-000000000000"))]
+    assert len(unreported) and unreported["bytes"].isna().all()  # Miles wrote None as 0: absent, not zero
