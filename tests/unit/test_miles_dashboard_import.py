@@ -8,6 +8,8 @@ and the writers `gpu_sampler.py` (mem_mb = NVML used >> 20, one sample per GPU p
 `hooks.py` (a training rank's intervals carry its node, GPUs and rank; the rollout manager's carry no
 GPUs and rank -1). Phase names are those of Miles' timeline palette (static/views_timeline.js).
 Shape: 2 hosts x 4 GPUs, 8 training ranks, 4 colocated rollout engines of 2 GPUs each, 1 s samples.
+Opt-in: the `gpu_processes` stream of a later store.py (GpuProcessSample), written as gpu_sampler.py
+at commit 3e08b1bf writes it.
 """
 from __future__ import annotations
 
