@@ -65,11 +65,14 @@ def summarize(run_id: str, run_dir: Path, now: float | None = None) -> RunSummar
         if entry.name.endswith(PROCESS_META_SUFFIX) and entry.name != RUN_META:
             ended.append("end_time" in _read_json(Path(entry.path)))
     modified = max(mtimes, default=0.0)
-    start = meta.get("start_time")
+    start = meta.get("start_time", meta.get("start_ts"))  # start_ts: a Miles dashboard directory
     start = float(start) if isinstance(start, (int, float)) else modified
     live = bool(ended) and not all(ended) and now - modified <= LIVE_WINDOW_S
     problem = "" if meta else "damaged: run meta.json unreadable"
-    return RunSummary(run_id, start, modified, live, _command_text(meta.get("command")), len(ended), problem)
+    command = _command_text(meta.get("command"))
+    if "run_name" in meta and "format_version" not in meta:
+        command = f"Miles dashboard: {meta['run_name']}"
+    return RunSummary(run_id, start, modified, live, command, len(ended), problem)
 
 
 def list_runs(root: LogRoot) -> list[RunSummary]:

@@ -4,7 +4,7 @@ Public API:
 
     VisualizeOptions(paths, output=None, png=None, trace=None, json=None, csv=None, check=True,
                      thresholds=Thresholds(), max_points=100_000)
-    load_inputs(paths) -> (runs, notes)      # run dirs, dirs of runs, Miles CPU-profiler CSVs
+    load_inputs(paths) -> (runs, notes)      # run dirs, dirs of runs, Miles CPU-profiler CSVs, Miles dashboard dirs
     visualize(options, echo=print) -> int    # exit code: 0 pass/n-a, 1 a check failed, 2 bad input
         # (raises MilesProfileError, exit 2, when an extra export failed: after the report and verdicts)
     default_output(paths) -> Path
@@ -46,7 +46,7 @@ def _expand(path: Path) -> list[Path]:
         return [path]
     if not path.exists():
         raise MilesProfileError(f"{path}: no such file or directory")
-    runs = find_runs(path)
+    runs = find_runs(path)  # Miles' dashboard directories too (they have a meta.json): _load_one imports them
     if not runs:
         csvs = sorted(path.glob("*.csv")) if path.is_dir() else []
         if csvs and not any(path.glob("*.samples.csv")):
@@ -57,6 +57,9 @@ def _expand(path: Path) -> list[Path]:
 
 
 def _load_one(target: tuple[Path, ...]):
+    from miles_profile.importers.miles_dashboard import is_miles_dashboard, load_miles_dashboard
+    if is_miles_dashboard(target[0]):
+        return load_miles_dashboard(target[0])
     if target[0].is_file():
         from miles_profile.importers.miles_csv import load_miles_csv
         return load_miles_csv(target[0])
@@ -69,7 +72,8 @@ def _group_by_run_id(targets: list[Path]) -> list[tuple[Path, ...]]:
     from miles_profile.logdir.reader import run_id_of
     groups: dict[str, list[Path]] = {}
     for target in targets:
-        key = f"file:{target}" if target.is_file() else run_id_of(target)
+        from miles_profile.importers.miles_dashboard import is_miles_dashboard
+        key = f"file:{target}" if target.is_file() or is_miles_dashboard(target) else run_id_of(target)
         if target not in groups.setdefault(key, []):
             groups[key].append(target)
     return [tuple(group) for group in groups.values()]

@@ -562,8 +562,10 @@ def check_headroom(run, th: Thresholds) -> CheckResult:
         if peaks and np.isfinite(total):
             findings.append(_headroom_finding("host", max(peaks), total, th))
     if not findings:
-        return _na(name, title, explanation, "device totals unknown (no NVML devices in meta)" if run.gpu_indices
-                   else "host total unknown (no host probe in meta)")
+        why = ("host total unknown (no host probe in meta)" if not run.gpu_indices
+               else "device totals unknown (no NVML devices in meta)" if not run.devices
+               else "device totals not recorded (an import: NVML used without the total)")
+        return _na(name, title, explanation, why)
     t = run.samples["t"]
     span = (float(t.iloc[0]), float(t.iloc[-1])) if len(t) else None
     for f in findings:

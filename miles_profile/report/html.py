@@ -59,6 +59,11 @@ def build_run_report(run, *, thresholds: checks_mod.Thresholds | None = None, ch
 
 
 # -- formatting --------------------------------------------------------------------------------
+def _total_text(total) -> str:
+    # An imported run (Miles' dashboard) may not know a device's total: say so, never "0.0 GiB".
+    return f"{total / GiB:.1f} GiB" if isinstance(total, (int, float)) else "total unknown"
+
+
 def _e(x) -> str:
     return html.escape(str(x))
 
@@ -136,15 +141,18 @@ def _facts_html(run) -> str:
     start = run_start(run)
     t = run.samples["t"] if len(run.samples) else pd.Series(dtype=float)
     duration = (float(t.iloc[-1]) - start) if len(t) else float("nan")
-    devices = ", ".join(f"GPU {d.get('index')}: {d.get('name', '?')} ({d.get('total', 0) / GiB:.1f} GiB)"
+    devices = ", ".join(f"GPU {d.get('index')}: {d.get('name') or '?'} ({_total_text(d.get('total'))})"
                         for d in run.devices) or "no GPU seen (NVML absent): host memory only"
     processes = ", ".join(f"pid {p.get('pid')} ({p.get('role', '?')}, rank {p.get('rank', 0)})"
                           for p in run.processes) or "–"
     interval = meta.get("interval_ms")
     when = _dt.datetime.fromtimestamp(start).strftime("%Y-%m-%d %H:%M:%S") if start > 1e8 else "–"
+    # Imports (Miles' CSV, Miles' dashboard) have levels only: no peak column, no claim of true peaks.
+    peaks = ("true peaks between samples are kept" if any(str(c).endswith("_peak") for c in run.samples.columns)
+             else "sampled levels only: a peak between two samples is not seen")
     rows = [("run", str(run.path)), ("command", command), ("host", meta.get("host", "–")), ("started", when),
             ("duration", f"{duration:.1f} s" if np.isfinite(duration) else "–"),
-            ("sampling interval", f"{interval:g} ms (true peaks between samples are kept)" if interval else "–"),
+            ("sampling interval", f"{interval:g} ms ({peaks})" if interval else "–"),
             ("samples", f"{len(run.samples):,}"), ("phases", f"{len(run.phases):,}"),
             ("devices", devices), ("processes", processes)]
     return '<table class="facts">' + "".join(f"<tr><th>{_e(k)}</th><td>{_e(v)}</td></tr>" for k, v in rows) + "</table>"

@@ -1,0 +1,164 @@
+"""Read the streams of a Miles dashboard directory (see importers/miles_dashboard.py for the schema).
+
+    gpu_frame(root, warnings)   -> ts, node, gpu, mem_mb       (every gpu_util partition, by time)
+    proc_frame(root, warnings)  -> ts, node, gpu, pid, mem_mb   (gpu_processes, newer Miles; may be empty)
+    phase_frame(root, warnings) -> name, t0, t1, node, gpu, rank, role   (open markers resolved)
+    topology(root, warnings)    -> [{t0, t1, workers: [{addr, engine_rank, node, gpu, uuid}]}]
+
+Each reads the v1 flat `<stream>.jsonl` and the hourly `<stream>/<YYYYMMDD_HH>.jsonl` partitions, only
+complete lines (a partial last line is a writer mid-append, Miles' own rule); a malformed line is
+skipped and counted in `warnings`. Links are not followed.
+"""
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.json as pajson
+
+OPEN_T1 = -1.0  # PhaseEvent.OPEN_T1: the interval was still open when written
+GPU_SCHEMA = pa.schema([("ts", pa.float64()), ("node", pa.string()), ("gpu", pa.int64()), ("mem_mb", pa.int64())])
+# GpuProcessSample, in a later store.py than the commit read for the rest (gpu_sampler.py at 3e08b1bf
+# writes it every 5 s): NVML's per-process usedGpuMemory >> 20, where None (not reported) was written as 0.
+PROC_SCHEMA = pa.schema([("ts", pa.float64()), ("node", pa.string()), ("gpu", pa.int64()), ("pid", pa.int64()),
+                         ("mem_mb", pa.int64())])
+PHASE_SCHEMA = pa.schema([("name", pa.string()), ("t0", pa.float64()), ("t1", pa.float64()), ("node", pa.string()),
+                          ("gpus", pa.list_(pa.int64())), ("rank", pa.int64()), ("role", pa.string())])
+
+
+def stream_files(root: Path, stream: str) -> list[Path]:
+    # Links are not followed: the dashboard serves what is under its root only (dashboards/paths.py).
+    legacy = root / f"{stream}.jsonl"
+    folder = root / stream
+    parts = sorted(folder.glob("*.jsonl")) if folder.is_dir() and not folder.is_symlink() else []
+    return [p for p in ([legacy] if legacy.is_file() else []) + parts if not p.is_symlink()]
+
+
+def _complete_lines(path: Path, stream: str, warnings: list[str]) -> bytes:
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        warnings.append(f"{stream}/{path.name}: unreadable ({exc.strerror or exc}), skipped")
+        return b""
+    end = data.rfind(b"\n")
+    if end + 1 < len(data):
+        warnings.append(f"{stream}/{path.name}: dropped a truncated last line")
+    return data[: end + 1]
+
+
+def _lines_slowly(data: bytes, schema: pa.Schema) -> tuple[pd.DataFrame, int]:
+    """Line by line where Arrow's parser refused the file: the good lines, and how many were not."""
+    rows, bad = [], 0
+    for line in data.splitlines():
+        try:
+            row = json.loads(line)
+        except ValueError:
+            row = None
+        if isinstance(row, dict):
+            rows.append(row)
+        elif line.strip():
+            bad += 1
+    frame = pd.DataFrame(rows, columns=schema.names)
+    for f in schema:
+        if pa.types.is_floating(f.type) or pa.types.is_integer(f.type):
+            frame[f.name] = pd.to_numeric(frame[f.name], errors="coerce")
+        elif pa.types.is_string(f.type):
+            frame[f.name] = frame[f.name].map(lambda v: v if isinstance(v, str) else None).astype(object)
+        else:
+            frame[f.name] = frame[f.name].map(lambda v: v if isinstance(v, list) else []).astype(object)
+    return frame, bad
+
+
+def _stream_frame(root: Path, stream: str, schema: pa.Schema, warnings: list[str]) -> pd.DataFrame:
+    """Every complete line of a stream as columns (Arrow's JSON reader: a 512-GPU hour is 1.8 million
+    gpu_util lines; Python's json takes seconds for them); fields outside `schema` are ignored."""
+    frames, bad = [], 0
+    options = pajson.ParseOptions(explicit_schema=schema, unexpected_field_behavior="ignore")
+    for path in stream_files(root, stream):
+        data = _complete_lines(path, stream, warnings)
+        if not data.strip():
+            continue
+        try:
+            frames.append(pajson.read_json(io.BytesIO(data), parse_options=options).to_pandas())
+        except (pa.ArrowInvalid, pa.ArrowTypeError):
+            frame, n = _lines_slowly(data, schema)
+            frames.append(frame)
+            bad += n
+    if bad:
+        warnings.append(f"{stream}: skipped {bad} malformed lines")
+    if not frames:
+        return pd.DataFrame({f.name: pd.Series(dtype=object) for f in schema})
+    return pd.concat(frames, ignore_index=True)
+
+
+def gpu_frame(root: Path, warnings: list[str]) -> pd.DataFrame:
+    frame = _stream_frame(root, "gpu_util", GPU_SCHEMA, warnings)
+    for column in ("ts", "gpu", "mem_mb"):
+        frame[column] = pd.to_numeric(frame[column], errors="coerce")
+    good = frame[["ts", "gpu", "mem_mb", "node"]].notna().all(axis=1)
+    if (~good).any():
+        warnings.append(f"gpu_util: skipped {int((~good).sum())} samples without ts, node, gpu or mem_mb")
+    frame = frame[good].astype({"ts": "float64", "gpu": "int64", "mem_mb": "int64", "node": str})
+    return frame.sort_values("ts", kind="stable").reset_index(drop=True)
+
+
+def proc_frame(root: Path, warnings: list[str]) -> pd.DataFrame:
+    frame = _stream_frame(root, "gpu_processes", PROC_SCHEMA, warnings)
+    for column in ("ts", "gpu", "pid", "mem_mb"):
+        frame[column] = pd.to_numeric(frame[column], errors="coerce")
+    good = frame[["ts", "gpu", "pid", "node"]].notna().all(axis=1)
+    if (~good).any():
+        warnings.append(f"gpu_processes: skipped {int((~good).sum())} samples without ts, node, gpu or pid")
+    frame = frame[good].astype({"ts": "float64", "gpu": "int64", "pid": "int64", "mem_mb": "float64", "node": str})
+    return frame.sort_values("ts", kind="stable").reset_index(drop=True)
+
+
+def phase_frame(root: Path, warnings: list[str]) -> pd.DataFrame:
+    """gpu is the first of `gpus` (-1 for none); an open marker whose closing event exists (same node,
+    rank, name, t0) and exact duplicates are dropped."""
+    frame = _stream_frame(root, "phases", PHASE_SCHEMA, warnings)
+    good = frame[["name", "t0", "t1", "node"]].notna().all(axis=1)
+    if (~good).any():
+        warnings.append(f"phases: skipped {int((~good).sum())} intervals without name, t0, t1 or node")
+    frame = frame[good]
+    out = pd.DataFrame({
+        "name": frame["name"].astype(str).to_numpy(object),
+        "t0": pd.to_numeric(frame["t0"], errors="coerce").to_numpy(float),
+        "t1": pd.to_numeric(frame["t1"], errors="coerce").to_numpy(float),
+        "node": frame["node"].astype(str).to_numpy(object),
+        "gpu": [int(g[0]) if g is not None and len(g) else -1 for g in frame["gpus"]],
+        "rank": pd.to_numeric(frame["rank"], errors="coerce").fillna(-1).to_numpy(np.int64),
+        "role": frame["role"].fillna("").astype(str).to_numpy(object),
+    })
+    key = pd.MultiIndex.from_frame(out[["node", "rank", "name", "t0"]])
+    opened = (out["t1"] == OPEN_T1).to_numpy()
+    out = out[~(opened & key.isin(key[~opened]))].drop_duplicates()
+    return out.sort_values(["t0", "t1"], ascending=[True, False], kind="stable").reset_index(drop=True)
+
+
+def topology(root: Path, warnings: list[str]) -> list[dict]:
+    """Snapshots with validity windows [t0, t1) (snapshot N holds until N+1) and their engine workers."""
+    snapshots = []
+    for path in stream_files(root, "topology"):
+        for line in _complete_lines(path, "topology", warnings).splitlines():
+            try:
+                row = json.loads(line)
+                workers = []
+                for engine in row.get("engines") or []:
+                    uuids = list(engine.get("gpu_uuids") or [])
+                    for k, (node, gpu) in enumerate(engine.get("gpus") or []):
+                        uuid = uuids[k] if k < len(uuids) and isinstance(uuids[k], str) and uuids[k] else None
+                        workers.append({"addr": str(engine["addr"]), "engine_rank": int(engine.get("engine_rank", -1)),
+                                        "node": str(node), "gpu": int(gpu), "uuid": uuid})
+                snapshots.append({"t0": float(row["ts"]), "workers": workers})
+            except (AttributeError, KeyError, TypeError, ValueError):
+                if line.strip():
+                    warnings.append("topology: skipped a malformed snapshot")
+    snapshots.sort(key=lambda s: s["t0"])
+    for snapshot, after in zip(snapshots, snapshots[1:] + [None]):
+        snapshot["t1"] = after["t0"] if after else np.inf
+    return snapshots
