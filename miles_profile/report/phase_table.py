@@ -53,12 +53,14 @@ def _wide_summaries(run, procs: pd.DataFrame) -> pd.DataFrame:
     s = run.phase_summaries
     if s.empty:
         return pd.DataFrame(columns=["host", "pid", "id"])
-    m = s["series"].str.extract(_GPU_SERIES)
-    index = pd.to_numeric(m[0], errors="coerce")
+    names = pd.Series(s["series"].unique())  # a few names: parse them once, not once per row
+    m = names.str.extract(_GPU_SERIES).set_axis(names)
+    index = pd.to_numeric(s["series"].map(m[0]), errors="coerce").to_numpy()
     own_index = s[["host", "pid"]].merge(procs[["host", "pid", "cuda_index"]], how="left")["cuda_index"].fillna(0)
-    keep = (s["series"] == "rss") | (index.to_numpy() == own_index.to_numpy())
-    series = np.where(s["series"] == "rss", "rss", m[1])
-    long = s.loc[keep].assign(series=series[keep.to_numpy()])
+    is_rss = (s["series"] == "rss").to_numpy()
+    keep = is_rss | (index == own_index.to_numpy())
+    series = np.where(is_rss, "rss", s["series"].map(m[1]).to_numpy(dtype=object))
+    long = s.loc[keep].assign(series=series[keep])
     wide = long.pivot_table(index=["host", "pid", "id"], columns="series",
                             values=["peak", "floor", "first", "last"], aggfunc="max")
     wide = wide.astype(float)
@@ -72,17 +74,25 @@ def _used_from_host(run, table: pd.DataFrame) -> None:
     if gpu.empty or not len(table):
         return
     need = table["used_peak"].isna() & (table["gpu_uuid"] != "")
-    for (host, uuid), rows in table[need].groupby(["host", "gpu_uuid"]).groups.items():
-        g = gpu[(gpu["host"] == host) & (gpu["gpu_uuid"] == uuid)].sort_values("t")
-        t, used = g["t"].to_numpy(float), g["used"].to_numpy(float)
-        if not len(t):
+    at = gpu.groupby(["host", "gpu_uuid"], observed=True).indices  # one grouping, not a mask per GPU
+    t_all, used_all = gpu["t"].to_numpy(float), gpu["used"].to_numpy(float)
+    t0s, t1s = table["t0"].to_numpy(float), table["t1"].to_numpy(float)
+    out = table["used_peak"].to_numpy(float, copy=True)
+    positions = np.flatnonzero(need.to_numpy())
+    for (host, uuid), rows in table.loc[need, ["host", "gpu_uuid"]].groupby(["host", "gpu_uuid"]).indices.items():
+        rows = positions[rows]  # positions in `table`
+        where = at.get((host, uuid))
+        if where is None:
             continue
-        i0 = np.searchsorted(t, table.loc[rows, "t0"].to_numpy(), "left")
-        i1 = np.searchsorted(t, table.loc[rows, "t1"].to_numpy(), "right")
+        order = where[np.argsort(t_all[where], kind="stable")]
+        t, used = t_all[order], used_all[order]
+        i0 = np.searchsorted(t, t0s[rows], "left")
+        i1 = np.searchsorted(t, t1s[rows], "right")
         padded = np.append(used, np.nan)
         flat = np.column_stack((np.minimum(i0, len(t)), np.minimum(i1, len(t)))).ravel()
         peak = np.fmax.reduceat(padded, flat)[::2]
-        table.loc[rows, "used_peak"] = np.where(i1 > i0, peak, np.nan)
+        out[rows] = np.where(i1 > i0, peak, np.nan)
+    table["used_peak"] = out
 
 
 def phase_table(run) -> pd.DataFrame:
