@@ -26,7 +26,8 @@ from miles_profile.report.reduce import reduce_series
 
 ONE_LANE_EACH = 8  # up to this many lanes each gets its timeline; beyond, `worst:8` unless the user picks
 MAX_COLUMNS = 600  # heatmap columns before consecutive iterations merge (fleet.coarsen)
-POINTS_PER_SERIES = 2_000
+POINTS_PER_SERIES = 2_000  # an opened GPU's timeline
+LANE_POINTS = 500  # each picked lane's whole-run timeline: up to 8 drawn together, kept light
 WINDOW_PAD = 2.0  # a clicked phase's timeline carries this many phase lengths of data on each side (min 5 s)
 _HIDDEN, _SHOWN = {"display": "none"}, {}
 
@@ -94,8 +95,8 @@ def layout() -> html.Section:
 
 
 # -- one GPU's processes stacked -----------------------------------------------------------------
-def _reduced(t: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    keep = reduce_series(t, y.astype(float), POINTS_PER_SERIES)
+def _reduced(t: np.ndarray, y: np.ndarray, points: int) -> tuple[np.ndarray, np.ndarray]:
+    keep = reduce_series(t, y.astype(float), points)
     return t[keep], y[keep].astype(float)
 
 
@@ -106,7 +107,8 @@ def _gpu_index(run) -> dict:
             "used": used.groupby(["host", "gpu_uuid"], observed=True).indices if len(used) else {}}
 
 
-def lane_series(run, view: FleetView, index: dict, lane: str, window: tuple[float, float] | None):
+def lane_series(run, view: FleetView, index: dict, lane: str, window: tuple[float, float] | None,
+                points: int = POINTS_PER_SERIES):
     """({label: (t, bytes)}, device used (t, bytes) or None, total, title) for one lane, from the samples
     of that lane's processes only, within `window` (Unix seconds; None: the whole run)."""
     rows = view.table[view.table["lane"] == lane]
@@ -118,9 +120,9 @@ def lane_series(run, view: FleetView, index: dict, lane: str, window: tuple[floa
 
     def clip(t, y):
         if window is None:
-            return _reduced(t, y)
+            return _reduced(t, y, points)
         a, b = np.searchsorted(t, window[0], "left"), np.searchsorted(t, window[1], "right")
-        return _reduced(t[max(a - 1, 0):b + 1], y[max(a - 1, 0):b + 1])
+        return _reduced(t[max(a - 1, 0):b + 1], y[max(a - 1, 0):b + 1], points)
 
     series, used = {}, None
     at = index["procs"].get((host, uuid)) if uuid else None
@@ -151,8 +153,8 @@ def _own_column(samples: pd.DataFrame, own: str) -> str | None:
 
 
 def gpu_figure(run, view: FleetView, index: dict, lane: str, window: tuple[float, float] | None,
-               zoom: tuple[float, float] | None = None, height: int = 320):
-    series, used, total, label = lane_series(run, view, index, lane, window)
+               zoom: tuple[float, float] | None = None, height: int = 320, points: int = POINTS_PER_SERIES):
+    series, used, total, label = lane_series(run, view, index, lane, window, points)
     title = label if zoom is None else f"{label}: {zoom[1] - zoom[0]:.2f} s from {zoom[0] - view.t0:.2f} s"
     figure = fleet_figures.gpu_process_stack(series, used, device_total=total, t0=view.t0, title=title)
     figure.update_layout(height=height, uirevision=f"{lane}-{zoom}")
@@ -266,7 +268,8 @@ def register(app, state) -> None:
             picked = fleet.select_lanes(view.table, spec, view.matrix) if spec else list(view.matrix.lanes["lane"])
             index = live_run.memo("fleet-gpu-index", _gpu_index)
             graphs = [dcc.Graph(id={"type": "fleet-lane", "index": k}, config={"displaylogo": False},
-                                figure=gpu_figure(live_run.current, view, index, lane, None, height=260))
+                                figure=gpu_figure(live_run.current, view, index, lane, None, height=260,
+                                                  points=LANE_POINTS))
                       for k, lane in enumerate(picked[:64])]
         except MilesProfileError as exc:
             return [], message(str(exc))
