@@ -73,7 +73,12 @@ def gpu_clicks(browser, url: str, lanes: int, screenshot: Path | None) -> list[d
         traces = page.evaluate(f"() => {GPU}._fullData.map(d => [d.name, d.x ? d.x.length : 0])")
         results.append({"outlier": text, "seconds": round(elapsed, 3), "traces": len(traces),
                         "points": sum(n for _, n in traces)})
-    if screenshot is not None:
+    if screenshot is not None:  # the hottest train phase opened, heatmap and outliers above it
+        before = page.evaluate(f"() => {GPU}.layout.title.text")
+        page.locator(".fleet-outlier:has-text('train')").first.click()
+        page.wait_for_function(f"() => {GPU}.layout.title.text !== {json.dumps(before)}", timeout=30_000)
+        page.set_viewport_size({"width": 1400, "height": 1250})
+        page.wait_for_timeout(1500)
         page.evaluate("() => window.scrollTo(0, 0)")
         page.screenshot(path=str(screenshot), full_page=False)
     context.close()

@@ -25,7 +25,8 @@ from miles_profile.report.phase_table import phase_table
 from miles_profile.report.reduce import reduce_series
 
 ONE_LANE_EACH = 8  # up to this many lanes each gets its timeline; beyond, `worst:8` unless the user picks
-MAX_COLUMNS = 600  # heatmap columns before consecutive iterations merge (fleet.coarsen)
+MAX_COLUMNS = 600
+HEATMAP_HEIGHT = 620  # heatmap columns before consecutive iterations merge (fleet.coarsen)
 POINTS_PER_SERIES = 2_000  # an opened GPU's timeline
 LANE_POINTS = 500  # each picked lane's whole-run timeline: up to 8 drawn together, kept light
 WINDOW_PAD = 2.0  # a clicked phase's timeline carries this many phase lengths of data on each side (min 5 s)
@@ -62,7 +63,9 @@ def compute(run) -> FleetView | None:
         return None
     matrix = fleet.gpu_matrix(table)
     outliers = fleet_figures.outliers_table(fleet.rank_outliers(table, matrix=matrix))
-    figure = fleet_figures.fleet_heatmap(matrix, max_columns=MAX_COLUMNS)
+    # Past 32 lanes a fixed height, so the outliers and an opened GPU stay in view below it.
+    height = HEATMAP_HEIGHT if len(matrix.lanes) > 32 else None
+    figure = fleet_figures.fleet_heatmap(matrix, max_columns=MAX_COLUMNS, height=height)
     figure.update_layout(uirevision="fleet")
     return FleetView(table, fleet.coarsen(matrix, MAX_COLUMNS), figure, outliers, run_start(run))
 
