@@ -66,6 +66,10 @@ def compute(run) -> FleetView | None:
     # Past 32 lanes a fixed height, so the outliers and an opened GPU stay in view below it.
     height = HEATMAP_HEIGHT if len(matrix.lanes) > 32 else None
     figure = fleet_figures.fleet_heatmap(matrix, max_columns=MAX_COLUMNS, height=height)
+    if height is not None:  # at that height one row label in k, about 14 px apart, stays readable
+        rows = list(figure.data[0].y)
+        step = int(np.ceil(len(rows) / (height / 14)))
+        figure.update_yaxes(tickvals=rows[::step], ticktext=rows[::step])
     figure.update_layout(uirevision="fleet")
     return FleetView(table, fleet.coarsen(matrix, MAX_COLUMNS), figure, outliers, run_start(run))
 

@@ -119,3 +119,23 @@ def test_lane_spec_picks_lanes_and_a_bad_spec_says_why(page):
     page.fill("#fleet-lanes-spec", "rank:9-2")
     page.press("#fleet-lanes-spec", "Enter")
     page.wait_for_selector("#fleet-lanes-message .message-error:has-text('bad rank range')")
+
+
+def test_a_heatmap_cell_click_opens_that_lane_at_that_phase(page, expected):
+    page.wait_for_function(f"() => {HEATMAP} && {HEATMAP}._fullLayout && {HEATMAP}._fullData.length",
+                           timeout=30_000)
+    first = expected.outliers[0]  # the hot lane and its hottest (iteration, phase)
+    row = fleet_figures._row_labels(expected.matrix.lanes)[list(expected.matrix.lanes["lane"]).index(first["lane"])]
+    column = expected.matrix.columns["label"][(expected.matrix.columns["phase"] == first["phase"])
+                                              & (expected.matrix.columns["iteration"] == first["iteration"])].iloc[0]
+    # The cell's centre in page pixels, from the heatmap's own axes (a real mouse click, not a synthetic event).
+    x, y = page.evaluate(f"""([col, row]) => {{ const g = {HEATMAP}, L = g._fullLayout, r = g.getBoundingClientRect();
+        return [r.left + L.xaxis._offset + L.xaxis.d2p(col), r.top + L.yaxis._offset + L.yaxis.d2p(row)]; }}""",
+                         [column, row])
+    page.mouse.click(x, y)
+    page.wait_for_function(f"() => {GPU_GRAPH} && {GPU_GRAPH}._fullLayout && {GPU_GRAPH}.data.length > 0",
+                           timeout=15_000)
+    t0, t1 = fleet_panel.cell_window(expected, first["lane"], column)
+    x_range = page.evaluate(f"() => {GPU_GRAPH}._fullLayout.xaxis.range")
+    assert x_range == pytest.approx([t0 - expected.t0, t1 - expected.t0], abs=1e-6)
+    assert page.evaluate(f"() => {GPU_GRAPH}.layout.title.text").startswith(first["label"])
