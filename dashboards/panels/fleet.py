@@ -123,7 +123,8 @@ def lane_series(run, view: FleetView, index: dict, lane: str, window: tuple[floa
         raise MilesProfileError(f"no lane {lane!r} in this run")
     host, uuid = rows["host"].iloc[0], rows["gpu_uuid"].iloc[0]
     who = rows.drop_duplicates("pid").set_index("pid")
-    label_of = {int(p): f"{role or 'process'} r{rank} pid {p}" for p, role, rank in zip(who.index, who["role"], who["rank"])}
+    label_of = {int(p): f"{role or 'process'} r{rank} pid {p}"
+                for p, role, rank in zip(who.index, who["role"], who["rank"])}
 
     def clip(t, y):
         if window is None:
@@ -237,7 +238,8 @@ def register(app, state) -> None:
                 {**key, "fleet": True, "lanes": len(lanes)})
 
     @app.callback(
-        Output("fleet-gpu-graph", "figure"), Output("fleet-gpu-graph", "style"), Output("fleet-gpu-message", "children"),
+        Output("fleet-gpu-graph", "figure"), Output("fleet-gpu-graph", "style"),
+        Output("fleet-gpu-message", "children"),
         Input("fleet-heatmap", "clickData"), Input({"type": "fleet-outlier", "index": ALL}, "n_clicks"),
         State("fleet-outlier-links", "data"), State("runs-selected", "data"), prevent_initial_call=True)
     def open_gpu(cell, _clicks, links, run_id):
@@ -282,7 +284,8 @@ def register(app, state) -> None:
             return [], message(str(exc))
         except Exception as exc:  # noqa: BLE001
             return [], message(describe(exc))
-        shown = f"{len(picked)} lanes" + (f" ({spec})" if spec else "") + (", first 64 drawn" if len(picked) > 64 else "")
+        shown = (f"{len(picked)} lanes" + (f" ({spec})" if spec else "")
+                 + (", first 64 drawn" if len(picked) > 64 else ""))
         return graphs, message(shown, "info")
 
 
