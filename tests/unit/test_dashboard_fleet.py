@@ -59,3 +59,26 @@ def test_stand_in_phase_table_device_peak_is_the_host_files_maximum(run, view):
 
 def test_fleet_runs_are_recognized_and_small_ones_keep_the_run_wide_timeline(run):
     assert panel.is_fleet(run) and panel.one_lane_each(run)  # 8 processes: <= 16
+
+
+def test_a_live_run_gets_a_new_fleet_view_when_its_events_grow(tmp_path):
+    """The panel's cache is per run version: a phase appended to a process's events shows on the next refresh."""
+    import json
+
+    from dashboards.live_run import LiveRun
+    run_dir = write_fleet_run(tmp_path / "run", hosts=1, gpus=2, minutes=0.5)
+    live = LiveRun(run_dir)
+    before = live.memo("fleet", panel.compute)
+    assert live.memo("fleet", panel.compute) is before  # no new data: the same object, nothing recomputed
+    events = sorted(run_dir.glob("*.events.jsonl"))[0]
+    last = json.loads(events.read_text().splitlines()[-1])
+    t, stats = last["t"] + 1.0, {"peak": 70 * 1024 ** 3, "floor": 0, "first": 0, "last": 0}
+    base = {"name": "eval", "pid": last["pid"], "host": last["host"], "id": 10_000, "parent": None}
+    summary = {"rows": 1, "t_first": t, "t_last": t + 0.5, "series": {"gpu0_reserved": stats}}
+    with events.open("a") as f:
+        f.write(json.dumps({"t": t, "kind": "begin", **base, "attrs": {"rollout_id": 99}}) + "\n")
+        f.write(json.dumps({"t": t + 0.5, "kind": "end", **base, "attrs": {"status": "ok", "summary": summary}}) + "\n")
+    assert live.refresh()
+    after = live.memo("fleet", panel.compute)
+    assert after is not before and len(after.matrix.columns) == len(before.matrix.columns) + 1
+    assert "#99 eval" in set(after.matrix.columns["label"])
