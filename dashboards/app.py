@@ -19,7 +19,7 @@ from werkzeug.exceptions import HTTPException
 
 from dashboards.hosts import HostPolicy
 from dashboards.live_run import RunCache
-from dashboards.panels import checks, compare, phases, runs, timeline
+from dashboards.panels import checks, compare, fleet, phases, runs, timeline
 from dashboards.paths import LogRoot
 from dashboards.runs import list_runs
 
@@ -50,13 +50,14 @@ def create_app(log_dir: str | Path, poll_ms: int = 1000, preload: bool = True,
         html.Div(className="page-body", children=[
             html.Aside(className="page-side", children=[runs.layout(), compare.picker_layout()]),
             html.Main(className="page-main", children=[
+                fleet.layout(),
                 timeline.layout(),
                 html.Div(className="page-panels", children=[checks.layout(), phases.layout()]),
                 compare.layout(),
             ]),
         ]),
     ])
-    for panel in (runs, timeline, checks, phases, compare):
+    for panel in (runs, fleet, timeline, checks, phases, compare):
         panel.register(app, state)
     app.server.register_error_handler(Exception, _refuse_request)
     app.server.before_request(lambda: _refuse_foreign_host(hosts))
@@ -74,7 +75,9 @@ def preload_default_run(state: State) -> None:
     started = time.perf_counter()
     try:
         live_run = state.cache.get(run_id)
-        live_run.memo("timeline-full", lambda run: timeline.build_figure(run, run_id, None))
+        fleet.preload(live_run)  # first: a fleet run's page opens on it
+        if fleet.one_lane_each(live_run.current):  # else the fleet view replaces the run-wide timeline
+            live_run.memo("timeline-full", lambda run: timeline.build_figure(run, run_id, None))
         live_run.memo("checks", checks.compute)
         live_run.memo("phases-False", lambda run: phases.compute(run, False))
     except Exception as exc:  # noqa: BLE001 - the page shows the error when it asks for the run

@@ -14,6 +14,7 @@ from dash import ClientsideFunction, Input, Output, State, ctx, dcc, html
 from dash.exceptions import PreventUpdate
 
 from dashboards.messages import describe, message
+from dashboards.panels.fleet import one_lane_each
 from miles_profile.report.figures import run_start, timeline_figure
 
 FOCUS_PAD = 0.15  # share of a check's span shown on each side of it
@@ -153,6 +154,9 @@ def register(app, state) -> None:
             live_run.refresh()  # every redraw shows the newest samples
         except Exception as exc:  # noqa: BLE001 - every failure becomes a message in the page
             return _blank(), None, None, "", message(describe(exc))
+        if not one_lane_each(live_run.current):
+            return (_blank(), None, None, "", message(
+                f"{len(live_run.current.processes):,} processes: see the fleet view and its lanes above.", "info"))
         planned = plan_window(run_id, live_run.version, zoom, focus, view, rendered, triggers,
                               lambda z: window_from_zoom(z, live_run.current))
         if planned is None:
