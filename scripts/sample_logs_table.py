@@ -1,10 +1,12 @@
 """The README's table of the H200 configurations, read from their logs (never typed by hand).
 
     python scripts/sample_logs_table.py sample_logs/h200                  # print markdown
-    python scripts/sample_logs_table.py sample_logs/h200 --update README.md  # replace the marked block
+    python scripts/sample_logs_table.py sample_logs/h200 sample_logs/h200-tms --update README.md
 
-Per configuration: device peaks (NVML used, allocator true peak), host RSS peak, seconds per rollout,
-check verdicts; then each phase's allocator peak per configuration; then what colocation bought.
+Per configuration (and, with several log directories, per directory side by side: the memory
+backend): device peaks (NVML used, allocator true peak), host RSS peak, seconds per rollout, check
+verdicts; then each phase's allocator peak per configuration of the first directory; then what
+colocation bought.
 """
 from __future__ import annotations
 
@@ -53,17 +55,21 @@ def verdicts(run) -> str:
     return f"{passed} pass" + (f", **fail: {', '.join(failed)}**" if failed else ", 0 fail")
 
 
-def tables(root: Path) -> str:
-    runs = [(p.name, mp.load(p)) for p in sorted(find_runs(root), key=lambda p: p.name)]
-    lines = ["| configuration | NVML used peak (GiB) | allocator peak (GiB) | host RSS peak (GiB) | s / rollout | checks |",
-             "|---|---|---|---|---|---|"]
-    for name, run in runs:
+def tables(roots: list[Path]) -> str:
+    sets = [(root.name, [(p.name, mp.load(p)) for p in sorted(find_runs(root), key=lambda p: p.name)])
+            for root in roots]
+    runs = sets[0][1]
+    lines = ["| configuration | logs | NVML used peak (GiB) | allocator peak (GiB) | host RSS peak (GiB) | s / rollout | checks |",
+             "|---|---|---|---|---|---|---|"]
+    rows = sorted(((name, i, label, run) for i, (label, set_runs) in enumerate(sets) for name, run in set_runs),
+                  key=lambda row: row[:2])  # each configuration's directories side by side
+    for name, _, label, run in rows:
         s = run.samples
-        lines.append(f"| {name} | {gib(peak(s, 'gpu0_used'))} | {gib(peak(s, 'gpu0_alloc_peak'))} | "
+        lines.append(f"| {name} | {label} | {gib(peak(s, 'gpu0_used'))} | {gib(peak(s, 'gpu0_alloc_peak'))} | "
                      f"{gib(peak(s, 'rss_peak'))} | {seconds_per_rollout(run):.2f} | {verdicts(run)} |")
     peaks = {name: phase_peaks(run) for name, run in runs}
     shown = [p for p in PHASES if any(p in v for v in peaks.values())]
-    lines += ["", "Allocator true peak per phase (GiB):", "",
+    lines += ["", f"Allocator true peak per phase (GiB), {sets[0][0]}:", "",
               "| phase | " + " | ".join(name for name, _ in runs) + " |", "|---|" + "---|" * len(runs)]
     for phase in shown:
         lines.append(f"| {phase} | " + " | ".join(gib(peaks[name].get(phase, np.nan)) for name, _ in runs) + " |")
@@ -92,7 +98,7 @@ def colocation(runs) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("logs", type=Path)
+    parser.add_argument("logs", type=Path, nargs="+", help="directories of configurations (several: side by side)")
     parser.add_argument("--update", type=Path, metavar="README", help=f"replace the block between {START} and {END}")
     args = parser.parse_args(argv)
     text = tables(args.logs)
