@@ -42,11 +42,28 @@ class Run:
     warnings: list[str] = field(default_factory=list)
     directories: list[Path] = field(default_factory=list)  # every directory of the run (several hosts)
 
+    # Samples were read only for these pids (None: all of them); see load_run(sample_pids=...).
+    sample_pids: frozenset | None = None
+
     # Host-level data (host_sampler.py), read on first use: whole-run analysis may never need it.
+    # The per-process GPU rows (millions on a 64-host run) are read apart from the host rows.
     @cached_property
     def _host_data(self) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
         from miles_profile.logdir.host_reader import host_frames
-        return host_frames(self.directories, self.warnings)
+        return host_frames(self.directories, self.warnings, procs=False)
+
+    @cached_property
+    def _gpu_procs(self) -> pd.DataFrame:
+        from miles_profile.logdir.host_reader import host_frames
+        return host_frames(self.directories, self.warnings, samples=False)[2]
+
+    def gpu_procs_of(self, hosts) -> pd.DataFrame:
+        """`gpu_procs` of some hosts only: reads just their files (unless all were read already)."""
+        if "_gpu_procs" in self.__dict__:
+            procs = self._gpu_procs
+            return procs[procs["host"].astype(str).isin([str(h) for h in hosts])]
+        from miles_profile.logdir.host_reader import host_frames
+        return host_frames(self.directories, self.warnings, samples=False, only_hosts=hosts)[2]
 
     @property
     def host_samples(self) -> pd.DataFrame:
@@ -61,7 +78,7 @@ class Run:
     @property
     def gpu_procs(self) -> pd.DataFrame:
         """t, host, gpu_uuid, pid, bytes: every process NVML listed on each GPU at each host sample."""
-        return self._host_data[2]
+        return self._gpu_procs
 
     @cached_property
     def hosts(self) -> list[dict[str, Any]]:
@@ -162,9 +179,11 @@ def resolve_runs(paths: tuple[str | Path, ...]) -> list[tuple[Path, dict[str, An
     return sorted(found.items(), key=lambda item: (item[1].get("start_time") or 0, str(item[0])))
 
 
-def load_run(*paths: str | Path) -> Run:
+def load_run(*paths: str | Path, sample_pids=None) -> Run:
     """One run from one or more directories: a run directory, the log dir above it, or the directories
-    that the hosts of one run wrote (same run id), merged."""
+    that the hosts of one run wrote (same run id), merged. `sample_pids`: read the samples of these
+    pids only (an empty set: none; the metas, events and phase summaries are read all the same), for a
+    whole-fleet view that reads samples only for the timelines it shows; `with_samples` adds them."""
     dirs = resolve_runs(paths)
     run_dir, meta = dirs[0]
     if len(dirs) > 1:
@@ -175,7 +194,7 @@ def load_run(*paths: str | Path) -> Run:
         found = [_read_json(p, "process meta") for p in sorted(folder.glob(f"*{PROCESS_META_SUFFIX}"))]
         processes += found
         finished = {p.get("stem") for p in found if p.get("end_time")}
-        sample_frames.append(_read_all_samples(folder, warnings, finished))
+        sample_frames.append(_read_all_samples(folder, warnings, finished, sample_pids))
         event_frames.append(_read_all_events(folder, warnings))
     samples = sample_frames[0] if len(sample_frames) == 1 else _merge_samples(sample_frames)
     events = event_frames[0] if len(event_frames) == 1 else events_frame(
@@ -185,7 +204,26 @@ def load_run(*paths: str | Path) -> Run:
     outside = [p["pid"] for p in processes if p.get("role") == "exec_parent"]
     if outside and len(samples):
         samples = _fill_phases_from_timeline(samples, events, outside)
-    return Run(run_dir, meta, processes, samples, events, phases, warnings, [d for d, _ in dirs])
+    return Run(run_dir, meta, processes, samples, events, phases, warnings, [d for d, _ in dirs],
+               None if sample_pids is None else frozenset(sample_pids))
+
+
+def with_samples(run: Run, pids=None) -> Run:
+    """The run with the samples of `pids` (None: every process) read in, replacing those it had;
+    events, phases and host data already read are kept, not read again."""
+    warnings: list[str] = []
+    finished = {p.get("stem") for p in run.processes if p.get("end_time")}
+    frames = [_read_all_samples(folder, warnings, finished, pids) for folder in run.directories]
+    samples = frames[0] if len(frames) == 1 else _merge_samples(frames)
+    outside = [p["pid"] for p in run.processes if p.get("role") == "exec_parent"]
+    if outside and len(samples):
+        samples = _fill_phases_from_timeline(samples, run.events, outside)
+    new = Run(run.path, run.meta, run.processes, samples, run.events, run.phases, run.warnings + warnings,
+              run.directories, None if pids is None else frozenset(pids))
+    for cached in ("_host_data", "_gpu_procs", "hosts", "phase_summaries"):
+        if cached in run.__dict__:
+            new.__dict__[cached] = run.__dict__[cached]
+    return new
 
 
 def _merge_samples(frames: list[pd.DataFrame]) -> pd.DataFrame:
@@ -345,9 +383,12 @@ def _read_samples_slowly(data, header: list[str], path: Path, warnings: list[str
     return frame
 
 
-def _read_all_samples(run_dir: Path, warnings: list[str], finished: set | frozenset = frozenset()) -> pd.DataFrame:
+def _read_all_samples(run_dir: Path, warnings: list[str], finished: set | frozenset = frozenset(),
+                      pids=None) -> pd.DataFrame:
     frames = []
     for path in sorted(run_dir.glob(f"*{SAMPLES_SUFFIX}")):
+        if pids is not None and _pid_of(path, SAMPLES_SUFFIX) not in pids:
+            continue
         frame = _read_samples_cached(path, warnings, path.name[: -len(SAMPLES_SUFFIX)] in finished)
         if frame is not None and len(frame):
             frame = _clean_times(frame, warnings, path.name)
