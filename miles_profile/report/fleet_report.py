@@ -153,6 +153,11 @@ def lane_figure(run, table: pd.DataFrame, lane: dict, *, max_points: int = 20_00
                 others[label] = _reduced(rows_["t"].to_numpy(float), rows_["bytes"].to_numpy(float), n)
     total = float(lane["total"]) if np.isfinite(lane["total"]) else None
     what = f"{lane['label']} — ranks {lane['ranks'] or '?'} ({lane['roles'] or '?'})"
+    stacked = sum(float(np.nanmax(y)) for _, y in {**series, **others}.values() if np.isfinite(y).any())
+    if total is not None and not on_gpu and stacked < 0.25 * total:
+        # a host's total dwarfs a few ranks' RSS: name it rather than flatten the stack under it
+        what += f" · host total {total / 1024 ** 3:.1f} GiB (not drawn)"
+        total = None
     return fleet_figures.gpu_process_stack({**series, **others}, used, device_total=total, t0=run_start(run),
                                            title=what)
 
@@ -202,12 +207,34 @@ def per_process_checks(run, thresholds: checks_mod.Thresholds | None = None) -> 
 
 
 _ORDER = {"fail": 0, "pass": 1, "n/a": 2}
+# How close a finding came to failing, from the numbers checks.py records: (value, limit) pairs where
+# more is worse, and the offload drop where less dropped is worse.
+_RATIOS = (("growth", "limit"), ("spike", "limit"), ("resident", "limit"), ("rise", "allowed"),
+           ("growth", "weights_bytes"), ("share", None))
+
+
+def _severity(finding: checks_mod.Finding) -> float:
+    n = finding.numbers
+    if "needed" in n and "dropped_inside" in n:
+        return float(n["needed"]) / max(float(n["dropped_inside"]), 1.0)
+    for value, limit in _RATIOS:
+        if value in n:
+            v = float(n[value]) if limit is None else float(n[value]) / max(float(n.get(limit) or 0), 1.0)
+            if np.isfinite(v):
+                return v
+    return -np.inf
+
+
+def _worst_key(item) -> tuple:
+    result = item[1]
+    judged = [f for f in result.findings if f.status != "n/a"]
+    return (_ORDER[result.status], -sum(f.status == "fail" for f in judged),
+            -max((_severity(f) for f in judged), default=-np.inf))
 
 
 def _aggregate(items: list, n_judged: int, n_total: int) -> checks_mod.CheckResult:
     first = items[0][1]
-    worst_meta, worst = min(items, key=lambda it: (_ORDER[it[1].status],
-                                                   -sum(f.status == "fail" for f in it[1].findings)))
+    worst_meta, worst = min(items, key=_worst_key)
     statuses = [r.status for _, r in items]
     status = "fail" if "fail" in statuses else ("pass" if "pass" in statuses else "n/a")
     roles = pd.Series([m.get("role") or "process" for m, _ in items]).value_counts()
@@ -216,7 +243,10 @@ def _aggregate(items: list, n_judged: int, n_total: int) -> checks_mod.CheckResu
     head = f"{failing} of {n_judged} processes fail" if failing else f"judged {n_judged} processes"
     unread = f"; {n_total - n_judged} more not judged here (samples not read: outside the lanes shown)" \
         if n_total > n_judged else ""
-    summary = f"{head} ({counted}){unread}; worst {_label(worst_meta)}: {worst.summary}"
+    if status == "n/a":
+        summary = f"not judged in any of {n_judged} processes ({counted}){unread}; {_label(worst_meta)}: {worst.summary}"
+    else:
+        summary = f"{head} ({counted}){unread}; worst {_label(worst_meta)}: {worst.summary}"
     findings = []
     for meta, result in items:
         for f in result.findings:
@@ -244,7 +274,12 @@ def fleet_html(view: FleetView, k: int, t0: float) -> str:
     """The Fleet section: heatmap, ranked outliers (each a link to its lane at that phase), lanes."""
     if view.matrix is None:
         return '<p class="muted">No phases: nothing to compare across processes.</p>'
-    heat = fleet_figures.fleet_heatmap(view.matrix).to_html(full_html=False, include_plotlyjs=False,
+    heatmap = fleet_figures.fleet_heatmap(view.matrix)
+    top = float(np.nanmax(view.matrix.fraction)) if np.isfinite(view.matrix.fraction).any() else 1.0
+    if 0 < top < 0.5:  # e.g. ranks' RSS against a host's total: scale the colours to what is there
+        heatmap.update_traces(zmax=top, colorbar_tickformat=".1%")
+        heatmap.update_layout(title_text=heatmap.layout.title.text + f" (colours up to the highest share, {top:.1%})")
+    heat = heatmap.to_html(full_html=False, include_plotlyjs=False,
                                                             div_id=f"fleet-heatmap-{k}", config=_CONFIG)
     position = {lane: i for i, lane in enumerate(view.picked)}
     rows = []
