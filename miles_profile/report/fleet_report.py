@@ -240,7 +240,7 @@ def _aggregate(items: list, n_judged: int, n_total: int) -> checks_mod.CheckResu
     roles = pd.Series([m.get("role") or "process" for m, _ in items]).value_counts()
     counted = ", ".join(f"{v} {k}" for k, v in roles.items())
     failing = statuses.count("fail")
-    head = f"{failing} of {n_judged} processes fail" if failing else f"judged {n_judged} processes"
+    head = f"judged {n_judged} processes, {failing} fail" if failing else f"judged {n_judged} processes"
     unread = f"; {n_total - n_judged} more not judged here (samples not read: outside the lanes shown)" \
         if n_total > n_judged else ""
     if status == "n/a":
