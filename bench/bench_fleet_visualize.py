@@ -178,7 +178,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for size in args.sizes:
             started = time.perf_counter()
-            run_dir = write_run(root / f"p{size}", size, args.minutes)
+            run_dir = root / f"p{size}" / f"run-{size}"
+            if not (run_dir / "meta.json").is_file():  # --dir --keep: a run written before is reused
+                run_dir = write_run(root / f"p{size}", size, args.minutes)
             written = time.perf_counter() - started
             result = measure(run_dir, args.lanes)
             result.update(processes=size, write_s=written)
