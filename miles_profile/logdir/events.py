@@ -157,3 +157,35 @@ def parse_event_line(line: bytes | str, default_pid: int, problems: EventProblem
         return None
     _clean_attrs(event["attrs"], problems)
     return event
+
+
+def parse_event_lines(data: bytes, default_pid: int, problems: EventProblems) -> list[dict]:
+    """Every event of a file's bytes, as `parse_event_line` gives them line by line. A file of plain
+    lines (each `_plainly_shallow`, none empty, the last one complete) is parsed in one json call:
+    at 1,024 processes the per-line calls cost seconds."""
+    lines = data.split(b"\n")
+    complete = bool(lines) and lines[-1] == b""
+    body = lines[:-1] if complete else lines
+    if complete and body and all(line and _plainly_shallow(line) for line in body):
+        try:
+            events = json.loads(b"[" + b",".join(body) + b"]")
+        except (ValueError, RecursionError):
+            events = None
+        if events is not None and all(isinstance(e, dict) for e in events):
+            out = []
+            for event in events:
+                reason = _structure_problem(event, default_pid, True)
+                if reason:
+                    problems.line(reason)
+                    continue
+                _clean_attrs(event["attrs"], problems)
+                out.append(event)
+            return out
+    out = []
+    for k, line in enumerate(lines):
+        if k == len(lines) - 1 and line == b"":
+            break
+        event = parse_event_line(line + b"\n" if k < len(lines) - 1 else line, default_pid, problems)
+        if event is not None:
+            out.append(event)
+    return out

@@ -22,7 +22,7 @@ import pyarrow.csv as pacsv
 
 from miles_profile import names
 from miles_profile.errors import MilesProfileError
-from miles_profile.logdir.events import EventProblems, parse_event_line
+from miles_profile.logdir.events import EventProblems, parse_event_lines
 from miles_profile.logdir.layout import (
     EVENTS_SUFFIX, FORMAT_VERSION, PROCESS_META_SUFFIX, RUN_META, SAMPLES_SUFFIX, find_runs,
 )
@@ -421,13 +421,11 @@ def _clean_times(samples: pd.DataFrame, warnings: list[str], source: str) -> pd.
 def _read_all_events(run_dir: Path, warnings: list[str]) -> pd.DataFrame:
     rows, problems = [], EventProblems()
     for path in sorted(run_dir.glob(f"*{EVENTS_SUFFIX}")):
-        with open(path, "rb") as file:
-            for line in file:
-                event = parse_event_line(line, _pid_of(path, EVENTS_SUFFIX), problems)
-                if event is not None:
-                    if not isinstance(event.get("host"), str):
-                        event["host"] = path.name[: -len(EVENTS_SUFFIX)].rsplit("-", 1)[0]
-                    rows.append(event)
+        host = path.name[: -len(EVENTS_SUFFIX)].rsplit("-", 1)[0]
+        for event in parse_event_lines(path.read_bytes(), _pid_of(path, EVENTS_SUFFIX), problems):
+            if not isinstance(event.get("host"), str):
+                event["host"] = host
+            rows.append(event)
     warnings.extend(problems.warnings())
     return events_frame(rows)
 
