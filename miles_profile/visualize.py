@@ -43,18 +43,24 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _thresholds(pairs: list[str]):
+    """(Thresholds, FleetThresholds) with the NAME=VALUE overrides (a name both have sets both)."""
     from miles_profile.report.checks import Thresholds
-    th = Thresholds()
+    from miles_profile.report.fleet_checks import FleetThresholds
+    found = [Thresholds(), FleetThresholds()]
+    known = list(dict.fromkeys(Thresholds.names() + FleetThresholds.names()))
     for pair in pairs:
         name, _, value = pair.partition("=")
-        if name not in Thresholds.names() or not value:
-            raise MilesProfileError(f"unknown threshold {pair!r}; known: {', '.join(Thresholds.names())}")
-        kind = type(getattr(th, name))
-        try:
-            th = replace(th, **{name: kind(float(value)) if kind is int else kind(value)})
-        except ValueError:
-            raise MilesProfileError(f"threshold {name} needs a number, got {value!r}") from None
-    return th
+        if name not in known or not value:
+            raise MilesProfileError(f"unknown threshold {pair!r}; known: {', '.join(known)}")
+        for k, target in enumerate(found):
+            if name not in type(target).names():
+                continue
+            kind = type(getattr(target, name))
+            try:
+                found[k] = replace(target, **{name: kind(float(value)) if kind is int else kind(value)})
+            except ValueError:
+                raise MilesProfileError(f"threshold {name} needs a number, got {value!r}") from None
+    return found[0], found[1]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -66,10 +72,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         from miles_profile.report.build import VisualizeOptions, visualize
+        thresholds, fleet_thresholds = _thresholds(args.threshold)
         options = VisualizeOptions(
             paths=[p for p in [*args.path, *args.compare] if p], output=args.output, png=args.png,
             trace=args.trace, json=args.json, csv=args.csv, check=args.check,
-            thresholds=_thresholds(args.threshold), max_points=max(1000, args.max_points), lanes=args.lanes)
+            thresholds=thresholds, fleet_thresholds=fleet_thresholds, max_points=max(1000, args.max_points),
+            lanes=args.lanes)
         return visualize(options)
     except MilesProfileError as exc:
         print(f"miles_profile.visualize: error: {exc}", file=sys.stderr)

@@ -33,6 +33,7 @@ class VisualizeOptions:
     check: bool = True
     thresholds: Thresholds = field(default_factory=Thresholds)
     max_points: int = 100_000
+    fleet_thresholds: object | None = None  # fleet_checks.FleetThresholds; None: the defaults
     lanes: str | None = None  # a multi-process run's per-GPU timelines (fleet.select_lanes); None: worst:8
 
 
@@ -139,7 +140,8 @@ def visualize(options: VisualizeOptions, echo: Callable[[str], None] = print) ->
     with _progress(len(runs) * 4, "reporting") as bar:
         for run in runs:
             reports.append(build_run_report(run, thresholds=options.thresholds, check=options.check,
-                                            max_points=options.max_points, progress=bar, lanes=options.lanes))
+                                            max_points=options.max_points, progress=bar, lanes=options.lanes,
+                                            fleet_thresholds=options.fleet_thresholds))
     runs = [r.run for r in reports]  # with the samples the reports read
     comparison = comparison_html(runs, max_points=options.max_points) if len(runs) > 1 else None
     output = Path(options.output) if options.output else default_output(options.paths)

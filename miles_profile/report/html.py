@@ -41,7 +41,8 @@ class RunReport:
 
 
 def build_run_report(run, *, thresholds: checks_mod.Thresholds | None = None, check: bool = True,
-                     max_points: int = 100_000, progress=None, lanes: str | None = None) -> RunReport:
+                     max_points: int = 100_000, progress=None, lanes: str | None = None,
+                     fleet_thresholds=None) -> RunReport:
     """Statistics, checks and the timeline of one run. `progress`: a tqdm bar advanced by 4 steps.
     A run of many processes (fleet_report.is_fleet) gets the fleet view instead of the one timeline,
     its per-process checks judge every actor/engine process and the fleet checks are added; `lanes`
@@ -55,7 +56,7 @@ def build_run_report(run, *, thresholds: checks_mod.Thresholds | None = None, ch
 
     view = None
     if fleet_report.is_fleet(run):
-        view = fleet_report.build_fleet(run, lanes, max_points=max_points, check=check)
+        view = fleet_report.build_fleet(run, lanes, max_points=max_points, check=check, thresholds=fleet_thresholds)
         run = view.run
     elif run.samples.empty and getattr(run, "sample_pids", None) is not None:
         from miles_profile.logdir.reader import with_samples
