@@ -108,3 +108,26 @@ def test_lanes_option_and_lazy_samples(fleet_run, tmp_path, monkeypatch, capsys)
     assert visualize.main([str(fleet_run), "-o", str(tmp_path / "r.html"), "--lanes", "rank:7"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "matches no lane" in err
+
+
+@pytest.mark.browser
+def test_outlier_link_zooms_its_lane_offline(fleet_run, tmp_path, browser):
+    out = tmp_path / "r.html"
+    visualize.main([str(fleet_run), "-o", str(out)])
+    page = browser.new_page(viewport={"width": 1300, "height": 900})
+    requests = []
+    page.route("http://*/**", lambda route: (requests.append(route.request.url), route.abort()))
+    page.route("https://*/**", lambda route: (requests.append(route.request.url), route.abort()))
+    errors = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    page.goto(out.as_uri())
+    page.wait_for_selector("#lane-fig-0-1 .main-svg", timeout=30_000)
+    link = page.locator("a.lane-link").first
+    target, t0, t1 = (link.get_attribute(a) for a in ("data-target", "data-t0", "data-t1"))
+    link.click()
+    page.wait_for_timeout(300)
+    shown = page.evaluate(f"() => document.getElementById('{target}').layout.xaxis.range")
+    assert shown[0] < float(t0) < float(t1) < shown[1] and shown[1] - shown[0] < 3 * (float(t1) - float(t0)) + 1.1
+    assert page.evaluate("() => location.hash") == "#" + target.replace("lane-fig-", "lane-")
+    assert not errors and not requests
+    page.close()
