@@ -42,7 +42,10 @@ ITERATIONS = 30
 
 
 def _write_csv(path: Path, columns: dict) -> None:
-    pacsv.write_csv(pa.table(columns), str(path), pacsv.WriteOptions(quoting_style="none"))
+    """As the recorder writes: a plain header line (pyarrow would quote it), then the rows."""
+    with pa.OSFile(str(path), "wb") as sink:
+        sink.write((",".join(columns) + "\n").encode())
+        pacsv.write_csv(pa.table(columns), sink, pacsv.WriteOptions(quoting_style="none", include_header=False))
 
 
 def _levels(rows, t: np.ndarray, ctx: float) -> np.ndarray:

@@ -131,3 +131,29 @@ def test_outlier_link_zooms_its_lane_offline(fleet_run, tmp_path, browser):
     assert page.evaluate("() => location.hash") == "#" + target.replace("lane-fig-", "lane-")
     assert not errors and not requests
     page.close()
+
+
+def test_used_from_host_samples_and_proc_from_gpu_procs(tmp_path):
+    """A GPU run in the real format (bench writer: 1 host x 8 GPUs, actor + engine each): NVML used per
+    phase window comes from host.csv, and proc from gpu_procs.csv once the summaries lack it."""
+    from bench.bench_fleet_visualize import write_run
+    run_dir = write_run(tmp_path, 16, minutes=4.0)
+    run = mp.load(run_dir)
+    table = phase_table(run)
+    assert len(set(table["gpu_uuid"])) == 8 and (table["gpu_total"] == 80 * 1024 ** 3).all()
+    gpus = run.gpu_samples
+    for row in table.sample(40, random_state=0).itertuples():
+        mine = gpus[(gpus["gpu_uuid"] == row.gpu_uuid) & (gpus["t"] > row.t0) & (gpus["t"] <= row.t1)]
+        np.testing.assert_equal([row.used_peak, row.used_floor], [mine["used"].max(), mine["used"].min()])
+    # without summaries and samples of their own, proc comes from NVML's per-process rows
+    from miles_profile.logdir.reader import load_run
+    bare = load_run(run_dir, sample_pids=set())
+    bare.__dict__["phase_summaries"] = bare.phase_summaries.iloc[:0]
+    nvml = phase_table(bare)
+    procs = run.gpu_procs
+    for row in nvml.sample(40, random_state=1).itertuples():
+        mine = procs[(procs["pid"] == row.pid) & (procs["t"] > row.t0) & (procs["t"] <= row.t1)]
+        np.testing.assert_equal([row.proc_peak, row.proc_last],
+                                [mine["bytes"].max(), mine["bytes"].iloc[-1] if len(mine) else np.nan])
+    assert table["used_peak"].notna().mean() > 0.5 and nvml["proc_peak"].notna().mean() > 0.5
+    assert nvml["rss_peak"].isna().all()  # no samples read, no summaries: nothing invented
