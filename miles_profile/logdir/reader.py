@@ -57,11 +57,22 @@ class Run:
         from miles_profile.logdir.host_reader import host_frames
         return host_frames(self.directories, self.warnings, samples=False)[2]
 
+    @cached_property
+    def gpu_used(self) -> dict[tuple[str, str], tuple[np.ndarray, np.ndarray]]:
+        """{(host, gpu_uuid): (t, used)}: NVML used of each GPU as arrays (the data of `gpu_samples`,
+        read from the wide files without building the long frame; see host_reader.gpu_used_arrays)."""
+        if "_host_data" in self.__dict__:  # already read as a frame: split it rather than read again
+            g = self.gpu_samples
+            return {(str(h), str(u)): (f["t"].to_numpy(float), f["used"].to_numpy(float))
+                    for (h, u), f in g.groupby(["host", "gpu_uuid"], sort=False, observed=True)}
+        from miles_profile.logdir.host_reader import gpu_used_arrays
+        return gpu_used_arrays(self.directories, self.warnings)
+
     def gpu_procs_of(self, hosts) -> pd.DataFrame:
         """`gpu_procs` of some hosts only: reads just their files (unless all were read already)."""
         if "_gpu_procs" in self.__dict__:
             procs = self._gpu_procs
-            return procs[procs["host"].astype(str).isin([str(h) for h in hosts])]
+            return procs[procs["host"].isin([str(h) for h in hosts])]
         from miles_profile.logdir.host_reader import host_frames
         return host_frames(self.directories, self.warnings, samples=False, only_hosts=hosts)[2]
 
@@ -220,7 +231,7 @@ def with_samples(run: Run, pids=None) -> Run:
         samples = _fill_phases_from_timeline(samples, run.events, outside)
     new = Run(run.path, run.meta, run.processes, samples, run.events, run.phases, run.warnings + warnings,
               run.directories, None if pids is None else frozenset(pids))
-    for cached in ("_host_data", "_gpu_procs", "hosts", "phase_summaries"):
+    for cached in ("_host_data", "_gpu_procs", "gpu_used", "hosts", "phase_summaries"):
         if cached in run.__dict__:
             new.__dict__[cached] = run.__dict__[cached]
     return new

@@ -137,11 +137,9 @@ def lane_figure(run, table: pd.DataFrame, lane: dict, *, max_points: int = 20_00
             drawn.add(pid)
     used, others = None, {}
     if on_gpu:
-        gpus = run.gpu_samples
-        if len(gpus):
-            mine = gpus[(gpus["host"].astype(str) == lane["host"]) & (gpus["gpu_uuid"].astype(str) == lane["gpu_uuid"])]
-            if len(mine):
-                used = _reduced(mine["t"].to_numpy(float), mine["used"].to_numpy(float), n)
+        device = run.gpu_used.get((lane["host"], lane["gpu_uuid"])) if hasattr(run, "gpu_used") else None
+        if device is not None and len(device[0]):
+            used = _reduced(device[0], device[1], n)
         procs = run.gpu_procs_of([lane["host"]]) if run.hosts else pd.DataFrame()
         if len(procs):
             mine = procs[procs["gpu_uuid"].astype(str) == lane["gpu_uuid"]]

@@ -15,7 +15,7 @@ Where each column comes from:
   summary (a version-1 log written before summaries, or a phase still open) gets the same four
   numbers computed from its process's samples with the same definition (rows with start < t <= end,
   the peak including `<c>_peak`); only those processes' samples are touched.
-- `used_*`, the device's NVML total, is read from the host sampler's GPU samples (`Run.gpu_samples`,
+- `used_*`, the device's NVML total, is read from the host sampler's GPU samples (`Run.gpu_used`,
   every 100 ms), not from summaries: a process's summaries carry `gpu{i}_used` only when it sampled
   NVML itself. `proc_*` falls back to the host sampler's per-process rows (`Run.gpu_procs`) where the
   process's summaries lack it. Both in one vectorized pass per GPU (or per process): a searchsorted
@@ -221,20 +221,15 @@ def _fill_from_samples(run, table: pd.DataFrame, info: dict) -> None:
 
 
 def _fill_used(run, table: pd.DataFrame) -> None:
-    gpus = run.gpu_samples
-    if gpus.empty:
-        return
     on_gpu = table["gpu_uuid"] != ""
     if not on_gpu.any():
         return
-    wanted = table[on_gpu].groupby(["host", "gpu_uuid"], sort=False).groups
-    for (host, uuid), series in gpus.groupby([gpus["host"].astype(str), gpus["gpu_uuid"].astype(str)],
-                                             sort=False, observed=True):
-        rows = wanted.get((host, uuid))
-        if rows is None:
+    used = run.gpu_used if hasattr(run, "gpu_used") else {}
+    for (host, uuid), rows in table[on_gpu].groupby(["host", "gpu_uuid"], sort=False).groups.items():
+        series = used.get((host, uuid))
+        if series is None:
             continue
-        t = series["t"].to_numpy(float)
-        stats = window_stats(t, series["used"].to_numpy(float), table.loc[rows, "t0"], table.loc[rows, "t1"])
+        stats = window_stats(series[0], series[1], table.loc[rows, "t0"], table.loc[rows, "t1"])
         for stat, values in zip(_STATS, stats):
             table.loc[rows, f"used_{stat}"] = values
 
@@ -245,16 +240,18 @@ def _fill_proc_from_nvml(run, table: pd.DataFrame) -> None:
     lacking &= table.groupby(["host", "pid"])["proc_peak"].transform("count").to_numpy() == 0
     if not lacking.any() or not run.hosts:
         return
-    procs = run.gpu_procs
-    if procs.empty:
-        return
-    wanted = table[lacking].groupby(["host", "gpu_uuid", "pid"], sort=False).groups
-    keys = [procs["host"].astype(str), procs["gpu_uuid"].astype(str), procs["pid"]]
-    for key, series in procs.groupby(keys, sort=False, observed=True):
-        rows = wanted.get((key[0], key[1], int(key[2])))
-        if rows is None:
+    # host by host: at 64 hosts all the per-process rows together are millions
+    for host, wanted_rows in table[lacking].groupby("host", sort=False).groups.items():
+        procs = run.gpu_procs_of([host]) if hasattr(run, "gpu_procs_of") else run.gpu_procs
+        if procs.empty:
             continue
-        stats = window_stats(series["t"].to_numpy(float), series["bytes"].to_numpy(float),
-                             table.loc[rows, "t0"], table.loc[rows, "t1"])
-        for stat, values in zip(_STATS, stats):
-            table.loc[rows, f"proc_{stat}"] = values
+        wanted = table.loc[wanted_rows].groupby(["gpu_uuid", "pid"], sort=False).groups
+        keys = [procs["gpu_uuid"].astype(str), procs["pid"]]
+        for (uuid, pid), series in procs[procs["host"] == host].groupby(keys, sort=False, observed=True):
+            rows = wanted.get((uuid, int(pid)))
+            if rows is None:
+                continue
+            stats = window_stats(series["t"].to_numpy(float), series["bytes"].to_numpy(float),
+                                 table.loc[rows, "t0"], table.loc[rows, "t1"])
+            for stat, values in zip(_STATS, stats):
+                table.loc[rows, f"proc_{stat}"] = values
