@@ -489,7 +489,7 @@ def _hosts(events: pd.DataFrame) -> list[str]:
     """The host of each event ("" where unknown: fakes, tails of old logs)."""
     if "host" not in events:
         return [""] * len(events)
-    return ["" if h is None or h != h else str(h) for h in events["host"]]
+    return ["" if h is None or h != h else str(h) for h in events["host"].tolist()]
 
 
 def _depths(phases: pd.DataFrame) -> list[int]:
