@@ -18,7 +18,6 @@ Up to 8 lanes are drawn whatever the spec; past that the fleet view plus the lan
 from __future__ import annotations
 
 import html
-import json
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -313,9 +312,16 @@ def fleet_html(view: FleetView, k: int, t0: float) -> str:
   <h4>Outliers</h4>
   {table}
   <h4>Lanes: {lanes_note}</h4>
-  <p class="muted small">Each process's own memory stacked (actor, engine, then other processes NVML lists on the
-  GPU), NVML's device used as a line and the total dashed; samples reduced keeping every peak.</p>
+  <p class="muted small">{_lanes_note(view)}</p>
   {''.join(figures)}"""
+
+
+def _lanes_note(view: FleetView) -> str:
+    if (view.lanes["kind"] == "gpu").any():
+        return ("Each process's own memory stacked (actor, engine, then other processes NVML lists on the GPU), "
+                "NVML's device used as a line and the device total dashed; samples reduced keeping every peak.")
+    return ("No GPU in this run: a lane is a rank's host memory, its processes' RSS stacked (actor, then engine); "
+            "samples reduced keeping every peak.")
 
 
 ZOOM_SCRIPT = """
@@ -335,7 +341,3 @@ def report_data(view: FleetView) -> dict:
     """What the report's JSON block says of the fleet (tests read it)."""
     return {"lanes": len(view.lanes), "picked": [str(x) for x in view.picked],
             "outliers": len(fleet_figures.outliers_table(view.outliers)) if view.outliers is not None else 0}
-
-
-def dumps(data) -> str:
-    return json.dumps(data).replace("</", "<\\/")
