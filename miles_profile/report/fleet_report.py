@@ -273,7 +273,8 @@ def fleet_html(view: FleetView, k: int, t0: float) -> str:
         return '<p class="muted">No phases: nothing to compare across processes.</p>'
     heatmap = fleet_figures.fleet_heatmap(view.matrix)
     top = float(np.nanmax(view.matrix.fraction)) if np.isfinite(view.matrix.fraction).any() else 1.0
-    if 0 < top < 0.5:  # e.g. ranks' RSS against a host's total: scale the colours to what is there
+    host_only = not (view.matrix.lanes["kind"] == "gpu").any()
+    if host_only and 0 < top < 0.5:  # ranks' RSS against a host's total: scale the colours to what is there
         heatmap.update_traces(zmax=top, colorbar_tickformat=".1%")
         heatmap.update_layout(title_text=heatmap.layout.title.text + f" (colours up to the highest share, {top:.1%})")
     heat = heatmap.to_html(full_html=False, include_plotlyjs=False,
