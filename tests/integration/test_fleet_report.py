@@ -157,3 +157,13 @@ def test_used_from_host_samples_and_proc_from_gpu_procs(tmp_path):
                                 [mine["bytes"].max(), mine["bytes"].iloc[-1] if len(mine) else np.nan])
     assert table["used_peak"].notna().mean() > 0.5 and nvml["proc_peak"].notna().mean() > 0.5
     assert nvml["rss_peak"].isna().all()  # no samples read, no summaries: nothing invented
+
+
+def test_one_process_runs_report_as_before(tmp_path, capsys):
+    """sample_logs: one process per run, no fleet section, the verdicts as they were (exit 0)."""
+    from tests.conftest import REPO
+    assert visualize.main([str(REPO / "sample_logs" / "h200"), "-o", str(tmp_path / "r.html")]) == 0
+    printed = capsys.readouterr().out
+    assert "judged" not in printed and "rank_imbalance" not in printed
+    page = (tmp_path / "r.html").read_text()
+    assert 'id="fleet' not in page and 'id="timeline-0"' in page
