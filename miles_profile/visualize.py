@@ -1,4 +1,5 @@
 """python -m miles_profile.visualize D [-o report.html] [--png F] [--trace F] [--json F] [--csv F] [--no-check]
+                                     [--lanes SPEC]
 
 Writes a self-contained HTML report of the run(s) in D (a run directory, a directory of runs, or a
 Miles CPU-profiler CSV), prints the check verdicts and exits 0 (all pass or n/a), 1 (a check
@@ -33,24 +34,33 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--no-check", dest="check", action="store_false", help="skip the checks (exit 0)")
     parser.add_argument("--threshold", action="append", default=[], metavar="NAME=VALUE",
                         help="override a check threshold, e.g. offload_min_drop_share=0.8 (see docs/checks.md)")
+    parser.add_argument("--lanes", metavar="SPEC",
+                        help="for a run of many processes: which GPUs (lanes) get a timeline, e.g. rank:0-7, "
+                             "host:node3, worst:5, gpu:GPU-1a2b, comma-combined (default: all up to 8, else worst:8)")
     parser.add_argument("--max-points", type=int, default=100_000,
                         help="points per figure after peak-preserving reduction (default: %(default)s)")
     return parser
 
 
 def _thresholds(pairs: list[str]):
+    """(Thresholds, FleetThresholds) with the NAME=VALUE overrides (a name both have sets both)."""
     from miles_profile.report.checks import Thresholds
-    th = Thresholds()
+    from miles_profile.report.fleet_checks import FleetThresholds
+    found = [Thresholds(), FleetThresholds()]
+    known = list(dict.fromkeys(Thresholds.names() + FleetThresholds.names()))
     for pair in pairs:
         name, _, value = pair.partition("=")
-        if name not in Thresholds.names() or not value:
-            raise MilesProfileError(f"unknown threshold {pair!r}; known: {', '.join(Thresholds.names())}")
-        kind = type(getattr(th, name))
-        try:
-            th = replace(th, **{name: kind(float(value)) if kind is int else kind(value)})
-        except ValueError:
-            raise MilesProfileError(f"threshold {name} needs a number, got {value!r}") from None
-    return th
+        if name not in known or not value:
+            raise MilesProfileError(f"unknown threshold {pair!r}; known: {', '.join(known)}")
+        for k, target in enumerate(found):
+            if name not in type(target).names():
+                continue
+            kind = type(getattr(target, name))
+            try:
+                found[k] = replace(target, **{name: kind(float(value)) if kind is int else kind(value)})
+            except ValueError:
+                raise MilesProfileError(f"threshold {name} needs a number, got {value!r}") from None
+    return found[0], found[1]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -62,10 +72,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         from miles_profile.report.build import VisualizeOptions, visualize
+        thresholds, fleet_thresholds = _thresholds(args.threshold)
         options = VisualizeOptions(
             paths=[p for p in [*args.path, *args.compare] if p], output=args.output, png=args.png,
             trace=args.trace, json=args.json, csv=args.csv, check=args.check,
-            thresholds=_thresholds(args.threshold), max_points=max(1000, args.max_points))
+            thresholds=thresholds, fleet_thresholds=fleet_thresholds, max_points=max(1000, args.max_points),
+            lanes=args.lanes)
         return visualize(options)
     except MilesProfileError as exc:
         print(f"miles_profile.visualize: error: {exc}", file=sys.stderr)

@@ -80,7 +80,20 @@ def _shape_problem(value: Any) -> str | None:
     return None
 
 
-def _structure_problem(event: dict, default_pid: int) -> str | None:
+def _plainly_shallow(line: bytes | str) -> bool:
+    """A line that can be neither too deep nor hold a lone surrogate, so the walk over every value
+    (most of a 64-host run's event-reading time) can be skipped: strict UTF-8 bytes with no `\\u`
+    escape, and fewer brackets than the depth limit."""
+    if isinstance(line, str) or b"\\u" in line or line.count(b"{") + line.count(b"[") > MAX_DEPTH:
+        return False
+    try:
+        line.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+def _structure_problem(event: dict, default_pid: int, shallow: bool = False) -> str | None:
     if not _is_number(event.get("t")):
         return "no finite number t"
     if not isinstance(event.get("kind"), str) or not isinstance(event.get("name"), str):
@@ -94,7 +107,7 @@ def _structure_problem(event: dict, default_pid: int) -> str | None:
         event["attrs"] = {}
     if not isinstance(event["attrs"], dict):
         return "attrs is not an object"
-    return _shape_problem(event)
+    return None if shallow else _shape_problem(event)
 
 
 def _tags_ok(value: Any) -> bool:
@@ -138,9 +151,41 @@ def parse_event_line(line: bytes | str, default_pid: int, problems: EventProblem
     if not isinstance(event, dict):
         problems.line("not a JSON object")
         return None
-    reason = _structure_problem(event, default_pid)
+    reason = _structure_problem(event, default_pid, _plainly_shallow(line))
     if reason:
         problems.line(reason)
         return None
     _clean_attrs(event["attrs"], problems)
     return event
+
+
+def parse_event_lines(data: bytes, default_pid: int, problems: EventProblems) -> list[dict]:
+    """Every event of a file's bytes, as `parse_event_line` gives them line by line. A file of plain
+    lines (each `_plainly_shallow`, none empty, the last one complete) is parsed in one json call:
+    at 1,024 processes the per-line calls cost seconds."""
+    lines = data.split(b"\n")
+    complete = bool(lines) and lines[-1] == b""
+    body = lines[:-1] if complete else lines
+    if complete and body and all(line and _plainly_shallow(line) for line in body):
+        try:
+            events = json.loads(b"[" + b",".join(body) + b"]")
+        except (ValueError, RecursionError):
+            events = None
+        if events is not None and all(isinstance(e, dict) for e in events):
+            out = []
+            for event in events:
+                reason = _structure_problem(event, default_pid, True)
+                if reason:
+                    problems.line(reason)
+                    continue
+                _clean_attrs(event["attrs"], problems)
+                out.append(event)
+            return out
+    out = []
+    for k, line in enumerate(lines):
+        if k == len(lines) - 1 and line == b"":
+            break
+        event = parse_event_line(line + b"\n" if k < len(lines) - 1 else line, default_pid, problems)
+        if event is not None:
+            out.append(event)
+    return out

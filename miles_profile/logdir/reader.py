@@ -22,7 +22,7 @@ import pyarrow.csv as pacsv
 
 from miles_profile import names
 from miles_profile.errors import MilesProfileError
-from miles_profile.logdir.events import EventProblems, parse_event_line
+from miles_profile.logdir.events import EventProblems, parse_event_lines
 from miles_profile.logdir.damaged_csv import read_damaged, usable_header
 from miles_profile.logdir.files import EVENT_LINE_MAX, NotRegularFile, bounded_lines, map_regular, read_small
 from miles_profile.logdir.layout import (
@@ -44,11 +44,39 @@ class Run:
     warnings: list[str] = field(default_factory=list)
     directories: list[Path] = field(default_factory=list)  # every directory of the run (several hosts)
 
+    # Samples were read only for these pids (None: all of them); see load_run(sample_pids=...).
+    sample_pids: frozenset | None = None
+
     # Host-level data (host_sampler.py), read on first use: whole-run analysis may never need it.
+    # The per-process GPU rows (millions on a 64-host run) are read apart from the host rows.
     @cached_property
     def _host_data(self) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
         from miles_profile.logdir.host_reader import host_frames
-        return host_frames(self.directories, self.warnings)
+        return host_frames(self.directories, self.warnings, procs=False)
+
+    @cached_property
+    def _gpu_procs(self) -> pd.DataFrame:
+        from miles_profile.logdir.host_reader import host_frames
+        return host_frames(self.directories, self.warnings, samples=False)[2]
+
+    @cached_property
+    def gpu_used(self) -> dict[tuple[str, str], tuple[np.ndarray, np.ndarray]]:
+        """{(host, gpu_uuid): (t, used)}: NVML used of each GPU as arrays (the data of `gpu_samples`,
+        read from the wide files without building the long frame; see host_reader.gpu_used_arrays)."""
+        if "_host_data" in self.__dict__:  # already read as a frame: split it rather than read again
+            g = self.gpu_samples
+            return {(str(h), str(u)): (f["t"].to_numpy(float), f["used"].to_numpy(float))
+                    for (h, u), f in g.groupby(["host", "gpu_uuid"], sort=False, observed=True)}
+        from miles_profile.logdir.host_reader import gpu_used_arrays
+        return gpu_used_arrays(self.directories, self.warnings)
+
+    def gpu_procs_of(self, hosts) -> pd.DataFrame:
+        """`gpu_procs` of some hosts only: reads just their files (unless all were read already)."""
+        if "_gpu_procs" in self.__dict__:
+            procs = self._gpu_procs
+            return procs[procs["host"].isin([str(h) for h in hosts])]
+        from miles_profile.logdir.host_reader import host_frames
+        return host_frames(self.directories, self.warnings, samples=False, only_hosts=hosts)[2]
 
     @property
     def host_samples(self) -> pd.DataFrame:
@@ -63,7 +91,7 @@ class Run:
     @property
     def gpu_procs(self) -> pd.DataFrame:
         """t, host, gpu_uuid, pid, bytes: every process NVML listed on each GPU at each host sample."""
-        return self._host_data[2]
+        return self._gpu_procs
 
     @cached_property
     def hosts(self) -> list[dict[str, Any]]:
@@ -167,9 +195,11 @@ def resolve_runs(paths: tuple[str | Path, ...]) -> list[tuple[Path, dict[str, An
     return sorted(found.items(), key=lambda item: (item[1].get("start_time") or 0, str(item[0])))
 
 
-def load_run(*paths: str | Path) -> Run:
+def load_run(*paths: str | Path, sample_pids=None) -> Run:
     """One run from one or more directories: a run directory, the log dir above it, or the directories
-    that the hosts of one run wrote (same run id), merged."""
+    that the hosts of one run wrote (same run id), merged. `sample_pids`: read the samples of these
+    pids only (an empty set: none; the metas, events and phase summaries are read all the same), for a
+    whole-fleet view that reads samples only for the timelines it shows; `with_samples` adds them."""
     dirs = resolve_runs(paths)
     run_dir, meta = dirs[0]
     if len(dirs) > 1:
@@ -180,7 +210,7 @@ def load_run(*paths: str | Path) -> Run:
         found = _read_process_metas(folder, warnings)
         processes += found
         finished = {p.get("stem") for p in found if p.get("end_time")}
-        sample_frames.append(_read_all_samples(folder, warnings, finished))
+        sample_frames.append(_read_all_samples(folder, warnings, finished, sample_pids))
         event_frames.append(_read_all_events(folder, warnings))
     samples = sample_frames[0] if len(sample_frames) == 1 else _merge_samples(sample_frames)
     events = event_frames[0] if len(event_frames) == 1 else events_frame(
@@ -190,7 +220,26 @@ def load_run(*paths: str | Path) -> Run:
     outside = [p["pid"] for p in processes if p.get("role") == "exec_parent"]
     if outside and len(samples):
         samples = _fill_phases_from_timeline(samples, events, outside)
-    return Run(run_dir, meta, processes, samples, events, phases, warnings, [d for d, _ in dirs])
+    return Run(run_dir, meta, processes, samples, events, phases, warnings, [d for d, _ in dirs],
+               None if sample_pids is None else frozenset(sample_pids))
+
+
+def with_samples(run: Run, pids=None) -> Run:
+    """The run with the samples of `pids` (None: every process) read in, replacing those it had;
+    events, phases and host data already read are kept, not read again."""
+    warnings: list[str] = []
+    finished = {p.get("stem") for p in run.processes if p.get("end_time")}
+    frames = [_read_all_samples(folder, warnings, finished, pids) for folder in run.directories]
+    samples = frames[0] if len(frames) == 1 else _merge_samples(frames)
+    outside = [p["pid"] for p in run.processes if p.get("role") == "exec_parent"]
+    if outside and len(samples):
+        samples = _fill_phases_from_timeline(samples, run.events, outside)
+    new = Run(run.path, run.meta, run.processes, samples, run.events, run.phases, run.warnings + warnings,
+              run.directories, None if pids is None else frozenset(pids))
+    for cached in ("_host_data", "_gpu_procs", "gpu_used", "hosts", "phase_summaries"):
+        if cached in run.__dict__:
+            new.__dict__[cached] = run.__dict__[cached]
+    return new
 
 
 def _merge_samples(frames: list[pd.DataFrame]) -> pd.DataFrame:
@@ -352,9 +401,12 @@ def _read_samples(path: Path, warnings: list[str], cache: bool = False) -> pd.Da
     return frame
 
 
-def _read_all_samples(run_dir: Path, warnings: list[str], finished: set | frozenset = frozenset()) -> pd.DataFrame:
+def _read_all_samples(run_dir: Path, warnings: list[str], finished: set | frozenset = frozenset(),
+                      pids=None) -> pd.DataFrame:
     frames = []
     for path in sorted(run_dir.glob(f"*{SAMPLES_SUFFIX}")):
+        if pids is not None and _pid_of(path, SAMPLES_SUFFIX) not in pids:
+            continue
         try:
             frame = _read_samples_cached(path, warnings, path.name[: -len(SAMPLES_SUFFIX)] in finished)
         except NotRegularFile as exc:
@@ -391,17 +443,16 @@ def _clean_times(samples: pd.DataFrame, warnings: list[str], source: str) -> pd.
 def _read_all_events(run_dir: Path, warnings: list[str]) -> pd.DataFrame:
     rows, problems, too_long = [], EventProblems(), [0]
     for path in sorted(run_dir.glob(f"*{EVENTS_SUFFIX}")):
-        try:
-            lines = bounded_lines(path, too_long=too_long)  # a regular file; no line over EVENT_LINE_MAX
+        host = path.name[: -len(EVENTS_SUFFIX)].rsplit("-", 1)[0]
+        try:  # a regular file; no line over EVENT_LINE_MAX (dropped and counted)
+            data = b"".join(bounded_lines(path, too_long=too_long))
         except NotRegularFile as exc:
             warnings.append(str(exc))
             continue
-        for line in lines:
-            event = parse_event_line(line, _pid_of(path, EVENTS_SUFFIX), problems)
-            if event is not None:
-                if not isinstance(event.get("host"), str):
-                    event["host"] = path.name[: -len(EVENTS_SUFFIX)].rsplit("-", 1)[0]
-                rows.append(event)
+        for event in parse_event_lines(data, _pid_of(path, EVENTS_SUFFIX), problems):
+            if not isinstance(event.get("host"), str):
+                event["host"] = host
+            rows.append(event)
     warnings.extend(problems.warnings())
     if too_long[0]:
         warnings.append(f"skipped {too_long[0]} event lines over {EVENT_LINE_MAX:,} bytes")
@@ -422,18 +473,29 @@ def phases_from_events(events: pd.DataFrame, samples: pd.DataFrame) -> pd.DataFr
     if begins.empty:
         return pd.DataFrame(columns=PHASE_COLUMNS)
     ends = events[events["kind"] == names.END]
-    end_of = {(h, p, i): (t, a.get("status", "ok")) for h, p, i, t, a in
-              zip(_hosts(ends), ends["pid"], ends["id"], ends["t"], ends["attrs"])}
     last_t = float(samples["t"].max()) if len(samples) else float(events["t"].max())
-    rows = []
-    for host, pid, pid_, t, name, parent, attrs in zip(_hosts(begins), begins["pid"], begins["id"], begins["t"],
-                                                       begins["name"], begins["parent"], begins["attrs"]):
-        end, status = end_of.get((host, pid, pid_), (max(last_t, t), "open"))
-        row = {"name": name, "start": t, "end": end, "duration": end - t, "pid": int(pid), "host": host,
-               "id": int(pid_) if pd.notna(pid_) else -1,
-               "parent": int(parent) if pd.notna(parent) else -1, "status": status, "attrs": attrs}
-        rows.append(row)
+    # ends matched to begins by (host, pid, id) as columns (a 1,024-process run has 150,000 phases)
+    def keys(frame):
+        ids = pd.to_numeric(frame["id"], errors="coerce").fillna(-1).astype(np.int64)
+        return pd.MultiIndex.from_arrays([_hosts(frame), frame["pid"].astype(np.int64).to_numpy(), ids.to_numpy()])
+    end_keys = keys(ends)
+    last_end = ~end_keys.duplicated(keep="last")  # as a dict would: the last end of an id wins
+    at = end_keys[last_end].get_indexer(keys(begins))
+    found = at >= 0
+    # padded by one: a begin without an end (at = -1) reads the pad, replaced below
+    end_t = np.append(ends["t"].to_numpy(float)[last_end], np.nan)[at]
+    end_status = np.append(np.array([a.get("status", "ok") for a in ends["attrs"]], dtype=object)[last_end],
+                           "open")[at]
+    t = begins["t"].to_numpy(float)
+    end = np.where(found, end_t, np.maximum(last_t, t))
+    ids, parents = begins["id"], begins["parent"]
+    rows = {"name": begins["name"].to_numpy(), "start": t, "end": end, "duration": end - t,
+            "pid": begins["pid"].astype(int).to_numpy(), "host": _hosts(begins),
+            "id": pd.to_numeric(ids, errors="coerce").fillna(-1).astype(int).to_numpy(),
+            "parent": pd.to_numeric(parents, errors="coerce").fillna(-1).astype(int).to_numpy(),
+            "status": np.where(found, end_status, "open"), "attrs": begins["attrs"].to_numpy()}
     phases = pd.DataFrame(rows)
+    phases["status"] = phases["status"].astype(object)
     phases["depth"] = _depths(phases)
     extra = pd.DataFrame([{k: v for k, v in a.items() if k not in PHASE_COLUMNS} for a in phases["attrs"]],
                          index=phases.index)
@@ -445,7 +507,7 @@ def _hosts(events: pd.DataFrame) -> list[str]:
     """The host of each event ("" where unknown: fakes, tails of old logs)."""
     if "host" not in events:
         return [""] * len(events)
-    return ["" if h is None or h != h else str(h) for h in events["host"]]
+    return ["" if h is None or h != h else str(h) for h in events["host"].tolist()]
 
 
 def _depths(phases: pd.DataFrame) -> list[int]:

@@ -33,6 +33,8 @@ class VisualizeOptions:
     check: bool = True
     thresholds: Thresholds = field(default_factory=Thresholds)
     max_points: int = 100_000
+    fleet_thresholds: object | None = None  # fleet_checks.FleetThresholds; None: the defaults
+    lanes: str | None = None  # a multi-process run's per-GPU timelines (fleet.select_lanes); None: worst:8
 
 
 def _progress(total: int, desc: str):
@@ -56,15 +58,21 @@ def _expand(path: Path) -> list[Path]:
     return runs
 
 
-def _load_one(target: tuple[Path, ...]):
+def _load_one(target: tuple[Path, ...], lazy: bool = False):
     from miles_profile.importers.miles_dashboard import is_miles_dashboard, load_miles_dashboard
     if is_miles_dashboard(target[0]):
         return load_miles_dashboard(target[0])
     if target[0].is_file():
         from miles_profile.importers.miles_csv import load_miles_csv
         return load_miles_csv(target[0])
-    from miles_profile.logdir.reader import load_run
-    return load_run(*target)
+    from miles_profile.logdir.reader import load_run, with_samples
+    if not lazy:
+        return load_run(*target)
+    # Metas, events and summaries first; every sample only for a run of a few processes. A larger
+    # run's samples are read for the lanes its report draws (fleet_report.build_fleet).
+    from miles_profile.report.fleet_report import FULL_READ_MAX_PROCESSES
+    run = load_run(*target, sample_pids=set())
+    return with_samples(run) if len(run.processes) <= FULL_READ_MAX_PROCESSES else run
 
 
 def _group_by_run_id(targets: list[Path]) -> list[tuple[Path, ...]]:
@@ -79,15 +87,17 @@ def _group_by_run_id(targets: list[Path]) -> list[tuple[Path, ...]]:
     return [tuple(group) for group in groups.values()]
 
 
-def load_inputs(paths: list[str]) -> tuple[list, list[str]]:
-    """Every run under `paths`. A damaged run among several is skipped and named in `notes`."""
+def load_inputs(paths: list[str], lazy: bool = False) -> tuple[list, list[str]]:
+    """Every run under `paths`. A damaged run among several is skipped and named in `notes`.
+    `lazy`: a run of more than FULL_READ_MAX_PROCESSES processes comes without samples
+    (`Run.sample_pids` is empty): the report reads those of the lanes it draws."""
     targets = _group_by_run_id([p for path in paths for p in _expand(Path(path))])
     runs, notes = [], []
     with _progress(len(targets), "reading") as bar:
         for target in targets:
             try:
-                run = _load_one(target)
-                if run.samples.empty:
+                run = _load_one(target, lazy)
+                if run.samples.empty and getattr(run, "sample_pids", None) is None:
                     raise MilesProfileError(f"{target[0]}: the run has no samples")
                 runs.append(run)
             except MilesProfileError as exc:
@@ -129,16 +139,18 @@ def visualize(options: VisualizeOptions, echo: Callable[[str], None] = print) ->
     from miles_profile.report.html import build_run_report, write_html
 
     started = time.perf_counter()
-    runs, notes = load_inputs(options.paths)
+    runs, notes = load_inputs(options.paths, lazy=len(options.paths) == 1)
     reports = []
     with _progress(len(runs) * 4, "reporting") as bar:
         for run in runs:
             reports.append(build_run_report(run, thresholds=options.thresholds, check=options.check,
-                                            max_points=options.max_points, progress=bar))
+                                            max_points=options.max_points, progress=bar, lanes=options.lanes,
+                                            fleet_thresholds=options.fleet_thresholds))
+    runs = [r.run for r in reports]  # with the samples the reports read
     comparison = comparison_html(runs, max_points=options.max_points) if len(runs) > 1 else None
     output = Path(options.output) if options.output else default_output(options.paths)
     _write(output, lambda: write_html(output, reports, comparison=comparison, notes=tuple(notes)))
-    extras = [(options.png, lambda: export.write_png(reports[0].figure, options.png)),
+    extras = [(options.png, lambda: export.write_png(_png_figure(reports[0]), options.png)),
               (options.trace, lambda: export.write_trace(runs, options.trace, max_points=options.max_points)),
               (options.csv, lambda: export.write_phase_csv(runs, options.csv)),
               (options.json, lambda: export.write_json(reports, options.json))]
@@ -164,6 +176,14 @@ def visualize(options: VisualizeOptions, echo: Callable[[str], None] = print) ->
         raise MilesProfileError(f"{'; '.join(failed)} (the report {output} was written)")
     statuses = [overall_status(r.checks) for r in reports if r.checks]
     return 1 if "fail" in statuses else 0
+
+
+def _png_figure(report):
+    """The one timeline, or for a fleet run its heatmap."""
+    if report.figure is not None or report.fleet is None or report.fleet.matrix is None:
+        return report.figure
+    from miles_profile.report.fleet_figures import fleet_heatmap
+    return fleet_heatmap(report.fleet.matrix)
 
 
 def _write(path, write: Callable[[], object]) -> None:

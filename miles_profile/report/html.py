@@ -35,25 +35,45 @@ class RunReport:
     checks: list[checks_mod.CheckResult]
     phases: pd.DataFrame
     phases_by_iteration: pd.DataFrame
-    figure: go.Figure
+    figure: go.Figure | None
     skipped: list[str] = field(default_factory=list)
+    fleet: object | None = None  # fleet_report.FleetView for a run of many processes
 
 
 def build_run_report(run, *, thresholds: checks_mod.Thresholds | None = None, check: bool = True,
-                     max_points: int = 100_000, progress=None) -> RunReport:
-    """Statistics, checks and the timeline of one run. `progress`: a tqdm bar advanced by 4 steps."""
+                     max_points: int = 100_000, progress=None, lanes: str | None = None,
+                     fleet_thresholds=None) -> RunReport:
+    """Statistics, checks and the timeline of one run. `progress`: a tqdm bar advanced by 4 steps.
+    A run of many processes (fleet_report.is_fleet) gets the fleet view instead of the one timeline,
+    its per-process checks judge every actor/engine process and the fleet checks are added; `lanes`
+    picks its per-GPU timelines (fleet.select_lanes; default: all up to 8, else worst:8)."""
+    from miles_profile.report import fleet_report
+
     def step(what: str) -> None:
         if progress is not None:
             progress.set_postfix_str(f"{run.name}: {what}", refresh=False)
             progress.update()
 
+    view = None
+    if fleet_report.is_fleet(run):
+        view = fleet_report.build_fleet(run, lanes, max_points=max_points, check=check, thresholds=fleet_thresholds)
+        run = view.run
+    elif run.samples.empty and getattr(run, "sample_pids", None) is not None:
+        from miles_profile.logdir.reader import with_samples
+        run = with_samples(run)
     phase_instances(run)
     step("phase statistics")
-    results = checks_mod.run_checks(run, thresholds) if check else []
+    if not check:
+        results = []
+    elif view is not None:
+        results = fleet_report.per_process_checks(run, thresholds) + list(view.checks)
+    else:
+        results = checks_mod.run_checks(run, thresholds)
     step("checks")
-    figure = timeline_figure(run, max_points=max_points)
+    figure = None if view is not None else timeline_figure(run, max_points=max_points)
     step("timeline reduced")
-    report = RunReport(run, results, phase_table(run), phase_table(run, by_iteration=True), figure, list(run.warnings))
+    report = RunReport(run, results, phase_table(run), phase_table(run, by_iteration=True), figure, list(run.warnings),
+                       view)
     step("tables")
     return report
 
@@ -144,7 +164,9 @@ def _facts_html(run) -> str:
     devices = ", ".join(f"GPU {d.get('index')}: {d.get('name') or '?'} ({_total_text(d.get('total'))})"
                         for d in run.devices) or "no GPU seen (NVML absent): host memory only"
     processes = ", ".join(f"pid {p.get('pid')} ({p.get('role', '?')}, rank {p.get('rank', 0)})"
-                          for p in run.processes) or "–"
+                          for p in run.processes[:16]) or "–"
+    if len(run.processes) > 16:
+        processes += f", … {len(run.processes) - 16} more ({len(run.processes)} in all)"
     interval = meta.get("interval_ms")
     when = _dt.datetime.fromtimestamp(start).strftime("%Y-%m-%d %H:%M:%S") if start > 1e8 else "–"
     # Imports (Miles' CSV, Miles' dashboard) have levels only: no peak column, no claim of true peaks.
@@ -167,20 +189,30 @@ def _run_section(report: RunReport, k: int, single: bool) -> str:
     if report.skipped:
         skipped = ('<div class="warn"><b>Read with repairs</b> — these parts of the log were skipped or fixed:<ul>' +
                    "".join(f"<li>{_e(w)}</li>" for w in report.skipped) + "</ul></div>")
-    figure = report.figure.to_html(full_html=False, include_plotlyjs=False, div_id=f"timeline-{k}", config=_CONFIG)
     suffix = "" if single else f"-{k}"
+    if report.fleet is not None:
+        from miles_profile.report.fleet_report import fleet_html
+        fleet = f'<div id="fleet{suffix}">{fleet_html(report.fleet, k, t0)}</div>'
+        timeline = ""
+        per_phase_note = ('<p class="muted small">Over the processes whose samples were read (those in the lanes '
+                          'shown); the fleet view above covers every process.</p>')
+    else:
+        figure = report.figure.to_html(full_html=False, include_plotlyjs=False, div_id=f"timeline-{k}", config=_CONFIG)
+        fleet, per_phase_note = "", ""
+        timeline = f"""<h3>Timeline</h3>
+  <p class="muted small">Drag to zoom, double-click to reset. Every phase's peak and the global peak are drawn exactly
+  as recorded; the red envelope is the true peak between samples. Exact bytes: hover a table cell.</p>
+  <div class="figure">{figure}</div>"""
     return f"""
 <section class="run" id="run{suffix}">
   <h2>{_e(run.name)} <span class="badge {cls}">{text}</span></h2>
+  {fleet}
   {_facts_html(run)}
   {skipped}
   <h3>Checks</h3>
   {_checks_html(report.checks, t0, "checks" + suffix)}
-  <h3>Timeline</h3>
-  <p class="muted small">Drag to zoom, double-click to reset. Every phase's peak and the global peak are drawn exactly
-  as recorded; the red envelope is the true peak between samples. Exact bytes: hover a table cell.</p>
-  <div class="figure">{figure}</div>
-  <h3>Per phase</h3>
+  {timeline}
+  <h3>Per phase</h3>{per_phase_note}
   {_phase_table_html(run, report.phases, False, "phases" + suffix)}
   <details><summary>Per iteration</summary>
   {_phase_table_html(run, report.phases_by_iteration, True, "phases-by-iteration" + suffix)}</details>
@@ -208,6 +240,7 @@ tr.check-fail{background:#fff4f4} .fail-text{color:#b71c1c} .pass-text{color:#2e
 .warn{background:#fff8e1;border:1px solid #f3d27a;padding:8px 12px;margin:10px 0}
 details{margin:6px 0} summary{cursor:pointer;color:#33507a}
 .verdict{font-size:15px;margin:8px 0 0}
+h4{font-size:13px;margin:16px 0 6px;color:#3a4354} .lane{margin:10px 0} table.outliers td.num{text-align:right}
 """
 
 
@@ -234,9 +267,26 @@ def render_html(reports: list[RunReport], *, comparison: str | None = None, note
 <div class="muted small">memory report written {generated} by python -m miles_profile.visualize · GiB = 1024³ bytes</div>
 <p class="verdict">Overall: <span class="badge {cls}" id="overall">{text}</span></p>
 {note_html}{nav}{comparison_html}{body}
-<script type="application/json" id="report-data">{json.dumps({"runs": [r.run.name for r in reports], "overall": overall})}</script>
+<script type="application/json" id="report-data">{_report_data(reports, overall)}</script>
+{_zoom_script(reports)}
 </main></body></html>
 """
+
+
+def _report_data(reports: list[RunReport], overall: str) -> str:
+    data = {"runs": [r.run.name for r in reports], "overall": overall}
+    fleets = [r.fleet for r in reports if r.fleet is not None]
+    if fleets:
+        from miles_profile.report.fleet_report import report_data
+        data["fleet"] = [report_data(f) for f in fleets]
+    return json.dumps(data).replace("</", "<\\/")
+
+
+def _zoom_script(reports: list[RunReport]) -> str:
+    if not any(r.fleet is not None for r in reports):
+        return ""
+    from miles_profile.report.fleet_report import ZOOM_SCRIPT
+    return f"<script>{ZOOM_SCRIPT}</script>"
 
 
 def write_html(path: str | Path, reports: list[RunReport], *, comparison: str | None = None,

@@ -1,117 +1,257 @@
-"""STAND-IN, written for the dashboard's fleet panel until the other engineer's `phase_table` lands on
-this branch; at merge their version replaces this file. Callers depend only on the PhaseTable contract
-(miles_profile/report/fleet.py's docstring), never on anything else here.
+"""A loaded run as the fleet view's `PhaseTable` (fleet.py): one row per (process, phase instance).
 
-    phase_table(run) -> PhaseTable    # one row per (process, phase instance), from the end events'
-                                      # summaries, the process metas and the host files' NVML device used
+    phase_table(run) -> DataFrame      # shared by the static report and the dashboard's fleet view
+    window_stats(t, y, starts, ends) -> (peak, floor, first, last)   # rows with start < t <= end
 
-Cost grows with phases (and, for `used`, with host samples: one sorted pass per GPU), never with the
-processes' own samples.
+Where each column comes from:
+
+- identity (host, pid, rank, role, gpu_uuid) from the process metas. An engine process carries the
+  rank it serves: the trainer spawns it with that rank's `RANK`. A process whose meta has no
+  `gpu_uuid` (a CPU run, or CUDA never initialised) gets "" (a host-memory lane).
+- `gpu_total`, `gpu_index` from the host samplers' metas (`gpus`), else the process metas' `devices`
+  and `cuda_devices`; on a host lane the host's total (host probe, else the host samples' MemTotal).
+- `proc/alloc/reserved/rss_*` from the phase summaries of the `end` events (the process's own
+  `gpu{i}_*` columns of its GPU, `rss`): cost grows with phases, not samples. A phase without a
+  summary (a version-1 log written before summaries, or a phase still open) gets the same four
+  numbers computed from its process's samples with the same definition (rows with start < t <= end,
+  the peak including `<c>_peak`); only those processes' samples are touched.
+- `used_*`, the device's NVML total, is read from the host sampler's GPU samples (`Run.gpu_used`,
+  every 100 ms), not from summaries: a process's summaries carry `gpu{i}_used` only when it sampled
+  NVML itself. `proc_*` falls back to the host sampler's per-process rows (`Run.gpu_procs`) where the
+  process's summaries lack it. Both in one vectorized pass per GPU (or per process): a searchsorted
+  for the window bounds and a `reduceat` for the peaks and floors.
 """
 from __future__ import annotations
 
 import re
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from miles_profile.report.stats import _iterations
 
-_GPU_SERIES = re.compile(r"^gpu(\d+)_(used|proc|alloc|reserved)$")
+_GPU_COLUMN = re.compile(r"^gpu(\d+)_(proc|alloc|reserved|used)$")
+_STATS = ("peak", "floor", "first", "last")
 
 
-def _int(value, default: int = -1) -> int:
-    try:
-        return int(value)
-    except (TypeError, ValueError):
-        return default
+def window_stats(t: np.ndarray, y: np.ndarray, starts, ends, peak: np.ndarray | None = None):
+    """For each window, over the rows with start < t <= end (t sorted): the highest of y and `peak`,
+    the lowest y, the first and last finite y. NaN where a window has no finite value."""
+    t = np.asarray(t, dtype=float)
+    y = np.asarray(y, dtype=float)
+    top = y if peak is None else np.fmax(y, np.asarray(peak, dtype=float))
+    i0 = np.searchsorted(t, np.asarray(starts, dtype=float), "right")
+    i1 = np.searchsorted(t, np.asarray(ends, dtype=float), "right")
+    n = len(i0)
+    out = [np.full(n, np.nan) for _ in _STATS]
+    empty = i1 <= i0
+    if not len(y) or empty.all():
+        return tuple(out)
+    # reduceat over interleaved [i0, i1) bounds, every other result (reduceat needs no order; an
+    # index at len(y) lands on the NaN pad)
+    pad_top, pad_y = np.append(top, np.nan), np.append(y, np.nan)
+    bounds = np.column_stack([np.minimum(i0, len(y)), np.minimum(i1, len(y))]).ravel()
+    out[0] = np.fmax.reduceat(pad_top, bounds)[::2]
+    out[1] = np.fmin.reduceat(pad_y, bounds)[::2]
+    # first/last finite value: index of the next finite at or after i0, of the last finite before i1
+    finite = np.isfinite(y)
+    idx = np.arange(len(y))
+    next_ok = np.minimum.accumulate(np.where(finite, idx, len(y))[::-1])[::-1]
+    prev_ok = np.maximum.accumulate(np.where(finite, idx, -1))
+    first_at = np.append(next_ok, len(y))[np.minimum(i0, len(y))]
+    last_at = np.where(i1 > 0, prev_ok[np.maximum(i1 - 1, 0)], -1)
+    ok_first = ~empty & (first_at < i1)
+    ok_last = ~empty & (last_at >= i0)
+    out[2][ok_first] = y[first_at[ok_first]]
+    out[3][ok_last] = y[last_at[ok_last]]
+    for k in (0, 1):
+        out[k][empty] = np.nan
+    return tuple(out)
 
 
-def _process_frame(run) -> pd.DataFrame:
-    """host, pid, rank, role, gpu_uuid, cuda index of that GPU (for its gpu{i}_* series), gpu_total."""
-    totals = {g.get("uuid"): g.get("total") for h in run.hosts for g in h.get("gpus") or []}
-    rows = []
+def _process_info(run) -> dict[tuple[str, int], dict[str, Any]]:
+    """(host, pid) -> rank, role, gpu_uuid, gpu_total, gpu_index, host_total from every meta."""
+    totals: dict[str, tuple[float, int]] = {}  # uuid -> (total, index on its host)
+    for host in run.hosts:
+        for g in host.get("gpus") or []:
+            if g.get("uuid"):
+                totals[g["uuid"]] = (float(g.get("total") or np.nan), int(g.get("index", -1)))
     for p in run.processes:
-        uuid = p.get("gpu_uuid") or ""
-        index = 0
-        for k, d in enumerate(p.get("cuda_devices") or []):
-            if d.get("uuid") == uuid:
-                index = int(d.get("index", k))
-                totals.setdefault(uuid, d.get("total"))
-        rows.append(dict(host=str(p.get("host") or ""), pid=_int(p.get("pid")), rank=_int(p.get("rank")),
-                         role=str(p.get("role") or ""), gpu_uuid=uuid, cuda_index=index))
-    frame = pd.DataFrame(rows, columns=["host", "pid", "rank", "role", "gpu_uuid", "cuda_index"])
-    frame["gpu_total"] = pd.to_numeric(frame["gpu_uuid"].map(totals), errors="coerce").astype(float)
-    host_total = run.host_samples.groupby("host")["host_total"].max() if len(run.host_samples) else pd.Series()
-    cpu = frame["gpu_uuid"] == ""
-    frame.loc[cpu, "gpu_total"] = pd.to_numeric(frame.loc[cpu, "host"].map(host_total), errors="coerce")
-    return frame
+        for g in (p.get("devices") or []) + (p.get("cuda_devices") or []):
+            uuid = g.get("uuid")
+            if uuid and uuid not in totals:
+                totals[uuid] = (float(g.get("total") or np.nan), int(g.get("index", -1)))
+    info = {}
+    for p in run.processes:
+        host = str(p.get("host") or run.meta.get("host") or "")
+        uuid = p.get("gpu_uuid") or _uuid_from_columns(p, run.devices)
+        total, index = totals.get(uuid, (np.nan, -1)) if uuid else (_host_total(p, run, host), -1)
+        rank = p.get("rank")
+        info[(host, int(p.get("pid", -1)))] = dict(
+            rank=int(rank) if isinstance(rank, int) else -1, role=str(p.get("role") or ""), gpu_uuid=uuid,
+            gpu_total=total, gpu_index=index)
+    return info
 
 
-def _wide_summaries(run, procs: pd.DataFrame) -> pd.DataFrame:
-    """host, pid, id, then S_peak/floor/first/last for S in the contract's series."""
-    s = run.phase_summaries
-    if s.empty:
-        return pd.DataFrame(columns=["host", "pid", "id"])
-    names = pd.Series(s["series"].unique())  # a few names: parse them once, not once per row
-    m = names.str.extract(_GPU_SERIES).set_axis(names)
-    index = pd.to_numeric(s["series"].map(m[0]), errors="coerce").to_numpy()
-    own_index = s[["host", "pid"]].merge(procs[["host", "pid", "cuda_index"]], how="left")["cuda_index"].fillna(0)
-    is_rss = (s["series"] == "rss").to_numpy()
-    keep = is_rss | (index == own_index.to_numpy())
-    series = np.where(is_rss, "rss", s["series"].map(m[1]).to_numpy(dtype=object))
-    long = s.loc[keep].assign(series=series[keep])
-    wide = long.pivot_table(index=["host", "pid", "id"], columns="series",
-                            values=["peak", "floor", "first", "last"], aggfunc="max")
-    wide = wide.astype(float)
-    wide.columns = [f"{series}_{stat}" for stat, series in wide.columns]
-    return wide.reset_index()
+def _uuid_from_columns(process: dict, devices: list[dict]) -> str:
+    """A meta from before `gpu_uuid` (or CUDA initialised after the last boundary): the NVML device
+    of the lowest gpu{i}_* column the process wrote, when NVML listed it."""
+    index = _gpu_index_of({"gpu_index": -1}, process.get("columns") or [])
+    return next((str(d["uuid"]) for d in devices if d.get("index") == index and d.get("uuid")), "")
 
 
-def _used_from_host(run, table: pd.DataFrame) -> None:
-    """Fill used_peak where the summaries lack it: the highest NVML device used in [t0, t1] of the lane."""
-    gpu = run.gpu_samples
-    if gpu.empty or not len(table):
-        return
-    need = table["used_peak"].isna() & (table["gpu_uuid"] != "")
-    at = gpu.groupby(["host", "gpu_uuid"], observed=True).indices  # one grouping, not a mask per GPU
-    t_all, used_all = gpu["t"].to_numpy(float), gpu["used"].to_numpy(float)
-    t0s, t1s = table["t0"].to_numpy(float), table["t1"].to_numpy(float)
-    out = table["used_peak"].to_numpy(float, copy=True)
-    positions = np.flatnonzero(need.to_numpy())
-    for (host, uuid), rows in table.loc[need, ["host", "gpu_uuid"]].groupby(["host", "gpu_uuid"]).indices.items():
-        rows = positions[rows]  # positions in `table`
-        where = at.get((host, uuid))
-        if where is None:
-            continue
-        order = where[np.argsort(t_all[where], kind="stable")]
-        t, used = t_all[order], used_all[order]
-        i0 = np.searchsorted(t, t0s[rows], "left")
-        i1 = np.searchsorted(t, t1s[rows], "right")
-        padded = np.append(used, np.nan)
-        flat = np.column_stack((np.minimum(i0, len(t)), np.minimum(i1, len(t)))).ravel()
-        peak = np.fmax.reduceat(padded, flat)[::2]
-        out[rows] = np.where(i1 > i0, peak, np.nan)
-    table["used_peak"] = out
+def _host_total(process: dict, run, host: str) -> float:
+    for probe in process.get("probes") or []:
+        if probe.get("name") == "host" and isinstance(probe.get("total"), (int, float)):
+            return float(probe["total"])
+    for meta in run.hosts:
+        if str(meta.get("host")) == host:
+            for probe in meta.get("probes") or []:
+                if isinstance(probe.get("total"), (int, float)):
+                    return float(probe["total"])
+    hs = run.host_samples
+    rows = hs[hs["host"].astype(str) == host]["host_total"] if len(hs) else []
+    return float(np.nanmax(rows)) if len(rows) and np.isfinite(rows).any() else np.nan
+
+
+def _gpu_index_of(info: dict, columns) -> int | None:
+    """Which gpu{i}_* columns are the process's own: its GPU's index, else the lowest one it has."""
+    found = sorted({int(m.group(1)) for c in columns if (m := _GPU_COLUMN.match(str(c)))})
+    if not found:
+        return None
+    return info["gpu_index"] if info["gpu_index"] in found else found[0]
+
+
+def _series_name(column: str, index: int | None) -> str | None:
+    if column == "rss":
+        return "rss"
+    m = _GPU_COLUMN.match(column)
+    if m and index is not None and int(m.group(1)) == index and m.group(2) != "used":
+        return m.group(2)
+    return None
 
 
 def phase_table(run) -> pd.DataFrame:
+    """The run's PhaseTable (fleet.py's schema); an empty frame with those columns when no phases."""
     phases = run.phases
+    columns = ["host", "gpu_uuid", "gpu_total", "gpu_index", "pid", "rank", "role", "phase", "phase_id",
+               "iteration", "t0", "t1", "expected_bytes"] + \
+        [f"{s}_{stat}" for s in ("used", "proc", "alloc", "reserved", "rss") for stat in _STATS]
     if phases.empty:
-        return pd.DataFrame(columns=["host", "gpu_uuid", "pid", "phase", "t0", "t1"])
-    procs = _process_frame(run)
-    host = phases["host"].fillna("").astype(str) if "host" in phases else pd.Series("", index=phases.index)
+        return pd.DataFrame(columns=columns)
+    phases = phases[phases["status"].astype(str) != "open"] if "status" in phases else phases
+    hosts = phases["host"].fillna("").astype(str).to_numpy() if "host" in phases else np.full(len(phases), "")
     table = pd.DataFrame({
-        "host": host.to_numpy(), "pid": phases["pid"].to_numpy(np.int64), "id": phases["id"].to_numpy(np.int64),
-        "phase": phases["name"].astype(str).to_numpy(), "phase_id": phases["id"].to_numpy(np.int64),
-        "iteration": _iterations(phases.assign(pid=(host + ":" + phases["pid"].astype(str)).to_numpy())),
-        "t0": phases["start"].to_numpy(float), "t1": phases["end"].to_numpy(float),
-        "expected_bytes": pd.to_numeric(phases.get("expected_bytes", pd.Series(np.nan, index=phases.index)),
-                                        errors="coerce").to_numpy(float)})
-    table = table.merge(procs.drop(columns="cuda_index"), on=["host", "pid"], how="left")
-    table["gpu_uuid"] = table["gpu_uuid"].fillna("")
-    table = table.merge(_wide_summaries(run, procs), on=["host", "pid", "id"], how="left").drop(columns="id")
-    if "used_peak" not in table:
-        table["used_peak"] = np.nan
-    _used_from_host(run, table)
-    return table
+        "host": hosts, "pid": phases["pid"].to_numpy(np.int64), "phase": phases["name"].astype(str).to_numpy(),
+        "phase_id": phases["id"].to_numpy(np.int64), "t0": phases["start"].to_numpy(float),
+        "t1": phases["end"].to_numpy(float),
+        "expected_bytes": pd.to_numeric(phases["expected_bytes"], errors="coerce").to_numpy(float)
+        if "expected_bytes" in phases else np.nan})
+    table["iteration"] = _iterations(phases.assign(pid=(table["host"] + ":" + table["pid"].astype(str)).to_numpy()))
+    info = _process_info(run)
+    default = dict(rank=-1, role="", gpu_uuid="", gpu_total=np.nan, gpu_index=-1)
+    keys = list(zip(table["host"], table["pid"]))
+    for field in ("rank", "role", "gpu_uuid", "gpu_total", "gpu_index"):
+        table[field] = [info.get(k, default)[field] for k in keys]
+    for s in ("used", "proc", "alloc", "reserved", "rss"):
+        for stat in _STATS:
+            table[f"{s}_{stat}"] = np.nan
+    _fill_from_summaries(run, table, info)
+    _fill_from_samples(run, table, info)
+    _fill_used(run, table)
+    _fill_proc_from_nvml(run, table)
+    return table.reindex(columns=columns).reset_index(drop=True)
+
+
+def _fill_from_summaries(run, table: pd.DataFrame, info: dict) -> None:
+    summaries = run.phase_summaries
+    if summaries.empty:
+        return
+    # series names are few: parse each once, then work on codes (a 1,024-process run has ~600,000 rows)
+    names_, code = np.unique(summaries["series"].astype(str).to_numpy(), return_inverse=True)
+    parsed = [(m.group(2), int(m.group(1))) if (m := _GPU_COLUMN.match(n)) else
+              (("rss", -1) if n == "rss" else (None, -1)) for n in names_]
+    kind = np.array([k or "" for k, _ in parsed], dtype=object)[code]
+    gpu = np.array([i for _, i in parsed])[code]
+    who = pd.MultiIndex.from_arrays([summaries["host"].astype(str), summaries["pid"].astype(np.int64)])
+    proc_code, procs = pd.factorize(who)
+    # a process's own gpu{i} columns: its GPU's index when it has them, else the lowest it has
+    lowest = pd.Series(np.where(gpu >= 0, gpu, 1 << 30)).groupby(proc_code).min().to_numpy()
+    preferred = np.array([info.get(p, {}).get("gpu_index", -1) for p in procs], dtype=np.int64)
+    has_pref = pd.Series((gpu == preferred[proc_code]) & (gpu >= 0)).groupby(proc_code).any().to_numpy()
+    own_index = np.where(has_pref, preferred, lowest)
+    keep = (kind == "rss") | (np.isin(kind, ["proc", "alloc", "reserved"]) & (gpu == own_index[proc_code]))
+    where = pd.MultiIndex.from_arrays([table["host"], table["pid"].astype(np.int64), table["phase_id"].astype(np.int64)])
+    position = where.get_indexer(pd.MultiIndex.from_arrays(
+        [summaries["host"].astype(str), summaries["pid"].astype(np.int64), summaries["id"].astype(np.int64)]))
+    keep &= position >= 0
+    for k in ("proc", "alloc", "reserved", "rss"):
+        rows = keep & (kind == k)
+        if not rows.any():
+            continue
+        for stat in _STATS:
+            values = np.full(len(table), np.nan)
+            values[position[rows]] = summaries[stat].to_numpy(dtype=float, na_value=np.nan)[rows]
+            table[f"{k}_{stat}"] = values
+
+
+def _fill_from_samples(run, table: pd.DataFrame, info: dict) -> None:
+    """Phases without any summary: the same numbers from their process's samples (version-1 logs)."""
+    own = ["proc", "alloc", "reserved", "rss"]
+    missing = ~np.isfinite(table[[f"{k}_peak" for k in own]].to_numpy()).any(axis=1)
+    if not missing.any() or run.samples.empty or "pid" not in run.samples:
+        return
+    from miles_profile.report.series import series_arrays
+    have = set(run.samples["pid"].unique().tolist())
+    for (host, pid), rows in table[missing].groupby(["host", "pid"], sort=False).groups.items():
+        if pid not in have:
+            continue
+        p_info = info.get((host, pid), {"gpu_index": -1})
+        index = _gpu_index_of(p_info, run.samples.columns)
+        for kind in own:
+            column = "rss" if kind == "rss" else (f"gpu{index}_{kind}" if index is not None else None)
+            if column is None or column not in run.samples:
+                continue
+            t, y = series_arrays(run, int(pid), column)
+            peak = series_arrays(run, int(pid), f"{column}_peak")[1] if f"{column}_peak" in run.samples else None
+            stats = window_stats(t, y, table.loc[rows, "t0"], table.loc[rows, "t1"], peak)
+            for stat, values in zip(_STATS, stats):
+                table.loc[rows, f"{kind}_{stat}"] = values
+
+
+def _fill_used(run, table: pd.DataFrame) -> None:
+    on_gpu = table["gpu_uuid"] != ""
+    if not on_gpu.any():
+        return
+    used = run.gpu_used if hasattr(run, "gpu_used") else {}
+    for (host, uuid), rows in table[on_gpu].groupby(["host", "gpu_uuid"], sort=False).groups.items():
+        series = used.get((host, uuid))
+        if series is None:
+            continue
+        stats = window_stats(series[0], series[1], table.loc[rows, "t0"], table.loc[rows, "t1"])
+        for stat, values in zip(_STATS, stats):
+            table.loc[rows, f"used_{stat}"] = values
+
+
+def _fill_proc_from_nvml(run, table: pd.DataFrame) -> None:
+    """proc_* of GPU processes whose summaries lack it, from the host sampler's per-process rows."""
+    lacking = (table["gpu_uuid"] != "") & table["proc_peak"].isna()
+    lacking &= table.groupby(["host", "pid"])["proc_peak"].transform("count").to_numpy() == 0
+    if not lacking.any() or not run.hosts:
+        return
+    # host by host: at 64 hosts all the per-process rows together are millions
+    for host, wanted_rows in table[lacking].groupby("host", sort=False).groups.items():
+        procs = run.gpu_procs_of([host]) if hasattr(run, "gpu_procs_of") else run.gpu_procs
+        if procs.empty:
+            continue
+        wanted = table.loc[wanted_rows].groupby(["gpu_uuid", "pid"], sort=False).groups
+        keys = [procs["gpu_uuid"].astype(str), procs["pid"]]
+        for (uuid, pid), series in procs[procs["host"] == host].groupby(keys, sort=False, observed=True):
+            rows = wanted.get((uuid, int(pid)))
+            if rows is None:
+                continue
+            stats = window_stats(series["t"].to_numpy(float), series["bytes"].to_numpy(float),
+                                 table.loc[rows, "t0"], table.loc[rows, "t1"])
+            for stat, values in zip(_STATS, stats):
+                table.loc[rows, f"proc_{stat}"] = values

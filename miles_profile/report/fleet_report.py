@@ -1,0 +1,344 @@
+"""The fleet part of `visualize` for a run of many processes: which samples to read, the checks across
+processes, the per-GPU timelines and the report's Fleet section.
+
+    is_fleet(run) -> bool                      # more than one process with phases, or processes on >1 GPU
+    FULL_READ_MAX_PROCESSES = 64               # up to this many, every process's samples are read
+    FleetView(run, table, matrix, outliers, lanes, picked, checks, figures)
+    build_fleet(run, spec="worst:8", max_points=100_000) -> FleetView
+        reads the samples of the processes in the picked lanes only (when the run was loaded without
+        samples: load_run(sample_pids=set())); the heatmap, outliers and fleet checks read the
+        PhaseTable (phase summaries), never the samples.
+    per_process_checks(run, thresholds) -> list[CheckResult]
+        checks.py's checks run on each actor/engine process whose samples are read, aggregated per check:
+        fail if any process fails, with how many were judged and the worst one.
+    fleet_html(view, t0) -> str
+
+Up to 8 lanes are drawn whatever the spec; past that the fleet view plus the lanes of `--lanes`.
+"""
+from __future__ import annotations
+
+import html
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+
+from miles_profile.report import checks as checks_mod
+from miles_profile.report import fleet, fleet_checks, fleet_figures
+from miles_profile.report.phase_table import phase_table
+from miles_profile.report.reduce import reduce_series
+from miles_profile.report.series import series_arrays
+
+FULL_READ_MAX_PROCESSES = 64
+DEFAULT_LANES = "worst:8"
+MAX_LANES_DRAWN = 8
+_CONFIG = {"displaylogo": False, "responsive": True, "scrollZoom": False}
+_JUDGED_ROLES = ("actor", "engine")
+
+
+def _phase_processes(run) -> set:
+    if run.phases.empty:
+        return set()
+    hosts = run.phases["host"].fillna("").astype(str) if "host" in run.phases else pd.Series("", index=run.phases.index)
+    return set(zip(hosts, run.phases["pid"].astype(int)))
+
+
+def is_fleet(run) -> bool:
+    """A run of more than one process with phases, or of several processes on more than one GPU.
+    One-process runs never are: their report is what it always was."""
+    if len(run.processes) < 2:
+        return False
+    if len(_phase_processes(run)) > 1:
+        return True
+    uuids = {p.get("gpu_uuid") for p in run.processes if p.get("gpu_uuid")}
+    return len(uuids) > 1
+
+
+@dataclass
+class FleetView:
+    run: object                     # the run, with the samples of the picked lanes' processes read
+    table: pd.DataFrame             # normalized PhaseTable
+    matrix: fleet.GpuMatrix
+    outliers: fleet.Outliers
+    lanes: pd.DataFrame             # every lane (fleet.lanes)
+    picked: list[str]               # lane ids drawn, display order
+    checks: list[checks_mod.CheckResult] = field(default_factory=list)
+    figures: list[tuple[dict, go.Figure]] = field(default_factory=list)
+    spec: str = DEFAULT_LANES
+
+
+def build_fleet(run, spec: str | None = None, *, max_points: int = 100_000, check: bool = True,
+                thresholds: fleet_checks.FleetThresholds | None = None) -> FleetView:
+    table = fleet.normalize(phase_table(run))
+    if table.empty:
+        return FleetView(run, table, None, None, pd.DataFrame(), [], [], [], spec or "")
+    matrix = fleet.gpu_matrix(table)
+    all_lanes = matrix.lanes
+    if spec is None and len(all_lanes) <= MAX_LANES_DRAWN:
+        picked = list(all_lanes["lane"])
+    else:
+        picked = fleet.select_lanes(table, spec or DEFAULT_LANES, matrix)
+    shown = all_lanes[all_lanes["lane"].isin(picked)]
+    if getattr(run, "sample_pids", None) is not None:  # read lazily: now the samples in view
+        from miles_profile.logdir.reader import with_samples
+        pids = {int(p) for ps in shown["pids"] for p in ps}
+        run = with_samples(run, pids)
+    results = fleet_checks.run_fleet_checks(table, thresholds, matrix) if check else []
+    view = FleetView(run, table, matrix, fleet.rank_outliers(table, matrix=matrix), all_lanes, picked,
+                     list(results), spec=spec or DEFAULT_LANES)
+    view.figures = [(lane, lane_figure(run, table, lane, max_points=max(2000, max_points // max(1, len(shown)))))
+                    for lane in shown.to_dict("records")]
+    return view
+
+
+# -- one lane: its processes stacked ------------------------------------------------------------
+def _own_column(run, pid: int, kind: str, gpu_index: int) -> str | None:
+    if kind == "host":
+        return "rss" if "rss" in run.samples else None
+    for series in fleet.OWN_GPU_SERIES:
+        column = f"gpu{gpu_index}_{series}"
+        if column in run.samples and np.isfinite(series_arrays(run, pid, column)[1]).any():
+            return column
+    return None
+
+
+def _reduced(t: np.ndarray, y: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+    keep = reduce_series(t, y, n)
+    return t[keep], y[keep]
+
+
+def lane_figure(run, table: pd.DataFrame, lane: dict, *, max_points: int = 20_000) -> go.Figure:
+    """One lane: each recorded process's own memory (reduced), the GPU's other NVML processes, the
+    device's NVML used and its total. On a host lane: the ranks' processes' RSS under the host total."""
+    from miles_profile.report.figures import run_start
+    rows = table[table["lane"] == lane["lane"]]
+    who = rows.drop_duplicates("pid").set_index("pid")
+    pids = [int(p) for p in lane["pids"]]
+    n = max(500, max_points // max(1, len(pids) + 2))
+    series: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+    have = set(run.samples["pid"].unique().tolist()) if len(run.samples) else set()
+    on_gpu = lane["kind"] == "gpu"
+    drawn = set()
+    for pid in pids:
+        info = who.loc[pid]
+        label = f"{info['role'] or 'process'} rank {info['rank']} (pid {pid})" if info["rank"] >= 0 else \
+            f"{info['role'] or 'process'} (pid {pid})"
+        index = int(info["gpu_index"]) if "gpu_index" in who and info["gpu_index"] >= 0 else 0
+        column = _own_column(run, pid, "gpu" if on_gpu else "host", index) if pid in have else None
+        if column is None and on_gpu:
+            column = next((c for c in run.samples.columns if pid in have and c.startswith("gpu") and
+                           c.rsplit("_", 1)[-1] in fleet.OWN_GPU_SERIES and
+                           np.isfinite(series_arrays(run, pid, c)[1]).any()), None)
+        if column is not None:
+            t, y = series_arrays(run, pid, column)
+            series[label] = _reduced(t, y, n)
+            drawn.add(pid)
+    used, others = None, {}
+    if on_gpu:
+        device = run.gpu_used.get((lane["host"], lane["gpu_uuid"])) if hasattr(run, "gpu_used") else None
+        if device is not None and len(device[0]):
+            used = _reduced(device[0], device[1], n)
+        procs = run.gpu_procs_of([lane["host"]]) if run.hosts else pd.DataFrame()
+        if len(procs):
+            mine = procs[procs["gpu_uuid"].astype(str) == lane["gpu_uuid"]]
+            for pid, rows_ in mine.groupby("pid", sort=True):
+                if int(pid) in drawn:
+                    continue
+                label = f"pid {int(pid)} (NVML, not recorded)" if int(pid) not in pids else \
+                    f"{who.loc[int(pid), 'role']} (pid {int(pid)}, NVML)"
+                others[label] = _reduced(rows_["t"].to_numpy(float), rows_["bytes"].to_numpy(float), n)
+    total = float(lane["total"]) if np.isfinite(lane["total"]) else None
+    what = f"{lane['label']} — ranks {lane['ranks'] or '?'} ({lane['roles'] or '?'})"
+    stacked = sum(float(np.nanmax(y)) for _, y in {**series, **others}.values() if np.isfinite(y).any())
+    if total is not None and not on_gpu and stacked < 0.25 * total:
+        # a host's total dwarfs a few ranks' RSS: name it rather than flatten the stack under it
+        what += f" · host total {total / 1024 ** 3:.1f} GiB (not drawn)"
+        total = None
+    return fleet_figures.gpu_process_stack({**series, **others}, used, device_total=total, t0=run_start(run),
+                                           title=what)
+
+
+# -- per-process checks, aggregated -------------------------------------------------------------
+def _process_run(run, host: str, pid: int, rows: np.ndarray | None):
+    from miles_profile.logdir.reader import Run
+    samples = run.samples.iloc[rows].reset_index(drop=True) if rows is not None else run.samples.iloc[:0]
+    ph = run.phases
+    ph_host = ph["host"].fillna("").astype(str) if "host" in ph else pd.Series("", index=ph.index)
+    phases = ph[(ph["pid"] == pid) & (ph_host == host)].reset_index(drop=True)
+    ev = run.events
+    ev_host = ev["host"].fillna("").astype(str) if "host" in ev else pd.Series("", index=ev.index)
+    events = ev[(ev["pid"] == pid) & (ev_host == host)].reset_index(drop=True)
+    meta = [dict(p) for p in run.processes if int(p.get("pid", -1)) == pid and str(p.get("host") or "") == host]
+    if meta and not meta[0].get("devices") and run.devices:
+        meta[0]["devices"] = run.devices  # NVML's list is in the host sampler's meta only
+    return Run(run.path, run.meta, meta, samples, events, phases, [], run.directories)
+
+
+def judged_processes(run) -> list[tuple[str, int, dict]]:
+    """(host, pid, meta) of the actor and engine processes with phases whose samples were read (every
+    process with phases when no process has those roles)."""
+    with_phases = _phase_processes(run)
+    have = set(run.samples["pid"].unique().tolist()) if len(run.samples) else set()
+    metas = [p for p in run.processes if (str(p.get("host") or ""), int(p.get("pid", -1))) in with_phases]
+    chosen = [p for p in metas if p.get("role") in _JUDGED_ROLES] or metas
+    return [(str(p.get("host") or ""), int(p["pid"]), p) for p in chosen if int(p["pid"]) in have]
+
+
+def _label(meta: dict) -> str:
+    return f"{meta.get('role') or 'process'} rank {meta.get('rank', '?')} (pid {meta.get('pid')}, {meta.get('host')})"
+
+
+def per_process_checks(run, thresholds: checks_mod.Thresholds | None = None) -> list[checks_mod.CheckResult]:
+    judged = judged_processes(run)
+    total = len({k for k in _phase_processes(run)})
+    rows_of = run.samples.groupby("pid").indices if len(run.samples) else {}
+    per_check: dict[str, list] = {}
+    for host, pid, meta in judged:
+        sub = _process_run(run, host, pid, rows_of.get(pid))
+        for result in checks_mod.run_checks(sub, thresholds):
+            per_check.setdefault(result.name, []).append((meta, result))
+    if not per_check:  # nothing read (no samples): the checks say why, as on one process
+        return checks_mod.run_checks(run, thresholds)
+    return [_aggregate(items, len(judged), total) for items in per_check.values()]
+
+
+_ORDER = {"fail": 0, "pass": 1, "n/a": 2}
+# How close a finding came to failing, from the numbers checks.py records: (value, limit) pairs where
+# more is worse, and the offload drop where less dropped is worse.
+_RATIOS = (("growth", "limit"), ("spike", "limit"), ("resident", "limit"), ("rise", "allowed"),
+           ("growth", "weights_bytes"), ("share", None))
+
+
+def _severity(finding: checks_mod.Finding) -> float:
+    n = finding.numbers
+    if "needed" in n and "dropped_inside" in n:
+        return float(n["needed"]) / max(float(n["dropped_inside"]), 1.0)
+    for value, limit in _RATIOS:
+        if value in n:
+            v = float(n[value]) if limit is None else float(n[value]) / max(float(n.get(limit) or 0), 1.0)
+            if np.isfinite(v):
+                return v
+    return -np.inf
+
+
+def _worst_key(item) -> tuple:
+    result = item[1]
+    judged = [f for f in result.findings if f.status != "n/a"]
+    return (_ORDER[result.status], -sum(f.status == "fail" for f in judged),
+            -max((_severity(f) for f in judged), default=-np.inf))
+
+
+def _aggregate(items: list, n_judged: int, n_total: int) -> checks_mod.CheckResult:
+    first = items[0][1]
+    worst_meta, worst = min(items, key=_worst_key)
+    statuses = [r.status for _, r in items]
+    status = "fail" if "fail" in statuses else ("pass" if "pass" in statuses else "n/a")
+    roles = pd.Series([m.get("role") or "process" for m, _ in items]).value_counts()
+    counted = ", ".join(f"{v} {k}" for k, v in roles.items())
+    failing = statuses.count("fail")
+    head = f"judged {n_judged} processes, {failing} fail" if failing else f"judged {n_judged} processes"
+    unread = f"; {n_total - n_judged} more not judged here (samples not read: outside the lanes shown)" \
+        if n_total > n_judged else ""
+    if status == "n/a":
+        summary = f"not judged in any of {n_judged} processes ({counted}){unread}; {_label(worst_meta)}: {worst.summary}"
+    else:
+        summary = f"{head} ({counted}){unread}; worst {_label(worst_meta)}: {worst.summary}"
+    findings = []
+    for meta, result in items:
+        for f in result.findings:
+            findings.append(checks_mod.Finding(f.status, f"{_label(meta)}: {f.message}", f.span, f.phase,
+                                               f.iteration, {**f.numbers, "pid": meta.get("pid"),
+                                                             "host": meta.get("host")}))
+    spans = [r.span for _, r in items if r.span]
+    span = (min(s[0] for s in spans), max(s[1] for s in spans)) if spans else None
+    return fleet_checks.FleetCheckResult(
+        first.name, first.title, status, summary, first.explanation, span, findings, worst.series,
+        {"processes": n_judged}, {"label": _label(worst_meta), "pid": worst_meta.get("pid"),
+                                  "host": worst_meta.get("host"), "message": worst.summary})
+
+
+# -- HTML ---------------------------------------------------------------------------------------
+def _e(x) -> str:
+    return html.escape(str(x))
+
+
+def lane_anchor(k: int, lane_index: int) -> str:
+    return f"lane-{k}-{lane_index}"
+
+
+def fleet_html(view: FleetView, k: int, t0: float) -> str:
+    """The Fleet section: heatmap, ranked outliers (each a link to its lane at that phase), lanes."""
+    if view.matrix is None:
+        return '<p class="muted">No phases: nothing to compare across processes.</p>'
+    heatmap = fleet_figures.fleet_heatmap(view.matrix)
+    top = float(np.nanmax(view.matrix.fraction)) if np.isfinite(view.matrix.fraction).any() else 1.0
+    host_only = not (view.matrix.lanes["kind"] == "gpu").any()
+    if host_only and 0 < top < 0.5:  # ranks' RSS against a host's total: scale the colours to what is there
+        heatmap.update_traces(zmax=top, colorbar_tickformat=".1%")
+        heatmap.update_layout(title_text=heatmap.layout.title.text + f" (colours up to the highest share, {top:.1%})")
+    heat = heatmap.to_html(full_html=False, include_plotlyjs=False,
+                                                            div_id=f"fleet-heatmap-{k}", config=_CONFIG)
+    position = {lane: i for i, lane in enumerate(view.picked)}
+    rows = []
+    for r in fleet_figures.outliers_table(view.outliers):
+        i = position.get(r["lane"])
+        where = _e(r["label"])
+        if i is not None:
+            where = (f'<a href="#{lane_anchor(k, i)}" class="lane-link" data-target="lane-fig-{k}-{i}" '
+                     f'data-t0="{r["t0"] - t0:.3f}" data-t1="{r["t1"] - t0:.3f}">{where}</a>')
+        else:
+            where += ' <span class="muted small">(not drawn: add it with --lanes)</span>'
+        rows.append(f'<tr><td>{_e(r["kind"])}</td><td class="num">{r["rank"]}</td><td>{where}</td>'
+                    f'<td>{_e(r["who"])}</td><td>{_e(r["phase"])} #{r["iteration"]}</td>'
+                    f'<td class="num" title="{r["bytes"]:,} B">{_e(r["value"])}</td></tr>')
+    table = (f'<table class="data outliers" id="outliers-{k}"><thead><tr><th>outlier</th><th>#</th><th>lane</th>'
+             f'<th>who</th><th>phase</th><th>value</th></tr></thead><tbody>{"".join(rows)}</tbody></table>'
+             if rows else '<p class="muted">No outliers.</p>')
+    n_lanes = len(view.lanes)
+    lanes_note = (f"all {n_lanes} lanes" if len(view.picked) == n_lanes else
+                  f"{len(view.picked)} of {n_lanes} lanes (--lanes {_e(view.spec)})")
+    figures = []
+    for i, (lane, figure) in enumerate(view.figures):
+        div = figure.to_html(full_html=False, include_plotlyjs=False, div_id=f"lane-fig-{k}-{i}", config=_CONFIG)
+        figures.append(f'<div class="lane" id="{lane_anchor(k, i)}"><h4>{_e(lane["label"])}</h4>'
+                       f'<div class="figure">{div}</div></div>')
+    processes = len({(h, p) for h, p in zip(view.table["host"], view.table["pid"])})
+    return f"""
+  <h3>Fleet</h3>
+  <p class="muted small">{processes} processes with phases on {n_lanes} lanes (a lane is a GPU; on a run without
+  GPUs a rank's host memory). Colour: each lane's peak in each (iteration, phase) as a share of its total, from the
+  phase summaries. Click an outlier to jump to its lane zoomed on that phase.</p>
+  <div class="figure">{heat}</div>
+  <h4>Outliers</h4>
+  {table}
+  <h4>Lanes: {lanes_note}</h4>
+  <p class="muted small">{_lanes_note(view)}</p>
+  {''.join(figures)}"""
+
+
+def _lanes_note(view: FleetView) -> str:
+    if (view.lanes["kind"] == "gpu").any():
+        return ("Each process's own memory stacked (actor, engine, then other processes NVML lists on the GPU), "
+                "NVML's device used as a line and the device total dashed; samples reduced keeping every peak.")
+    return ("No GPU in this run: a lane is a rank's host memory, its processes' RSS stacked (actor, then engine); "
+            "samples reduced keeping every peak.")
+
+
+ZOOM_SCRIPT = """
+document.addEventListener('click', function (ev) {
+  var a = ev.target.closest && ev.target.closest('a.lane-link');
+  if (!a) return;
+  var fig = document.getElementById(a.dataset.target);
+  if (fig && window.Plotly) {
+    var t0 = parseFloat(a.dataset.t0), t1 = parseFloat(a.dataset.t1), pad = Math.max(0.5, (t1 - t0) * 0.25);
+    Plotly.relayout(fig, {'xaxis.range': [t0 - pad, t1 + pad]});
+  }
+});
+"""
+
+
+def report_data(view: FleetView) -> dict:
+    """What the report's JSON block says of the fleet (tests read it)."""
+    return {"lanes": len(view.lanes), "picked": [str(x) for x in view.picked],
+            "outliers": len(fleet_figures.outliers_table(view.outliers)) if view.outliers is not None else 0}
