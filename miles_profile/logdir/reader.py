@@ -216,6 +216,7 @@ def load_run(*paths: str | Path, sample_pids=None) -> Run:
     events = event_frames[0] if len(event_frames) == 1 else events_frame(
         [row for frame in event_frames for row in frame.to_dict("records")])
     _warn_shared_pids(processes, warnings)
+    _mark_dead(processes, warnings)
     phases = phases_from_events(events, samples)
     outside = [p["pid"] for p in processes if p.get("role") == "exec_parent"]
     if outside and len(samples):
@@ -249,6 +250,23 @@ def _merge_samples(frames: list[pd.DataFrame]) -> pd.DataFrame:
     samples = pd.concat(frames, ignore_index=True)
     samples["phase"] = samples["phase"].astype(str).astype("category")
     return samples.sort_values("t", kind="stable").reset_index(drop=True)
+
+
+def _mark_dead(processes: list[dict[str, Any]], warnings: list[str]) -> None:
+    """A process whose recording never ended (no `end_time`) in a run whose `record` process did end
+    died with it still running (a `kill -9`, an OOM kill, a segfault): `died: True` in its meta, and
+    one warning naming it. A run still being recorded (no ended `record` process) marks nobody."""
+    ended = any(p.get("role") == "exec_parent" and p.get("end_time") for p in processes)
+    if not ended:
+        return
+    dead = [p for p in processes if not p.get("end_time") and p.get("role") != "exec_parent"]
+    for p in dead:
+        p["died"] = True
+    if dead:
+        who = ", ".join(f"{p.get('role', 'process')} rank {p.get('rank', '?')} (pid {p.get('pid')}, "
+                        f"{p.get('host', '?')})" for p in dead[:4])
+        more = f" and {len(dead) - 4} more" if len(dead) > 4 else ""
+        warnings.append(f"{len(dead)} process(es) died before the run ended (no end_time): {who}{more}")
 
 
 def _warn_shared_pids(processes: list[dict[str, Any]], warnings: list[str]) -> None:

@@ -107,3 +107,39 @@ def test_ranks_by_hand_a_killed_peer_fails_the_survivor_s_collective(tmp_path):
     assert "failed, a peer rank died" in stderr
     time.sleep(2)
     assert len(engines) == 2 and all(_gone(pid) for pid in engines)
+
+
+@pytest.mark.slow
+def test_recorded_run_with_a_killed_rank_loads_and_marks_it_dead(tmp_path):
+    import json
+
+    import miles_profile as mp
+    logs = tmp_path / "logs"
+    env = dict(python_env(), TRAINER_DIST_TIMEOUT_S="30")
+    rec = subprocess.Popen([sys.executable, "-m", "miles_profile.record", "--log-dir", str(logs), "--",
+                            "--nproc-per-node", "2", *TRAIN[2:]], cwd=REPO, env=env,
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline, victim = time.monotonic() + 180, None
+        while victim is None and time.monotonic() < deadline:
+            for path in logs.glob("run-*/*.meta.json"):
+                meta = json.loads(path.read_text() or "{}")
+                if meta.get("role") == "actor" and meta.get("rank") == 1:
+                    events = path.with_name(path.name.replace(".meta.json", ".events.jsonl"))
+                    if events.exists() and events.read_text().count('"train"') >= 4:  # two trains done
+                        victim = meta["pid"]
+            if rec.poll() is not None:
+                pytest.fail("the run ended before the kill")
+            time.sleep(0.2)
+        assert victim is not None, "rank 1 never trained"
+        os.kill(victim, signal.SIGKILL)
+        rec.communicate(timeout=STOP_WITHIN_S)
+    finally:
+        if rec.poll() is None:
+            rec.kill()
+    assert rec.returncode != 0
+    run = mp.load(next(logs.glob("run-*")))
+    dead = {(p["role"], p.get("rank")) for p in run.processes if p.get("died")}
+    assert ("actor", 1) in dead and ("actor", 0) not in dead, run.warnings
+    assert any("died before the run ended" in w and f"pid {victim}" in w for w in run.warnings), run.warnings
+    assert (run.phases["name"] == "train").sum() >= 4  # what the dead rank recorded is still there
