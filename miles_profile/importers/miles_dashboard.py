@@ -101,6 +101,19 @@ class ImportedRun(Run):
         return empty(HOST_COLUMNS), gpus, procs
 
     @cached_property
+    def _gpu_procs(self) -> pd.DataFrame:
+        return self._host_data[2]
+
+    @cached_property
+    def gpu_used(self) -> dict[tuple[str, str], tuple[np.ndarray, np.ndarray]]:
+        self._host_data  # noqa: B018 - imported frames: the base class splits them instead of reading files
+        return Run.gpu_used.func(self)
+
+    def gpu_procs_of(self, hosts) -> pd.DataFrame:
+        procs = self._gpu_procs
+        return procs[procs["host"].astype(str).isin([str(h) for h in hosts])]
+
+    @cached_property
     def hosts(self) -> list[dict[str, Any]]:
         return self.imported_hosts
 
