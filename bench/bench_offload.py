@@ -53,16 +53,23 @@ def make_actor(preset: str, device: torch.device, target: str, disk_dir: Path | 
                  offload_target=target, disk_dir=disk_dir, chunk_bytes=p.chunk_bytes)
 
 
-def bench_pinned(actor: Actor, repeats: int) -> dict:
-    """Target cpu on CUDA against one plain pinned copy of the same number of bytes."""
-    device, nbytes = actor.device, actor.state_bytes()
+def plain_pinned_copy(nbytes: int, device: torch.device, repeats: int) -> tuple[float, float]:
+    """Best seconds of one device->host and one host->device copy of `nbytes` through a pinned buffer:
+    what an offload of that many bytes is measured against."""
     src = torch.empty(nbytes, dtype=torch.uint8, device=device)
     dst = host_buffer(src)
-    plain_d2h = best_of(repeats, lambda: dst.copy_(src, non_blocking=True), device)
-    plain_h2d = best_of(repeats, lambda: src.copy_(dst, non_blocking=True), device)
+    d2h = best_of(repeats, lambda: dst.copy_(src, non_blocking=True), device)
+    h2d = best_of(repeats, lambda: src.copy_(dst, non_blocking=True), device)
     unpin(dst)
     del src, dst
     torch.cuda.empty_cache()
+    return d2h, h2d
+
+
+def bench_pinned(actor: Actor, repeats: int) -> dict:
+    """Target cpu on CUDA against one plain pinned copy of the same number of bytes."""
+    device, nbytes = actor.device, actor.state_bytes()
+    plain_d2h, plain_h2d = plain_pinned_copy(nbytes, device, repeats)
     actor.offload(), actor.onload()  # the first cycle allocates and pins the host buffers
     off, on = _cycle(actor, repeats)
     return _result(nbytes, plain_d2h, off, plain_h2d, on, "pinned copy", "cpu")

@@ -30,12 +30,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.bench_offload import best_of  # noqa: E402
+from bench.bench_offload import plain_pinned_copy  # noqa: E402
 from miles_profile.names import BUILTIN, TORCH_MEMORY_SAVER  # noqa: E402
 from trainer import memory_backend, task  # noqa: E402
 from trainer.actor import Actor  # noqa: E402
 from trainer.config import GiB, PRESETS, model_config  # noqa: E402
-from trainer.offload import host_buffer, unpin  # noqa: E402
 from trainer.rollout_engine import RolloutEngine  # noqa: E402
 
 CUDA = torch.device("cuda")
@@ -103,14 +102,7 @@ def _actor(preset: str, backend: str) -> Actor:
 
 
 def plain_pinned(nbytes: int, repeats: int) -> tuple[float, float]:
-    src = torch.empty(nbytes, dtype=torch.uint8, device=CUDA)
-    dst = host_buffer(src)
-    d2h = best_of(repeats, lambda: dst.copy_(src, non_blocking=True), CUDA)
-    h2d = best_of(repeats, lambda: src.copy_(dst, non_blocking=True), CUDA)
-    unpin(dst)
-    del src, dst
-    torch.cuda.empty_cache()
-    return d2h, h2d
+    return plain_pinned_copy(nbytes, CUDA, repeats)
 
 
 def bench_actor(preset: str, variant: str, repeats: int, plain: tuple[float, float]) -> dict:

@@ -142,18 +142,6 @@ def _read_json(path: Path, what: str) -> dict[str, Any]:
     return data
 
 
-def resolve_run(path: str | Path) -> Path:
-    path = Path(path)
-    if not path.exists():
-        raise MilesProfileError(f"{path}: no such file or directory")
-    runs = find_runs(path)
-    if not runs:
-        raise MilesProfileError(f"{path}: no miles-profile run here (no {RUN_META} in it or its subdirectories)")
-    if len(runs) > 1:
-        raise MilesProfileError(f"{path} holds {len(runs)} runs; pass one of them, e.g. {runs[-1]}")
-    return runs[0]
-
-
 def _run_id(run_dir: Path, meta: dict[str, Any]) -> str:
     # A version-1 log from before run ids is a run of its own.
     return str(meta.get("run_id") or f"dir:{run_dir.resolve()}")
