@@ -160,8 +160,15 @@ def lane_figure(run, table: pd.DataFrame, lane: dict, *, max_points: int = 20_00
 
 
 # -- per-process checks, aggregated -------------------------------------------------------------
-def _process_run(run, host: str, pid: int, rows: np.ndarray | None):
+def _process_run(run, host: str, pid: int, rows_of: dict):
+    """A view of the run holding one process (its samples, phases, events, meta), plus the meta and
+    samples of the engine server it drives where it has one (checks.engine_of): an offload it declares
+    is done in that engine, and offload_drop judges it there."""
     from miles_profile.logdir.reader import Run
+    meta = [dict(p) for p in run.processes if int(p.get("pid", -1)) == pid and str(p.get("host") or "") == host]
+    engine = checks_mod.engine_of(run.processes, meta[0]) if meta else None
+    parts = [rows_of[p] for p in (pid, engine and int(engine["pid"])) if p is not None and p in rows_of]
+    rows = np.sort(np.concatenate(parts)) if parts else None
     samples = run.samples.iloc[rows].reset_index(drop=True) if rows is not None else run.samples.iloc[:0]
     ph = run.phases
     ph_host = ph["host"].fillna("").astype(str) if "host" in ph else pd.Series("", index=ph.index)
@@ -169,9 +176,9 @@ def _process_run(run, host: str, pid: int, rows: np.ndarray | None):
     ev = run.events
     ev_host = ev["host"].fillna("").astype(str) if "host" in ev else pd.Series("", index=ev.index)
     events = ev[(ev["pid"] == pid) & (ev_host == host)].reset_index(drop=True)
-    meta = [dict(p) for p in run.processes if int(p.get("pid", -1)) == pid and str(p.get("host") or "") == host]
     if meta and not meta[0].get("devices") and run.devices:
         meta[0]["devices"] = run.devices  # NVML's list is in the host sampler's meta only
+    meta += [dict(engine)] if engine is not None else []
     return Run(run.path, run.meta, meta, samples, events, phases, [], run.directories)
 
 
@@ -195,7 +202,7 @@ def per_process_checks(run, thresholds: checks_mod.Thresholds | None = None) -> 
     rows_of = run.samples.groupby("pid").indices if len(run.samples) else {}
     per_check: dict[str, list] = {}
     for host, pid, meta in judged:
-        sub = _process_run(run, host, pid, rows_of.get(pid))
+        sub = _process_run(run, host, pid, rows_of)
         for result in checks_mod.run_checks(sub, thresholds):
             per_check.setdefault(result.name, []).append((meta, result))
     if not per_check:  # nothing read (no samples): the checks say why, as on one process
