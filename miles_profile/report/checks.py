@@ -598,7 +598,12 @@ def check_headroom(run, th: Thresholds) -> CheckResult:
         columns = [c for c in (f"gpu{i}_used", f"gpu{i}_alloc_peak", f"gpu{i}_reserved") if pids_with(run, c)]
         if not columns or not isinstance(total, (int, float)) or total <= 0:
             continue
-        peak = max(_nanmax(series_arrays(run, p, c)[1]) for c in columns for p in pids_with(run, c)[:8])
+        # an engine server's samples in an actor's view (fleet_report) are its engine's to judge, not its own
+        peers = {p.get("pid") for p in run.processes if p.get("view_peer")}
+        owners = {c: [p for p in pids_with(run, c) if p not in peers][:8] for c in columns}
+        if not any(owners.values()):
+            continue
+        peak = max(_nanmax(series_arrays(run, p, c)[1]) for c in columns for p in owners[c])
         findings.append(_headroom_finding(f"GPU {i}", peak, float(total), th))
     if not run.gpu_indices:
         total = _host_total(run)

@@ -172,14 +172,50 @@ def _process_run(run, host: str, pid: int, rows_of: dict):
     samples = run.samples.iloc[rows].reset_index(drop=True) if rows is not None else run.samples.iloc[:0]
     ph = run.phases
     ph_host = ph["host"].fillna("").astype(str) if "host" in ph else pd.Series("", index=ph.index)
-    phases = ph[(ph["pid"] == pid) & (ph_host == host)].reset_index(drop=True)
+    phases = _inherit_rollout_ids(ph[(ph["pid"] == pid) & (ph_host == host)].reset_index(drop=True), run, meta)
     ev = run.events
     ev_host = ev["host"].fillna("").astype(str) if "host" in ev else pd.Series("", index=ev.index)
     events = ev[(ev["pid"] == pid) & (ev_host == host)].reset_index(drop=True)
     if meta and not meta[0].get("devices") and run.devices:
         meta[0]["devices"] = run.devices  # NVML's list is in the host sampler's meta only
-    meta += [dict(engine)] if engine is not None else []
+    meta += [dict(engine, view_peer=True)] if engine is not None else []  # checks.check_headroom skips it
     return Run(run.path, run.meta, meta, samples, events, phases, [], run.directories)
+
+
+def _inherit_rollout_ids(phases: pd.DataFrame, run, meta: list[dict]) -> pd.DataFrame:
+    """An engine server's phases are requests and carry no rollout_id: each takes the rollout_id of the
+    innermost phase of the process driving it (same host, GPU and rank; checks.engine_of) that encloses it
+    in time, of the same name where one does; phases between them carry the last one forward
+    (stats._iterations), and those before the first rollout get -1 (warm-up, weights still loading).
+    Unchanged when the process has rollout_ids of its own or drives nothing it can inherit from."""
+    if phases.empty or not meta or ("rollout_id" in phases and phases["rollout_id"].notna().any()):
+        return phases
+    drivers = {(str(p.get("host") or ""), int(p.get("pid", -1))) for p in run.processes
+               if (e := checks_mod.engine_of(run.processes, p)) is not None
+               and int(e.get("pid", -1)) == int(meta[0].get("pid", -2))}
+    ph = run.phases
+    if not drivers or "rollout_id" not in ph:
+        return phases
+    hosts = ph["host"].fillna("").astype(str) if "host" in ph else pd.Series("", index=ph.index)
+    mine = [(h, int(p)) in drivers for h, p in zip(hosts, ph["pid"])]
+    outer = ph[np.array(mine, dtype=bool) & ph["rollout_id"].notna().to_numpy()]
+    if outer.empty:
+        return phases
+    a0, a1 = outer["start"].to_numpy(float), outer["end"].to_numpy(float)
+    a1 = np.where(np.isfinite(a1), a1, np.inf)  # an open phase encloses what started in it
+    a_name, a_id = outer["name"].astype(str).to_numpy(), pd.to_numeric(outer["rollout_id"], errors="coerce").to_numpy()
+    s0, s1 = phases["start"].to_numpy(float), phases["end"].to_numpy(float)
+    s1 = np.where(np.isfinite(s1), s1, s0)
+    names_ = phases["name"].astype(str).to_numpy()
+    ids = np.full(len(phases), np.nan)
+    for c in range(0, len(phases), 512):  # chunks: phases x enclosing phases stays small
+        k = slice(c, c + 512)
+        enclosing = (a0[None, :] <= s0[k, None]) & (a1[None, :] >= s1[k, None])
+        same = enclosing & (a_name[None, :] == names_[k, None])
+        pick = np.where(same.any(axis=1)[:, None], same, enclosing)
+        innermost = np.where(pick, a0[None, :], -np.inf).argmax(axis=1)
+        ids[k] = np.where(pick.any(axis=1), a_id[innermost], np.nan)
+    return phases.assign(rollout_id=ids)
 
 
 def judged_processes(run) -> list[tuple[str, int, dict]]:
