@@ -32,13 +32,14 @@ Public API (stable; shared with the Dash dashboard):
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields
 from typing import Any, Callable, Literal
 
 import numpy as np
 import pandas as pd
 
 from miles_profile import names
+from miles_profile.report.engine_server import engine_of, holder_track, moves_rollout
 from miles_profile.report.series import DRIVER_KINDS, GiB, Track, device_track, host_track, main_pid
 from miles_profile.report.stats import phase_instances
 
@@ -250,9 +251,11 @@ def check_offload_drop(run, th: Thresholds) -> CheckResult:
             continue
         backend = _backend(run, phases, k, int(row["pid"]))
         paused = tracks.gpu and backend == names.TORCH_MEMORY_SAVER  # the allocator never sees a pause
-        holder = engine_of(run.processes, _meta(run, int(row["pid"]))) if _moves_rollout(phases, k) else None
+        tags = _tags(phases.loc[k, "tags"]) if "tags" in phases else []
+        holder = engine_of(run.processes, _meta(run, int(row["pid"]))) if moves_rollout(tags) else None
         if holder is not None and tracks.gpu:
-            track = _holder_track(run, tracks, holder, paused)
+            pid = int(holder["pid"])
+            track = holder_track(run, tracks.driver(pid) if paused else tracks.device(pid), holder)
         else:
             track = tracks.driver(int(row["pid"])) if paused else tracks.memory(int(row["pid"]))
         if track is None:
@@ -272,40 +275,6 @@ def check_offload_drop(run, th: Thresholds) -> CheckResult:
 
 def _meta(run, pid: int) -> dict | None:
     return next((p for p in run.processes if p.get("pid") == pid), None)
-
-
-def _moves_rollout(phases, k) -> bool:
-    """The phase moves a rollout engine's memory: its tags are all rollout tags (kv_cache, weights, cuda_graph)."""
-    tags = _tags(phases.loc[k, "tags"]) if "tags" in phases else []
-    return bool(tags) and set(tags) <= set(names.TAGS)
-
-
-def engine_of(processes: list[dict], meta: dict | None) -> dict | None:
-    """The engine process serving `meta`'s process from another process (an SGLang-style server on the
-    same GPU): role engine, same host, GPU UUID and rank. None for an engine itself, a process without a
-    GPU UUID, or an in-process engine (no such meta): then the phase's own process holds the memory."""
-    if not meta or meta.get("role") == names.ROLE_ENGINE or not meta.get("gpu_uuid"):
-        return None
-    for p in processes:
-        if (p.get("role") == names.ROLE_ENGINE and p.get("pid") != meta.get("pid")
-                and p.get("gpu_uuid") == meta["gpu_uuid"] and str(p.get("host") or "") == str(meta.get("host") or "")
-                and p.get("rank", meta.get("rank")) == meta.get("rank")):
-            return p
-    return None
-
-
-def _holder_track(run, tracks: "_Tracks", holder: dict, paused: bool) -> Track | None:
-    """What a phase declared by one process but done by its engine server moved: the engine's own device
-    memory where its samples are in the run, else NVML used of the GPU (the host sampler's)."""
-    pid = int(holder["pid"])
-    own = tracks.driver(pid) if paused else tracks.device(pid)
-    if own is not None and own.pid == pid:  # device_track falls back to another process: not that one
-        return replace(own, label=f"{own.label}, the engine server that holds it")
-    used = (getattr(run, "gpu_used", None) or {}).get((str(holder.get("host") or ""), str(holder["gpu_uuid"])))
-    if used is None or not len(used[0]):
-        return None
-    return Track("device", f"NVML used of GPU {holder['gpu_uuid']} (host sampler), where its engine server (pid "
-                           f"{pid}) holds it", pid, used[0], used[1], used[1])
 
 
 def _backend(run, phases, k, pid: int) -> str:

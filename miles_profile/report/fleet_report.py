@@ -25,7 +25,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from miles_profile.report import checks as checks_mod
-from miles_profile.report import fleet, fleet_checks, fleet_figures
+from miles_profile.report import engine_server, fleet, fleet_checks, fleet_figures
 from miles_profile.report.phase_table import phase_table
 from miles_profile.report.reduce import reduce_series
 from miles_profile.report.series import series_arrays
@@ -162,11 +162,11 @@ def lane_figure(run, table: pd.DataFrame, lane: dict, *, max_points: int = 20_00
 # -- per-process checks, aggregated -------------------------------------------------------------
 def _process_run(run, host: str, pid: int, rows_of: dict):
     """A view of the run holding one process (its samples, phases, events, meta), plus the meta and
-    samples of the engine server it drives where it has one (checks.engine_of): an offload it declares
+    samples of the engine server it drives where it has one (engine_server.engine_of): an offload it declares
     is done in that engine, and offload_drop judges it there."""
     from miles_profile.logdir.reader import Run
     meta = [dict(p) for p in run.processes if int(p.get("pid", -1)) == pid and str(p.get("host") or "") == host]
-    engine = checks_mod.engine_of(run.processes, meta[0]) if meta else None
+    engine = engine_server.engine_of(run.processes, meta[0]) if meta else None
     parts = [rows_of[p] for p in (pid, engine and int(engine["pid"])) if p is not None and p in rows_of]
     rows = np.sort(np.concatenate(parts)) if parts else None
     samples = run.samples.iloc[rows].reset_index(drop=True) if rows is not None else run.samples.iloc[:0]
@@ -184,14 +184,14 @@ def _process_run(run, host: str, pid: int, rows_of: dict):
 
 def _inherit_rollout_ids(phases: pd.DataFrame, run, meta: list[dict]) -> pd.DataFrame:
     """An engine server's phases are requests and carry no rollout_id: each takes the rollout_id of the
-    innermost phase of the process driving it (same host, GPU and rank; checks.engine_of) that encloses it
+    innermost phase of the process driving it (same host, GPU and rank; engine_server.engine_of) that encloses it
     in time, of the same name where one does; phases between them carry the last one forward
     (stats._iterations), and those before the first rollout get -1 (warm-up, weights still loading).
     Unchanged when the process has rollout_ids of its own or drives nothing it can inherit from."""
     if phases.empty or not meta or ("rollout_id" in phases and phases["rollout_id"].notna().any()):
         return phases
     drivers = {(str(p.get("host") or ""), int(p.get("pid", -1))) for p in run.processes
-               if (e := checks_mod.engine_of(run.processes, p)) is not None
+               if (e := engine_server.engine_of(run.processes, p)) is not None
                and int(e.get("pid", -1)) == int(meta[0].get("pid", -2))}
     ph = run.phases
     if not drivers or "rollout_id" not in ph:

@@ -10,7 +10,6 @@ import shutil
 
 import numpy as np
 import pandas as pd
-import pytest
 
 import miles_profile as mp
 from miles_profile import visualize
