@@ -289,8 +289,12 @@ def _delegated_floors(df: pd.DataFrame, offloads: pd.DataFrame) -> pd.Series:
     rollout = offloads[offloads["phase"].isin(_ROLLOUT_OFFLOADS) & (offloads["role"] != names.ROLE_ENGINE)]
     engines = df[(df["role"] == names.ROLE_ENGINE) & df["own_last"].notna()]
     out = {}
+    if rollout.empty or engines.empty:
+        return pd.Series(out, dtype=float)
+    rollout_by_lane = rollout.groupby("lane_code").indices
     for (lane, pid), rows in engines.groupby(["lane_code", "pid"], sort=False):
-        mine = rollout[(rollout["lane_code"] == lane) & (rollout["pid"] != pid)]
+        mine = rollout.iloc[rollout_by_lane.get(lane, [])]
+        mine = mine[mine["pid"] != pid]
         if mine.empty:
             continue
         held = fleet.levels_during(rows["t0"].to_numpy(), rows["t1"].to_numpy(), np.full(len(rows), np.nan),
