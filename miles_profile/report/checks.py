@@ -253,9 +253,9 @@ def check_offload_drop(run, th: Thresholds) -> CheckResult:
         paused = tracks.gpu and backend == names.TORCH_MEMORY_SAVER  # the allocator never sees a pause
         tags = _tags(phases.loc[k, "tags"]) if "tags" in phases else []
         holder = engine_of(run.processes, _meta(run, int(row["pid"]))) if moves_rollout(tags) else None
-        if holder is not None and tracks.gpu:
+        if holder is not None:
             pid = int(holder["pid"])
-            track = holder_track(run, tracks.driver(pid) if paused else tracks.device(pid), holder)
+            track = holder_track(run, tracks.driver(pid) if paused else tracks.memory(pid), holder)
         else:
             track = tracks.driver(int(row["pid"])) if paused else tracks.memory(int(row["pid"]))
         if track is None:

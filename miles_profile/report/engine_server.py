@@ -21,14 +21,18 @@ def moves_rollout(tags: list[str]) -> bool:
 
 def engine_of(processes: list[dict], meta: dict | None) -> dict | None:
     """The engine process serving `meta`'s process from another process (an SGLang-style server on the
-    same GPU): role engine, same host, GPU UUID and rank. None for an engine itself, a process without a
-    GPU UUID, or an in-process engine (no such meta): then the phase's own process holds the memory."""
-    if not meta or meta.get("role") == names.ROLE_ENGINE or not meta.get("gpu_uuid"):
+    same GPU): role engine, same host, GPU UUID and rank; on a run without GPUs (no UUID on either) the
+    same host and rank, which must then be known. None for an engine itself or an in-process engine (no
+    such meta): then the phase's own process holds the memory."""
+    if not meta or meta.get("role") == names.ROLE_ENGINE:
+        return None
+    uuid, rank = meta.get("gpu_uuid") or "", meta.get("rank")
+    if not uuid and not (isinstance(rank, int) and rank >= 0):
         return None
     for p in processes:
         if (p.get("role") == names.ROLE_ENGINE and p.get("pid") != meta.get("pid")
-                and p.get("gpu_uuid") == meta["gpu_uuid"] and str(p.get("host") or "") == str(meta.get("host") or "")
-                and p.get("rank", meta.get("rank")) == meta.get("rank")):
+                and (p.get("gpu_uuid") or "") == uuid and str(p.get("host") or "") == str(meta.get("host") or "")
+                and p.get("rank", rank) == rank):
             return p
     return None
 
@@ -39,6 +43,8 @@ def holder_track(run, own: Track | None, holder: dict) -> Track | None:
     pid = int(holder["pid"])
     if own is not None and own.pid == pid:  # device_track falls back to another process: not that one
         return replace(own, label=f"{own.label}, the engine server that holds it")
+    if not holder.get("gpu_uuid"):  # a run without GPUs: the engine's own RSS or nothing
+        return None
     used = (getattr(run, "gpu_used", None) or {}).get((str(holder.get("host") or ""), str(holder["gpu_uuid"])))
     if used is None or not len(used[0]):
         return None

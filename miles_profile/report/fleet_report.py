@@ -34,7 +34,8 @@ FULL_READ_MAX_PROCESSES = 64
 DEFAULT_LANES = "worst:8"
 MAX_LANES_DRAWN = 8
 _CONFIG = {"displaylogo": False, "responsive": True, "scrollZoom": False}
-_JUDGED_ROLES = ("actor", "engine")
+# "in_process": the trainer recorded in record's own process (no torchrun), the rank, engine server or not
+_JUDGED_ROLES = ("actor", "in_process", "engine")
 
 
 def _phase_processes(run) -> set:

@@ -7,15 +7,18 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
 
 import numpy as np
 import pandas as pd
+import pytest
 
 import miles_profile as mp
 from miles_profile import visualize
 from miles_profile.report import fleet_checks, fleet_report
 from miles_profile.report.phase_table import phase_table
-from tests.conftest import REPO
+from tests.conftest import REPO, python_env
 
 LOG = REPO / "sample_logs" / "h200" / "9-dist-engine-server"
 ENGINE, ACTOR = 615, 556
@@ -159,3 +162,25 @@ def test_gpu_holding_both_footprints_fails_serialized_peaks_per_gpu(tmp_path):
     (finding,) = result.findings
     assert finding.numbers["series"] == "NVML used (device)" and finding.phase == "train"
     assert finding.numbers["together"] > finding.numbers["limit"]
+
+
+# -- the same on CPU: a real recorded run, the rank in record's process, its engine a server ----------
+@pytest.mark.slow
+def test_cpu_engine_server_rollout_offloads_are_judged_on_the_engine(tmp_path, capsys):
+    """On CPU the KV cache the rank's offload_rollout releases is in the engine server's RSS: judged there
+    (host lane: same host and rank), and the rank recorded in record's own process (role in_process) is
+    judged like an actor."""
+    argv = [sys.executable, "-m", "miles_profile.record", "--log-dir", str(tmp_path), "--", "--preset", "tiny",
+            "--num-rollout", "3", "--rollout-engine", "server", "--offload-rollout", "--offload-train"]
+    result = subprocess.run(argv, cwd=REPO, env=python_env(), capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    (run_dir,) = [p for p in tmp_path.iterdir() if p.is_dir()]
+    run = mp.load(run_dir)
+    engine = next(p["pid"] for p in run.processes if p.get("role") == "engine")
+    rank = next(p["pid"] for p in run.processes if p.get("role") == "in_process")
+    verdicts = {r.name: r for r in fleet_report.per_process_checks(run)}
+    delegated = [f for f in verdicts["offload_drop"].findings
+                 if f.numbers.get("pid") == rank and f.phase == "offload_rollout"]
+    assert len(delegated) == 3 and all(f.status == "pass" and f.numbers["holder_pid"] == engine for f in delegated)
+    assert "1 in_process, 1 engine" in verdicts["leak"].summary
+    assert visualize.main([str(run_dir), "-o", str(tmp_path / "r.html")]) == 0
