@@ -9,7 +9,8 @@ processes, the per-GPU timelines and the report's Fleet section.
         samples: load_run(sample_pids=set())); the heatmap, outliers and fleet checks read the
         PhaseTable (phase summaries), never the samples.
     per_process_checks(run, thresholds) -> list[CheckResult]
-        checks.py's checks run on each actor/engine process whose samples are read, aggregated per check:
+        checks.py's checks run on each actor/in_process/engine process whose samples are read (an actor's view
+        carries its engine server's meta and samples), aggregated per check:
         fail if any process fails, with how many were judged and the worst one.
     fleet_html(view, t0) -> str
 
