@@ -55,3 +55,7 @@ MARK_OOM = "oom"
 
 # Environment variable that hands a run directory to a child process (record --exec).
 RUN_DIR_ENV = "MILES_PROFILE_RUN_DIR"
+
+# Process roles in a run's metas (docs/log-format.md).
+ROLE_ACTOR = "actor"
+ROLE_ENGINE = "engine"

@@ -39,6 +39,7 @@ import numpy as np
 import pandas as pd
 
 from miles_profile import names
+from miles_profile.report.engine_server import engine_of, holder_track, moves_rollout
 from miles_profile.report.series import DRIVER_KINDS, GiB, Track, device_track, host_track, main_pid
 from miles_profile.report.stats import phase_instances
 
@@ -250,7 +251,13 @@ def check_offload_drop(run, th: Thresholds) -> CheckResult:
             continue
         backend = _backend(run, phases, k, int(row["pid"]))
         paused = tracks.gpu and backend == names.TORCH_MEMORY_SAVER  # the allocator never sees a pause
-        track = tracks.driver(int(row["pid"])) if paused else tracks.memory(int(row["pid"]))
+        tags = _tags(phases.loc[k, "tags"]) if "tags" in phases else []
+        holder = engine_of(run.processes, _meta(run, int(row["pid"]))) if moves_rollout(tags) else None
+        if holder is not None:
+            pid = int(holder["pid"])
+            track = holder_track(run, tracks.driver(pid) if paused else tracks.memory(pid), holder)
+        else:
+            track = tracks.driver(int(row["pid"])) if paused else tracks.memory(int(row["pid"]))
         if track is None:
             findings.append(Finding("n/a", f"{row['name']}: no memory series for its process"
                                            + (" that sees a torch_memory_saver pause (NVML)" if paused else ""),
@@ -258,9 +265,16 @@ def check_offload_drop(run, th: Thresholds) -> CheckResult:
             continue
         finding = _judge_offload(track, row, expected, th, where)
         finding.numbers["backend"] = backend
+        if holder is not None:  # say where it was judged: not the declaring process's own memory
+            finding.message += f" (judged on {track.label})"
+            finding.numbers["holder_pid"] = int(holder["pid"])
         findings.append(finding)
     return _verdict(name, title, explanation, findings, "device memory" if tracks.gpu else "host RSS (no GPU columns)",
                     "offloads dropped what they moved", "offloads did not drop in time")
+
+
+def _meta(run, pid: int) -> dict | None:
+    return next((p for p in run.processes if p.get("pid") == pid), None)
 
 
 def _backend(run, phases, k, pid: int) -> str:
@@ -553,7 +567,12 @@ def check_headroom(run, th: Thresholds) -> CheckResult:
         columns = [c for c in (f"gpu{i}_used", f"gpu{i}_alloc_peak", f"gpu{i}_reserved") if pids_with(run, c)]
         if not columns or not isinstance(total, (int, float)) or total <= 0:
             continue
-        peak = max(_nanmax(series_arrays(run, p, c)[1]) for c in columns for p in pids_with(run, c)[:8])
+        # an engine server's samples in an actor's view (fleet_report) are its engine's to judge, not its own
+        peers = {p.get("pid") for p in run.processes if p.get("view_peer")}
+        owners = {c: [p for p in pids_with(run, c) if p not in peers][:8] for c in columns}
+        if not any(owners.values()):
+            continue
+        peak = max(_nanmax(series_arrays(run, p, c)[1]) for c in columns for p in owners[c])
         findings.append(_headroom_finding(f"GPU {i}", peak, float(total), th))
     if not run.gpu_indices:
         total = _host_total(run)

@@ -209,6 +209,7 @@ def check_floor_trend_leak(table: pd.DataFrame, th: FleetThresholds) -> FleetChe
 
 # -- serialized peaks per GPU ------------------------------------------------------------------
 _FOOTPRINTS = (names.TRAIN, names.GENERATE)
+_ROLLOUT_OFFLOADS = (names.OFFLOAD_ROLLOUT, names.OFFLOAD_KV, names.OFFLOAD_WEIGHTS)
 
 
 def check_serialized_peaks_per_gpu(table: pd.DataFrame, th: FleetThresholds) -> FleetCheckResult:
@@ -222,9 +223,9 @@ def check_serialized_peaks_per_gpu(table: pd.DataFrame, th: FleetThresholds) -> 
         "plus what every other process of the GPU held then (its phases overlapping in time, or what its last "
         "phase left) must stay under max(F_train, F_rollout) + "
         f"{th.serialized_overlap_share:.0%} of the smaller + {gib(th.serialized_abs_bytes)}.")
-    df = fleet.normalize(table)
-    df = df[df["own_peak"].notna()].reset_index(drop=True)
-    judged = _serialized_judge(df, th) if len(df) else None
+    full = fleet.normalize(table)
+    df = full[full["own_peak"].notna()].reset_index(drop=True)
+    judged = _serialized_judge(df, th, full) if len(df) else None
     if judged is None or judged.empty:
         return _na(name, title, explanation, "no GPU with both a train and a generate phase in separate processes "
                    "(an in-process engine is judged by serialized_peaks)")
@@ -236,13 +237,15 @@ def check_serialized_peaks_per_gpu(table: pd.DataFrame, th: FleetThresholds) -> 
         r = judged.loc[k]
         over, count = int(overs[r["lane_code"]]), int(counts[r["lane_code"]])
         lane = lane_rows.loc[r["lane"]]
+        what = ("NVML used of the GPU" if r["source"] == fleet.SOURCE_USED else "its processes' own levels summed")
         message = (f"{lane['label']}: {r['phase']} #{r['iteration']} (pid {r['pid']}, {r['role'] or '?'}) held "
-                   f"{gib(r['together'])} together above their roles' floors; footprints train {gib(r['f_train'])}, "
+                   f"{gib(r['together'])} together above their roles' floors ({what}); "
+                   f"footprints train {gib(r['f_train'])}, "
                    f"rollout {gib(r['f_rollout'])}, limit {gib(r['limit'])}"
                    + (f"; {over} of {count} phases over" if over else ""))
         numbers = _where(lane, pid=int(r["pid"]), together=float(r["together"]), limit=float(r["limit"]),
                          train=float(r["f_train"]), rollout=float(r["f_rollout"]), ratio=float(r["ratio"]),
-                         phases_over=over, phases=count)
+                         phases_over=over, phases=count, series=r["source"])
         findings.append(Finding("fail" if over else "pass", message, (r["t0"], r["t1"]), r["phase"],
                                 int(r["iteration"]), numbers))
         if worst is None or numbers["ratio"] > worst["ratio"]:
@@ -250,7 +253,8 @@ def check_serialized_peaks_per_gpu(table: pd.DataFrame, th: FleetThresholds) -> 
                          message=f"{gib(r['together'])} held together, limit {gib(r['limit'])}")
     processes = int(df.loc[df["lane_code"].isin(judged["lane_code"].unique()), "pid"].nunique())
     result = _result(name, title, explanation, findings, {"lanes": len(findings), "processes": processes}, worst,
-                     "own memory of each process (proc, else reserved; rss on host lanes)",
+                     "NVML used of the GPU where the host sampler read it, else the sum of its processes' own "
+                     "memory (proc, else reserved; rss on host lanes)",
                      "GPUs held one footprint at a time", "GPUs held both footprints")
     skipped = df["lane_code"].nunique() - len(findings)
     if skipped:
@@ -258,7 +262,7 @@ def check_serialized_peaks_per_gpu(table: pd.DataFrame, th: FleetThresholds) -> 
     return result
 
 
-def _role_floors(df: pd.DataFrame) -> pd.Series:
+def _role_floors(df: pd.DataFrame, full: pd.DataFrame | None = None) -> pd.Series:
     """Per process: the lowest own level of any process of its role across the fleet (its own lowest
     where the role is unknown), or the level its offloads declare it falls to where that is lower."""
     low = df["own_floor"].fillna(df["own_peak"])
@@ -270,14 +274,42 @@ def _role_floors(df: pd.DataFrame) -> pd.Series:
     # would hide memory it never releases
     offloads = df[df["phase"].str.startswith(names.OFFLOAD_PREFIX) & (df["expected_bytes"] > 0)]
     declared = (offloads["own_first"] - offloads["expected_bytes"]).groupby(offloads["pid"]).min()
+    # a delegated offload is often shorter than the host sampler's interval: no own level of its own
+    full = df if full is None else full
+    delegated = full[full["phase"].str.startswith(names.OFFLOAD_PREFIX) & (full["expected_bytes"] > 0)]
+    declared = pd.concat([declared, _delegated_floors(df, delegated)]).groupby(level=0).min()
     return np.fmax(np.fmin(base, declared.reindex(base.index)), 0.0)
 
 
-def _serialized_judge(df: pd.DataFrame, th: FleetThresholds) -> pd.DataFrame:
+def _delegated_floors(df: pd.DataFrame, offloads: pd.DataFrame) -> pd.Series:
+    """Per engine process: the level a rollout offload declared by another process of its GPU (an actor
+    driving its engine server) says the engine falls to: the engine's level entering the offload (the last
+    finite level of its latest phase ended by then) minus the offload's expected_bytes. Without it an
+    engine that never releases would have its stuck memory taken for its context."""
+    rollout = offloads[offloads["phase"].isin(_ROLLOUT_OFFLOADS) & (offloads["role"] != names.ROLE_ENGINE)]
+    engines = df[(df["role"] == names.ROLE_ENGINE) & df["own_last"].notna()]
+    out = {}
+    if rollout.empty or engines.empty:
+        return pd.Series(out, dtype=float)
+    rollout_by_lane = rollout.groupby("lane_code").indices
+    for (lane, pid), rows in engines.groupby(["lane_code", "pid"], sort=False):
+        mine = rollout.iloc[rollout_by_lane.get(lane, [])]
+        mine = mine[mine["pid"] != pid]
+        if mine.empty:
+            continue
+        held = fleet.levels_during(rows["t0"].to_numpy(), rows["t1"].to_numpy(), np.full(len(rows), np.nan),
+                                   rows["own_last"].to_numpy(), mine["t0"].to_numpy(), mine["t0"].to_numpy())
+        fall = held - mine["expected_bytes"].to_numpy()
+        if np.isfinite(fall).any():
+            out[pid] = float(np.nanmin(fall))
+    return pd.Series(out, dtype=float)
+
+
+def _serialized_judge(df: pd.DataFrame, th: FleetThresholds, full: pd.DataFrame | None = None) -> pd.DataFrame:
     """The train and generate rows of the lanes that can be judged, with `together` (their process's peak
     plus what each other process of the lane held in their window, all above the processes' bases),
     the lane's footprints, `limit` and `ratio`. Vectorized: one levels_during call per process."""
-    base = _role_floors(df)
+    base = _role_floors(df, full)
     df = df.assign(above=df["own_peak"] - df["pid"].map(base).to_numpy())
     foot = df[df["phase"].isin(_FOOTPRINTS)]
     per_lane = foot.groupby(["lane_code", "phase"])["pid"].agg(["nunique", "min"]).unstack("phase")
@@ -293,7 +325,10 @@ def _serialized_judge(df: pd.DataFrame, th: FleetThresholds) -> pd.DataFrame:
     judged = foot[foot["lane_code"].isin(lanes_ok)].reset_index(drop=True)
     if judged.empty:
         return judged
-    medians = judged.groupby(["lane_code", "phase"])["above"].median().unstack("phase")
+    # a footprint is held by one process per phase instance (the engine in generate, not the actor
+    # waiting on it over HTTP): the largest of each (iteration, phase) cell, then the median
+    cells = judged.groupby(["lane_code", "phase", "iteration"])["above"].max()
+    medians = cells.groupby(level=["lane_code", "phase"]).median().unstack("phase")
     f_train = medians[names.TRAIN].reindex(judged["lane_code"]).to_numpy()
     f_rollout = medians[names.GENERATE].reindex(judged["lane_code"]).to_numpy()
     limit = np.maximum(f_train, f_rollout) + th.serialized_overlap_share * np.minimum(f_train, f_rollout) \
@@ -307,7 +342,16 @@ def _serialized_judge(df: pd.DataFrame, th: FleetThresholds) -> pd.DataFrame:
         level = fleet.levels_during(p["t0"].to_numpy(), p["t1"].to_numpy(), p["own_peak"].to_numpy(),
                                     p["own_last"].to_numpy(), w0[at], w1[at]) - base[pid]
         together[at] += np.where(owner[at] != pid, np.nan_to_num(level), 0.0)
-    return judged.assign(together=together, f_train=f_train, f_rollout=f_rollout, limit=limit, ratio=together / limit)
+    # Where the host sampler read the GPU's NVML used in the window, judge the device's own total
+    # instead: summed per-process peaks need not coincide in time and overstate (24.5 GiB summed
+    # against 16.97 GiB really used on the H200 run of sample_logs/h200/9-dist-engine-server).
+    lane_base = base.groupby(df.groupby("pid")["lane_code"].first().reindex(base.index)).sum()
+    device = judged["used_peak"].to_numpy() - judged["lane_code"].map(lane_base).to_numpy()
+    on_device = np.isfinite(device)
+    together = np.where(on_device, device, together)
+    source = np.where(on_device, fleet.SOURCE_USED, fleet.SOURCE_SUM)
+    return judged.assign(together=together, f_train=f_train, f_rollout=f_rollout, limit=limit, ratio=together / limit,
+                         source=source)
 
 
 def run_fleet_checks(table: pd.DataFrame, thresholds: FleetThresholds | None = None,

@@ -9,7 +9,8 @@ processes, the per-GPU timelines and the report's Fleet section.
         samples: load_run(sample_pids=set())); the heatmap, outliers and fleet checks read the
         PhaseTable (phase summaries), never the samples.
     per_process_checks(run, thresholds) -> list[CheckResult]
-        checks.py's checks run on each actor/engine process whose samples are read, aggregated per check:
+        checks.py's checks run on each actor/in_process/engine process whose samples are read (an actor's view
+        carries its engine server's meta and samples), aggregated per check:
         fail if any process fails, with how many were judged and the worst one.
     fleet_html(view, t0) -> str
 
@@ -25,7 +26,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from miles_profile.report import checks as checks_mod
-from miles_profile.report import fleet, fleet_checks, fleet_figures
+from miles_profile.report import engine_server, fleet, fleet_checks, fleet_figures
 from miles_profile.report.phase_table import phase_table
 from miles_profile.report.reduce import reduce_series
 from miles_profile.report.series import series_arrays
@@ -34,7 +35,8 @@ FULL_READ_MAX_PROCESSES = 64
 DEFAULT_LANES = "worst:8"
 MAX_LANES_DRAWN = 8
 _CONFIG = {"displaylogo": False, "responsive": True, "scrollZoom": False}
-_JUDGED_ROLES = ("actor", "engine")
+# "in_process": the trainer recorded in record's own process (no torchrun), the rank, engine server or not
+_JUDGED_ROLES = ("actor", "in_process", "engine")
 
 
 def _phase_processes(run) -> set:
@@ -160,19 +162,62 @@ def lane_figure(run, table: pd.DataFrame, lane: dict, *, max_points: int = 20_00
 
 
 # -- per-process checks, aggregated -------------------------------------------------------------
-def _process_run(run, host: str, pid: int, rows: np.ndarray | None):
+def _process_run(run, host: str, pid: int, rows_of: dict):
+    """A view of the run holding one process (its samples, phases, events, meta), plus the meta and
+    samples of the engine server it drives where it has one (engine_server.engine_of): an offload it declares
+    is done in that engine, and offload_drop judges it there."""
     from miles_profile.logdir.reader import Run
+    meta = [dict(p) for p in run.processes if int(p.get("pid", -1)) == pid and str(p.get("host") or "") == host]
+    engine = engine_server.engine_of(run.processes, meta[0]) if meta else None
+    parts = [rows_of[p] for p in (pid, engine and int(engine["pid"])) if p is not None and p in rows_of]
+    rows = np.sort(np.concatenate(parts)) if parts else None
     samples = run.samples.iloc[rows].reset_index(drop=True) if rows is not None else run.samples.iloc[:0]
     ph = run.phases
     ph_host = ph["host"].fillna("").astype(str) if "host" in ph else pd.Series("", index=ph.index)
-    phases = ph[(ph["pid"] == pid) & (ph_host == host)].reset_index(drop=True)
+    phases = _inherit_rollout_ids(ph[(ph["pid"] == pid) & (ph_host == host)].reset_index(drop=True), run, meta)
     ev = run.events
     ev_host = ev["host"].fillna("").astype(str) if "host" in ev else pd.Series("", index=ev.index)
     events = ev[(ev["pid"] == pid) & (ev_host == host)].reset_index(drop=True)
-    meta = [dict(p) for p in run.processes if int(p.get("pid", -1)) == pid and str(p.get("host") or "") == host]
     if meta and not meta[0].get("devices") and run.devices:
         meta[0]["devices"] = run.devices  # NVML's list is in the host sampler's meta only
+    meta += [dict(engine, view_peer=True)] if engine is not None else []  # checks.check_headroom skips it
     return Run(run.path, run.meta, meta, samples, events, phases, [], run.directories)
+
+
+def _inherit_rollout_ids(phases: pd.DataFrame, run, meta: list[dict]) -> pd.DataFrame:
+    """An engine server's phases are requests and carry no rollout_id: each takes the rollout_id of the
+    innermost phase of the process driving it (same host, GPU and rank; engine_server.engine_of) that encloses it
+    in time, of the same name where one does; phases between them carry the last one forward
+    (stats._iterations), and those before the first rollout get -1 (warm-up, weights still loading).
+    Unchanged when the process has rollout_ids of its own or drives nothing it can inherit from."""
+    if phases.empty or not meta or ("rollout_id" in phases and phases["rollout_id"].notna().any()):
+        return phases
+    drivers = {(str(p.get("host") or ""), int(p.get("pid", -1))) for p in run.processes
+               if (e := engine_server.engine_of(run.processes, p)) is not None
+               and int(e.get("pid", -1)) == int(meta[0].get("pid", -2))}
+    ph = run.phases
+    if not drivers or "rollout_id" not in ph:
+        return phases
+    hosts = ph["host"].fillna("").astype(str) if "host" in ph else pd.Series("", index=ph.index)
+    mine = [(h, int(p)) in drivers for h, p in zip(hosts, ph["pid"])]
+    outer = ph[np.array(mine, dtype=bool) & ph["rollout_id"].notna().to_numpy()]
+    if outer.empty:
+        return phases
+    a0, a1 = outer["start"].to_numpy(float), outer["end"].to_numpy(float)
+    a1 = np.where(np.isfinite(a1), a1, np.inf)  # an open phase encloses what started in it
+    a_name, a_id = outer["name"].astype(str).to_numpy(), pd.to_numeric(outer["rollout_id"], errors="coerce").to_numpy()
+    s0, s1 = phases["start"].to_numpy(float), phases["end"].to_numpy(float)
+    s1 = np.where(np.isfinite(s1), s1, s0)
+    names_ = phases["name"].astype(str).to_numpy()
+    ids = np.full(len(phases), np.nan)
+    for c in range(0, len(phases), 512):  # chunks: phases x enclosing phases stays small
+        k = slice(c, c + 512)
+        enclosing = (a0[None, :] <= s0[k, None]) & (a1[None, :] >= s1[k, None])
+        same = enclosing & (a_name[None, :] == names_[k, None])
+        pick = np.where(same.any(axis=1)[:, None], same, enclosing)
+        innermost = np.where(pick, a0[None, :], -np.inf).argmax(axis=1)
+        ids[k] = np.where(pick.any(axis=1), a_id[innermost], np.nan)
+    return phases.assign(rollout_id=ids)
 
 
 def judged_processes(run) -> list[tuple[str, int, dict]]:
@@ -195,7 +240,7 @@ def per_process_checks(run, thresholds: checks_mod.Thresholds | None = None) -> 
     rows_of = run.samples.groupby("pid").indices if len(run.samples) else {}
     per_check: dict[str, list] = {}
     for host, pid, meta in judged:
-        sub = _process_run(run, host, pid, rows_of.get(pid))
+        sub = _process_run(run, host, pid, rows_of)
         for result in checks_mod.run_checks(sub, thresholds):
             per_check.setdefault(result.name, []).append((meta, result))
     if not per_check:  # nothing read (no samples): the checks say why, as on one process

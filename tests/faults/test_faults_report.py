@@ -199,7 +199,9 @@ def test_the_default_keeps_its_margin_on_the_committed_runs():
             if finding.status != "n/a":
                 assert finding.status == "pass", finding.message
                 shares.append(finding.numbers["dropped_inside"] / finding.numbers["expected_bytes"])
-    assert len(shares) == 61 and min(shares) > 0.99 > Thresholds().offload_min_drop_share + 0.15
+    # 71: 51 H200 one-process offloads, the engine-server run's 10 (its KV cache and weights judged on its
+    # engine server), 10 on CPU
+    assert len(shares) == 71 and min(shares) > 0.99 > Thresholds().offload_min_drop_share + 0.15
 
 
 # -- 9: one odd event costs that event, never the run -----------------------------------------------

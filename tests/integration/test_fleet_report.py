@@ -160,10 +160,20 @@ def test_used_from_host_samples_and_proc_from_gpu_procs(tmp_path):
 
 
 def test_one_process_runs_report_as_before(tmp_path, capsys):
-    """sample_logs: one process per run, no fleet section, the verdicts as they were (exit 0)."""
+    """sample_logs/h200: the one-process runs have no fleet section and their verdicts as they were; the
+    one run of an actor and its engine server on the GPU (9-dist-engine-server) is judged per process and
+    across the GPU, and passes; exit 0."""
     from tests.conftest import REPO
-    assert visualize.main([str(REPO / "sample_logs" / "h200"), "-o", str(tmp_path / "r.html")]) == 0
+    h200 = REPO / "sample_logs" / "h200"
+    assert visualize.main([str(h200), "-o", str(tmp_path / "r.html")]) == 0
     printed = capsys.readouterr().out
-    assert "judged" not in printed and "rank_imbalance" not in printed
+    blocks = dict(re.findall(r"^(\S[^\n]*):\n((?:  [^\n]*\n?)+)", printed, re.M))
+    fleet_runs = {"9-dist-engine-server"}
+    assert set(blocks) == {d.name for d in h200.iterdir() if d.is_dir()}
+    for name, lines in blocks.items():
+        if name in fleet_runs:
+            assert "judged" in lines and "rank_imbalance" in lines and "FAIL" not in lines, lines
+        else:
+            assert "judged" not in lines and "rank_imbalance" not in lines, (name, lines)
     page = (tmp_path / "r.html").read_text()
-    assert 'id="fleet' not in page and 'id="timeline-0"' in page
+    assert page.count('id="fleet-heatmap-') == len(fleet_runs) and 'id="timeline-0"' in page
