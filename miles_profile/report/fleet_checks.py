@@ -228,7 +228,8 @@ def check_serialized_peaks_per_gpu(table: pd.DataFrame, th: FleetThresholds) -> 
     judged = _serialized_judge(df, th, full) if len(df) else None
     if judged is None or judged.empty:
         return _na(name, title, explanation, "no GPU with both a train and a generate phase in separate processes "
-                   "(an in-process engine is judged by serialized_peaks)")
+                   "(an in-process engine is judged by serialized_peaks; a host lane only when its training "
+                   "state leaves host memory)")
     lane_rows = fleet.lanes(df).set_index("lane", drop=False)
     findings, worst = [], None
     by_lane = judged.assign(over=judged["together"] > judged["limit"]).groupby("lane_code", sort=False)
@@ -321,6 +322,11 @@ def _serialized_judge(df: pd.DataFrame, th: FleetThresholds, full: pd.DataFrame 
     one_process = (per_lane["nunique"] == 1).all(axis=1) & \
         (per_lane["min"][names.TRAIN] == per_lane["min"][names.GENERATE])
     ok = both & ~one_process & (pids_per_lane.reindex(both.index) >= 2)
+    # A host lane (a run without GPUs) holds both footprints by design unless the training state
+    # leaves host memory (an offload_train that moves bytes, e.g. to disk): with target cpu nothing moves.
+    moves = df[(df["phase"] == names.OFFLOAD_TRAIN) & (df["expected_bytes"] > 0)]["lane_code"].unique()
+    on_gpu = df.groupby("lane_code")["gpu_uuid"].first().astype(str) != ""
+    ok &= on_gpu.reindex(ok.index, fill_value=False) | ok.index.isin(moves)
     lanes_ok = ok[ok].index.to_numpy()
     judged = foot[foot["lane_code"].isin(lanes_ok)].reset_index(drop=True)
     if judged.empty:

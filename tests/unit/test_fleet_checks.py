@@ -151,3 +151,11 @@ def test_generated_fleet_names_each_injected_fault():
     assert [f.numbers["gpu_uuid"] for f in serialized.findings if f.status == "fail"] == [lane_of[6]]
     clean = {r.name: r.status for r in run_fleet_checks(synthetic_table(2, 4, 12))}
     assert clean == {"rank_imbalance": "pass", "floor_trend_leak": "pass", "serialized_peaks_per_gpu": "pass"}
+
+
+def test_host_lane_whose_training_state_stays_in_host_memory_is_not_judged():
+    # A CPU run offloading "to cpu" moves nothing (offload_train declares no bytes): host memory holds
+    # both footprints by design, which is no defect; the same lane with bytes moved is judged (above).
+    t = _gpu(engine_keeps=20 * GiB, uuid="", series="rss")
+    t.loc[t["phase"] == "offload_train", "expected_bytes"] = float("nan")
+    assert check_serialized_peaks_per_gpu(t, TH).status == "n/a"
