@@ -423,13 +423,48 @@ def floor_slopes(table: pd.DataFrame, labels: dict | None = None, skip: int = 0)
     return out.reindex(columns=cols).sort_values("value", ascending=False, na_position="last").reset_index(drop=True)
 
 
+_ROLLOUT_OFFLOADS = (names.OFFLOAD_ROLLOUT, names.OFFLOAD_KV, names.OFFLOAD_WEIGHTS)
+
+
 def _shortfalls(df: pd.DataFrame, labels: dict) -> pd.DataFrame:
     offloads = df[df["phase"].str.startswith(names.OFFLOAD_PREFIX) & (df["expected_bytes"] > 0)]
-    dropped = offloads["own_first"] - offloads["own_last"]
+    drops = _drops(df)
+    dropped = drops.reindex(offloads.index)
+    # An actor's rollout offload whose engine runs as a server of the same lane frees the engine's
+    # memory, not the actor's: its drop is that of the engine's same-named phase inside its window.
+    engines = df[(df["role"] == "engine") & df["phase"].isin(_ROLLOUT_OFFLOADS)]
+    delegated = offloads[(offloads["role"] == "actor") & offloads["phase"].isin(_ROLLOUT_OFFLOADS)
+                         & offloads["lane"].isin(engines["lane"])]
+    if len(delegated):
+        found = pd.merge_asof(
+            delegated[["lane", "phase", "t0", "t1"]].assign(row=delegated.index).sort_values("t0"),
+            engines[["lane", "phase", "t0"]].assign(e_drop=drops.reindex(engines.index))
+            .rename(columns={"t0": "e_t0"}).sort_values("e_t0"),
+            left_on="t0", right_on="e_t0", by=["lane", "phase"], direction="forward")
+        inside = found["e_t0"] <= found["t1"]
+        dropped.loc[found.loc[inside, "row"].to_numpy()] = found.loc[inside, "e_drop"].to_numpy()
     out = offloads.assign(dropped=dropped, value=offloads["expected_bytes"] - dropped)
     out = out[out["value"] > 0].assign(label=lambda o: o["lane"].map(labels))
     cols = _LINK + ["pid", "rank", "role", "value", "expected_bytes", "dropped", "own_series"]
     return out.reindex(columns=cols).sort_values("value", ascending=False).reset_index(drop=True)
+
+
+def _drops(df: pd.DataFrame) -> pd.Series:
+    """What each phase dropped: the largest drop any of its process's series saw, from the higher of the
+    phase's first level and what the process's previous phase left, to its last. Every series, not the
+    own one alone: NVML per-process bytes come every 100 ms from the host sampler (stale across a short
+    release) while the allocator misses a torch_memory_saver pause; a shortfall is one no series saw
+    freed. A phase shorter than the sampling interval has one row, after the release: the level before
+    it is the previous phase's last."""
+    order = df.sort_values(["pid", "t0"], kind="stable")
+    best = pd.Series(np.nan, index=df.index)
+    for s in ("reserved", "alloc", "proc", "rss"):
+        first, last = f"{s}_first", f"{s}_last"
+        if first not in df or last not in df:
+            continue
+        prev = order.groupby("pid", sort=False)[last].shift(1).reindex(df.index)
+        best = np.fmax(best, np.fmax(df[first], prev) - df[last])
+    return best
 
 
 # -- lane selection ----------------------------------------------------------------------------
