@@ -204,23 +204,26 @@ def test_a_garbage_phase_name_that_is_not_utf8_is_kept_readable(tmp_path):
 def test_a_sparse_samples_file_is_read_without_reading_its_hole(tmp_path, rows_after):
     run = make_run(tmp_path / "logs")
     path = run / f"{STEM}.samples.csv"
+    load = """
+        import time
+        import miles_profile as mp
+        started = time.perf_counter()
+        run = mp.load({run!r})
+        result = {{"seconds": time.perf_counter() - started, "t": run.samples["t"].tolist(),
+                  "warnings": run.warnings}}
+    """
+    intact = child(load.format(run=str(run)), timeout=120)  # the same interpreter and load, no hole
     os.truncate(path, 8 * 1024 ** 3)  # an 8 GiB hole of zeros after the 20 rows (was: 14.8 GB for 2 GB)
     if rows_after:
         with open(path, "ab") as file:
             file.write(b"\n2000.0,train,1,2\n2001.0,train,3,4\n")
-    result = child(f"""
-        import time
-        import miles_profile as mp
-        started = time.perf_counter()
-        run = mp.load({str(run)!r})
-        result = {{"seconds": time.perf_counter() - started, "t": run.samples["t"].tolist(),
-                  "warnings": run.warnings}}
-    """, timeout=120)
+    result = child(load.format(run=str(run)), timeout=120)
     assert result["t"][:20] == [1000.0 + k for k in range(20)]
     assert result["t"][20:] == ([2000.0, 2001.0] if rows_after else [])
     text = " ".join(result["warnings"])
     assert ("dropped 1 lines over 65,536 bytes" in text) if rows_after else ("truncated last line" in text)
-    assert result["maxrss"] < 400 * MiB and result["seconds"] < 10, result
+    # beside the intact read in the same conditions (a loaded machine's interpreters vary by 100s of MiB)
+    assert result["maxrss"] < intact["maxrss"] + 256 * MiB and result["seconds"] < 10, (result, intact["maxrss"])
 
 
 # -- the dashboard: a FIFO run never holds a request thread ------------------------------------------
