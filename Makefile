@@ -42,6 +42,11 @@ bench: setup
 	$(PY) bench/bench_visualize.py
 	$(PY) bench/bench_dashboard.py
 	$(PY) bench/bench_dist.py
+	$(PY) bench/bench_summaries.py
+	$(PY) bench/bench_compare.py
+	$(PY) bench/bench_fleet.py
+	$(PY) bench/bench_fleet_visualize.py
+	$(PY) bench/bench_dashboard_fleet.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis
