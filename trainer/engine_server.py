@@ -12,6 +12,7 @@ one, after the endpoint.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -78,8 +79,11 @@ class Handler(BaseHTTPRequestHandler):
     def _call(self, path: str, body: dict) -> None:
         handler, default_phase = ROUTES[path]
         phase = self.headers.get(api.PHASE_HEADER) or default_phase
+        # A query of the bytes held changes no memory: no phase of its own (it was a heatmap column).
+        recorded = contextlib.nullcontext() if path == api.MEMORY else mp.phase(phase, endpoint=path,
+                                                                                **_phase_attrs(body))
         try:
-            with self.server.engine_lock, mp.phase(phase, endpoint=path, **_phase_attrs(body)):
+            with self.server.engine_lock, recorded:
                 status, reply = 200, handler(self.server.engine, body)
         except (EngineError, ValueError, KeyError, TypeError) as exc:  # the request's fault
             status, reply = 400, {"error": {"message": str(exc)}}
