@@ -226,10 +226,13 @@ needs_script = pytest.mark.skipif(shutil.which("script") is None, reason="needs 
 
 def in_a_terminal(command: list[str], tmp_path: Path) -> subprocess.Popen:
     """`command` under script(1): on a pseudo-terminal, as the terminal's foreground job."""
-    line = shlex.join([sys.executable, "-m", "miles_profile.record", "--log-dir", str(tmp_path / "logs"),
-                       "--interval-ms", "10", "--exec", "--", *command])
+    # `exec`: script(1) runs the line with $SHELL -c; dash (CI's /bin/sh) stays as a parent in the
+    # foreground group and dies of the terminal's Ctrl-C itself (exit 130), whatever `record` does.
+    line = "exec " + shlex.join([sys.executable, "-m", "miles_profile.record", "--log-dir", str(tmp_path / "logs"),
+                                 "--interval-ms", "10", "--exec", "--", *command])
+    env = dict(python_env(), SHELL="/bin/sh")  # the same shell whatever the user's login shell is
     return subprocess.Popen(["script", "-qec", line, "/dev/null"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, env=python_env(), cwd=REPO, start_new_session=True)
+                            stderr=subprocess.STDOUT, env=env, cwd=REPO, start_new_session=True)
 
 
 def read_until(proc: subprocess.Popen, needle: bytes, timeout: float) -> bytes:

@@ -169,8 +169,8 @@ def test_gpu_holding_both_footprints_fails_serialized_peaks_per_gpu(tmp_path):
 def test_cpu_engine_server_rollout_offloads_are_judged_on_the_engine(tmp_path, capsys):
     """On CPU the KV cache the rank's offload_rollout releases is in the engine server's RSS: judged there
     (host lane: same host and rank), and the rank recorded in record's own process (role in_process) is
-    judged like an actor."""
-    argv = [sys.executable, "-m", "miles_profile.record", "--log-dir", str(tmp_path), "--", "--preset", "tiny",
+    judged like an actor. The cpu preset: the tiny one's 2.5 MB KV cache is within glibc's RSS noise."""
+    argv = [sys.executable, "-m", "miles_profile.record", "--log-dir", str(tmp_path), "--", "--preset", "cpu",
             "--num-rollout", "3", "--rollout-engine", "server", "--offload-rollout", "--offload-train"]
     result = subprocess.run(argv, cwd=REPO, env=python_env(), capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
