@@ -66,6 +66,7 @@ class LiveRun:
         self._outside_pids = [int(p["pid"]) for p in run.processes if p.get("role") == "exec_parent"]
         self.current: Run = run
         self.version = 0
+        self._reading = False  # a refresh is reading the files now
         self._memo: dict[str, tuple[int, object]] = {}
         self._memo_locks: OrderedDict[str, threading.Lock] = OrderedDict()
 
@@ -94,20 +95,34 @@ class LiveRun:
         return sorted(p for p in self.run_dir.glob(f"*{suffix}") if not p.is_symlink())
 
     def refresh(self) -> bool:
-        """Read what was appended since the last call; True when the run changed."""
+        """Read what was appended since the last call; True when the run changed.
+
+        The panels of a page ask together (one poll tick) and reading a fleet run's 2,048 file tails
+        takes 0.12-0.18 s: a caller that asks while a refresh reads shares it (False) instead of
+        reading every file again; what was written meanwhile comes with the next poll."""
+        shared = self._reading  # read without the lock: a refresh in progress when we asked
         with self._lock:
-            for path in self._files(SAMPLES_SUFFIX):
-                self._samples_tails.setdefault(path, SamplesTail(path))
-            for path in self._files(EVENTS_SUFFIX):
-                self._events_tails.setdefault(path, EventsTail(path, _pid_of(path, EVENTS_SUFFIX)))
-            new_rows = [self._with_pid(tail) for tail in self._samples_tails.values()]
-            new_rows = [f for f in new_rows if f is not None]
-            new_events = [f for f in (tail.read() for tail in self._events_tails.values()) if f is not None]
-            if not new_rows and not new_events:
+            if shared:  # it has finished now that we hold the lock
                 return False
-            self.current = self._updated(self.current, new_rows, new_events)
-            self.version += 1
-            return True
+            self._reading = True
+            try:
+                return self._read_appended()
+            finally:
+                self._reading = False
+
+    def _read_appended(self) -> bool:
+        for path in self._files(SAMPLES_SUFFIX):
+            self._samples_tails.setdefault(path, SamplesTail(path))
+        for path in self._files(EVENTS_SUFFIX):
+            self._events_tails.setdefault(path, EventsTail(path, _pid_of(path, EVENTS_SUFFIX)))
+        new_rows = [self._with_pid(tail) for tail in self._samples_tails.values()]
+        new_rows = [f for f in new_rows if f is not None]
+        new_events = [f for f in (tail.read() for tail in self._events_tails.values()) if f is not None]
+        if not new_rows and not new_events:
+            return False
+        self.current = self._updated(self.current, new_rows, new_events)
+        self.version += 1
+        return True
 
     def _with_pid(self, tail: SamplesTail) -> pd.DataFrame | None:
         frame = tail.read()

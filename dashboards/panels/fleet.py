@@ -227,7 +227,7 @@ def register(app, state) -> None:
         except PreventUpdate:
             raise
         except Exception as exc:  # noqa: BLE001 - a message in the page, never a traceback
-            return _SHOWN, {}, None, None, "", message(describe(exc)), None
+            return _SHOWN, {}, None, None, "", message(describe(exc)), {"run": run_id, "version": -1, "at": 0}
         if view is None:
             return _HIDDEN, {}, None, None, "", None, {**key, "fleet": False}
         lanes = view.matrix.lanes

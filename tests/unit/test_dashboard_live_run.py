@@ -115,3 +115,38 @@ def test_memo_computes_once_per_version_and_forgets_old_windows(tmp_path):
         live.memo("full", compute)  # used all along: kept
     assert calls.count(7) == 1 + live_run_module.MEMO_KEYS + 3
     assert len(live._memo) <= live_run_module.MEMO_KEYS
+
+
+def test_panels_asking_during_a_refresh_share_it(tmp_path):
+    """The page's panels poll together: those that ask while one refresh reads the files wait for it and
+    read nothing again; the run they then see holds what that refresh read."""
+    import threading
+    run_dir = tmp_path / "run"
+    (samples, _), = start_run(run_dir).values()
+    write_rows(samples, 100.0, 5)
+    live = LiveRun(run_dir)
+    write_rows(samples, 100.1, 7)
+    reads, inside, release = [], threading.Event(), threading.Event()
+    real_read = live._read_appended
+
+    def held_read():  # the real read, held open until every other panel has asked
+        reads.append(1)
+        inside.set()
+        release.wait(10)
+        return real_read()
+
+    live._read_appended = held_read
+    first = threading.Thread(target=live.refresh)
+    first.start()
+    assert inside.wait(10)
+    answers = []
+    others = [threading.Thread(target=lambda: answers.append(live.refresh())) for _ in range(3)]
+    for thread in others:
+        thread.start()
+    release.set()
+    for thread in (first, *others):
+        thread.join(10)
+    assert len(reads) == 1 and answers == [False] * 3
+    assert len(live.current.samples) == 12
+    write_rows(samples, 100.2, 1)  # a later ask reads again
+    assert live.refresh() and len(reads) == 2 and len(live.current.samples) == 13
