@@ -16,15 +16,14 @@ from __future__ import annotations
 from dataclasses import replace
 
 from miles_profile import names
+from miles_profile.logdir.layout import PHASE_SELECTION_KEY
 from miles_profile.phase_select import PhaseSelection, parse_phases
-
-RUN_META_KEY = "phase_selection"  # written by `record --phase` (docs/log-format.md)
 
 
 def selection_for(run, text: str | None) -> PhaseSelection | None:
     """The selection `text` gives (phase names this run recorded are accepted too), else the one its
     recording asked for (`record --phase`), else None (everything)."""
-    text = text if text is not None else (run.meta.get(RUN_META_KEY) if isinstance(run.meta, dict) else None)
+    text = text if text is not None else (run.meta.get(PHASE_SELECTION_KEY) if isinstance(run.meta, dict) else None)
     recorded = run.phases["name"].astype(str).unique().tolist() if len(run.phases) else []
     return parse_phases(text, extra_names=recorded)
 
