@@ -199,7 +199,7 @@ def visualize(options: VisualizeOptions, echo: Callable[[str], None] = print) ->
 
 def _load_baseline(path: str):
     """The one run at `path` (a run directory or the log dir above one run)."""
-    runs, _ = load_inputs([path])
+    runs, _ = load_inputs([path], lazy=True)  # the gate reads phase summaries: a fleet's samples stay on disk
     if len(runs) > 1:
         raise MilesProfileError(f"--baseline {path} holds {len(runs)} runs; pass one run directory")
     return runs[0]
