@@ -7,7 +7,8 @@ What is measured, in the test's own process (the run holds that one process):
 - host: the true RSS peak (`rss` with `rss_peak`, VmHWM between rows);
 - gpu: per GPU, the torch allocator's true peak (`gpu{i}_alloc` with `gpu{i}_alloc_peak`); where the
   allocator has no column (torch without CUDA initialised, memory the allocator does not see),
-  NVML's bytes of this process (`gpu{i}_proc`). The highest GPU is judged.
+  NVML's bytes of this process (`gpu{i}_proc`). The highest GPU is judged. Under torch_memory_saver
+  the allocator still counts paused regions as allocated: it can overstate, never miss.
 
 Both **above the level when the test started** (the recorder's first row, taken before the test body):
 a limit is on what the test itself adds, as pytest-memray's `limit_memory` counts the test's own
@@ -78,11 +79,19 @@ def _whole_test_peaks(samples: pd.DataFrame) -> dict[str, float]:
 
 
 def _phase_peaks(run, names: list[str]) -> dict[str, float]:
-    """Each series' highest true peak over the summaries of the named phases' instances."""
+    """Each series' highest true peak over the named phases' instances: from their summaries, or, in a
+    log written before summaries, from their rows (start < t <= end of each instance)."""
     summaries = run.phase_summaries
     rows = summaries[summaries["name"].isin(names)]
-    return {series: float(group["peak"].max()) for series, group in rows.groupby("series")
-            if group["peak"].notna().any()}
+    if len(rows):
+        return {series: float(group["peak"].max()) for series, group in rows.groupby("series")
+                if group["peak"].notna().any()}
+    phases = run.phases[run.phases["name"].isin(names) & (run.phases["status"].astype(str) != "open")]
+    t = run.samples["t"].to_numpy(float)
+    inside = np.zeros(len(t), dtype=bool)
+    for start, end in zip(phases["start"], phases["end"]):
+        inside |= (t > start) & (t <= end)
+    return _whole_test_peaks(run.samples[inside])
 
 
 def _gpu_series(peaks: dict[str, float]) -> list[tuple[str, str]]:
