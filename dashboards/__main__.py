@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
         from dashboards.app import create_app
         from dashboards.hosts import HostPolicy
         app = create_app(args.log_dir, poll_ms=args.poll_ms, hosts=HostPolicy.for_listen_address(args.host),
-                         phases=args.phase)
+                         phase_selection=args.phase)
     except MilesProfileError as exc:
         print(f"dashboards: {exc}", file=sys.stderr)
         return exc.exit_code

@@ -36,10 +36,11 @@ class State:
 
 
 def create_app(log_dir: str | Path, poll_ms: int = 1000, preload: bool = True,
-               hosts: HostPolicy = HostPolicy(), phases: str | None = None) -> dash.Dash:
+               hosts: HostPolicy = HostPolicy(), phase_selection: str | None = None) -> dash.Dash:
     """`hosts`: which Host headers are answered (loopback names by default; see dashboards/hosts.py).
-    `phases`: the phases shown and judged (--phase, as visualize's)."""
-    state = State(root=(root := LogRoot(log_dir)), cache=RunCache(root), poll_ms=poll_ms, phases=phases)
+    `phase_selection`: the phases shown and judged (--phase, as visualize's)."""
+    state = State(root=(root := LogRoot(log_dir)), cache=RunCache(root), poll_ms=poll_ms,
+                  phases=phase_selection)
     app = dash.Dash(__name__, title="miles-profile", update_title=None,
                     assets_folder=str(Path(__file__).with_name("assets")),
                     suppress_callback_exceptions=True, on_error=_on_error)
