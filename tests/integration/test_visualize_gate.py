@@ -51,7 +51,7 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path):
                           (["--baseline", H200, "--baseline-threshold", "5%,lots"], "not a size: 'lots'")]:
         result = visualize(H200, *args, "-o", tmp_path / "r.html")
         assert result.returncode == 2, result.stdout + result.stderr
-        assert result.stderr.count("\n") == 1 and message in result.stderr
+        assert result.stderr.count("\n") == 1 and message in result.stderr, result.stderr
 
 
 PROGRAM = textwrap.dedent("""
