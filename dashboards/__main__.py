@@ -1,4 +1,4 @@
-"""python -m dashboards LOG_DIR [--host 127.0.0.1] [--port 8050]: the live dashboard over a log directory."""
+"""python -m dashboards LOG_DIR [--host 127.0.0.1] [--port 8050] [--phase LIST]: the live dashboard over a log directory."""
 from __future__ import annotations
 
 import argparse
@@ -24,16 +24,25 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--port", type=int, default=DEFAULT_PORT, help="port (default: %(default)s)")
     parser.add_argument("--poll-ms", type=int, default=1000,
                         help="how often the page looks for new runs and samples (default: %(default)s)")
+    parser.add_argument("--phase", metavar="LIST",
+                        help="show and judge only these phases, as visualize --phase: families offload, onload, "
+                             "rollout, all, or phase names, e.g. offload,train,rollout (default: what each run's "
+                             "record --phase asked for, else all)")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        from miles_profile.phase_select import parse_phases
+        if args.phase is not None:
+            # names a run recorded of its own are accepted in the page; here only what any run may hold
+            parse_phases(args.phase)
         _check_address(args.host, args.port)
         from dashboards.app import create_app
         from dashboards.hosts import HostPolicy
-        app = create_app(args.log_dir, poll_ms=args.poll_ms, hosts=HostPolicy.for_listen_address(args.host))
+        app = create_app(args.log_dir, poll_ms=args.poll_ms, hosts=HostPolicy.for_listen_address(args.host),
+                         phase_selection=args.phase)
     except MilesProfileError as exc:
         print(f"dashboards: {exc}", file=sys.stderr)
         return exc.exit_code

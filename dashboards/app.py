@@ -32,12 +32,15 @@ class State:
     root: LogRoot
     cache: RunCache
     poll_ms: int
+    phases: str | None = None  # --phase (miles_profile.phase_select); None: each run's recorded default
 
 
 def create_app(log_dir: str | Path, poll_ms: int = 1000, preload: bool = True,
-               hosts: HostPolicy = HostPolicy()) -> dash.Dash:
-    """`hosts`: which Host headers are answered (loopback names by default; see dashboards/hosts.py)."""
-    state = State(root=(root := LogRoot(log_dir)), cache=RunCache(root), poll_ms=poll_ms)
+               hosts: HostPolicy = HostPolicy(), phase_selection: str | None = None) -> dash.Dash:
+    """`hosts`: which Host headers are answered (loopback names by default; see dashboards/hosts.py).
+    `phase_selection`: the phases shown and judged (--phase, as visualize's)."""
+    state = State(root=(root := LogRoot(log_dir)), cache=RunCache(root), poll_ms=poll_ms,
+                  phases=phase_selection)
     app = dash.Dash(__name__, title="miles-profile", update_title=None,
                     assets_folder=str(Path(__file__).with_name("assets")),
                     suppress_callback_exceptions=True, on_error=_on_error)
@@ -77,9 +80,9 @@ def preload_default_run(state: State) -> None:
         live_run = state.cache.get(run_id)
         fleet.preload(live_run)  # first: a fleet run's page opens on it
         if fleet.one_lane_each(live_run.current):  # else the fleet view replaces the run-wide timeline
-            live_run.memo("timeline-full", lambda run: timeline.build_figure(run, run_id, None))
-        live_run.memo("checks", checks.compute)
-        live_run.memo("phases-False", lambda run: phases.compute(run, False))
+            live_run.memo("timeline-full", lambda run: timeline.build_figure(run, run_id, None, state.phases))
+        live_run.memo("checks", lambda run: checks.compute(run, state.phases))
+        live_run.memo("phases-False", lambda run: phases.compute(run, False, state.phases))
     except Exception as exc:  # noqa: BLE001 - the page shows the error when it asks for the run
         log.warning("preloading %s failed: %s: %s", run_id, exc.__class__.__name__, exc)
         return

@@ -21,6 +21,8 @@ import psutil
 from miles_profile import host_sampler, names
 from miles_profile.errors import MilesProfileError
 from miles_profile.identity import RUN_ID_ENV
+from miles_profile.logdir.layout import PHASE_SELECTION_KEY
+from miles_profile.phase_select import parse_phases
 from miles_profile.recorder import (
     DEFAULT_INTERVAL_MS, DEFAULT_LOG_DIR, OPTIONAL_PROBES, Recorder, check_interval_ms, create_run,
 )
@@ -65,6 +67,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="id shared by the run directories of one run on several hosts, so that "
                              "`visualize A B` merges them (default: $MILES_PROFILE_RUN_ID, else the new "
                              "directory's name); handed to child processes")
+    parser.add_argument("--phase", metavar="LIST",
+                        help="the phases the report and dashboard show and judge by default, e.g. "
+                             "offload,train,rollout (families offload, onload, rollout, all, or phase names; "
+                             "stored in the run meta; every phase is still recorded: docs/log-format.md)")
     parser.add_argument("--exec", dest="exec_child", action="store_true",
                         help="run the command after -- as a child and sample its process tree")
     return parser
@@ -113,7 +119,8 @@ def run_trainer(args: argparse.Namespace, trainer_args: list[str]) -> int:
     parse_args(trainer_args)  # a flag error exits 2 here, before an empty run directory is made
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))  # flush on the way out
     recorder = start_or_warn(Recorder(args.log_dir, interval_ms=args.interval_ms, watch_dirs=args.watch_dir,
-                                      command=sys.argv, disable=args.disable_probe, run_id=args.run_id))
+                                      command=sys.argv, disable=args.disable_probe, run_id=args.run_id,
+                                      run_meta=run_meta(args)))
     try:
         code = train_main(trainer_args)
     except SystemExit as exc:
@@ -121,6 +128,12 @@ def run_trainer(args: argparse.Namespace, trainer_args: list[str]) -> int:
     finally:
         stop_and_tell(recorder, args)
     return int(code or 0)
+
+
+def run_meta(args: argparse.Namespace) -> dict:
+    """Run meta keys from our options: the phase selection, as parsed (an unknown name exits 2 in main)."""
+    selection = parse_phases(args.phase)
+    return {PHASE_SELECTION_KEY: selection.text} if selection is not None else {}
 
 
 def start_or_warn(recorder: Recorder) -> Recorder | None:
@@ -143,7 +156,7 @@ def stop_and_tell(recorder: Recorder | None, args: argparse.Namespace) -> None:
 
 def run_child(args: argparse.Namespace, command: list[str]) -> int:
     try:
-        run_dir = create_run(args.log_dir, sys.argv, args.interval_ms, args.run_id)
+        run_dir = create_run(args.log_dir, sys.argv, args.interval_ms, args.run_id, run_meta(args))
     except MilesProfileError as exc:
         print(f"miles_profile: warning: not recording: {exc}; the job runs unrecorded", file=sys.stderr,
               flush=True)
@@ -234,6 +247,11 @@ def main(argv: list[str] | None = None) -> int:
     options, rest = split_argv(argv)
     parser = build_parser()
     args = parser.parse_args(options)
+    try:
+        run_meta(args)  # a bad --phase is one line and exit 2, before anything runs
+    except MilesProfileError as exc:
+        print(f"miles_profile.record: error: {exc}", file=sys.stderr)
+        return exc.exit_code
     if args.run_id:
         os.environ[RUN_ID_ENV] = args.run_id  # children that start runs of their own (other launches) agree
     try:

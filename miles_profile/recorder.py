@@ -77,9 +77,11 @@ def forget_after_fork() -> "Recorder | None":
     return parent
 
 
-def create_run(log_dir: str | os.PathLike, command: list[str], interval_ms: float, run_id: str | None = None) -> Path:
+def create_run(log_dir: str | os.PathLike, command: list[str], interval_ms: float, run_id: str | None = None,
+               extra_meta: dict[str, Any] | None = None) -> Path:
     """A new run directory under `log_dir`, with its run meta. `run_id` (else $MILES_PROFILE_RUN_ID,
-    else the directory's name) is what the directories of one run on several hosts share."""
+    else the directory's name) is what the directories of one run on several hosts share.
+    `extra_meta`: more run meta keys (e.g. `phase_selection`, docs/log-format.md)."""
     try:
         run_dir = new_run_dir(Path(log_dir))
     except OSError as exc:
@@ -87,7 +89,8 @@ def create_run(log_dir: str | os.PathLike, command: list[str], interval_ms: floa
     try:
         write_run_meta(run_dir, {"run_id": run_id or os.environ.get(RUN_ID_ENV) or run_dir.name,
                                  "command": command, "host": host_name(), "pid": os.getpid(),
-                                 "start_time": time.time(), "interval_ms": float(interval_ms)})
+                                 "start_time": time.time(), "interval_ms": float(interval_ms),
+                                 **(extra_meta or {})})
     except OSError as exc:
         with contextlib.suppress(OSError):
             run_dir.rmdir()  # without its meta it is no run
@@ -121,8 +124,9 @@ class Recorder:
                  interval_ms: float = DEFAULT_INTERVAL_MS, watch_dirs: Iterable[str] = (),
                  child_pid: int | None = None, command: list[str] | None = None,
                  flush_interval_s: float = 0.5, disable: Iterable[str] = (), host_sampling: bool = True,
-                 run_id: str | None = None):
+                 run_id: str | None = None, run_meta: dict[str, Any] | None = None):
         interval_ms = check_interval_ms(interval_ms)
+        self._run_meta = dict(run_meta or {})  # more run meta keys, for a run this recorder creates
         self._log_dir = Path(log_dir or DEFAULT_LOG_DIR)
         self.run_dir: Path | None = Path(run_dir) if run_dir else None
         self.interval_ms = float(interval_ms)
@@ -247,7 +251,7 @@ class Recorder:
 
     def _prepare_run_dir(self) -> Path:
         if self.run_dir is None:
-            self.run_dir = create_run(self._log_dir, self._command, self.interval_ms, self._run_id)
+            self.run_dir = create_run(self._log_dir, self._command, self.interval_ms, self._run_id, self._run_meta)
         elif not self.run_dir.is_dir():
             raise MilesProfileError(f"run directory {self.run_dir} does not exist")
         return self.run_dir

@@ -1,9 +1,9 @@
 """python -m miles_profile.visualize D [-o report.html] [--png F] [--trace F] [--json F] [--csv F] [--no-check]
-                                     [--lanes SPEC]
+                                     [--lanes SPEC] [--phase LIST] [--baseline OLD [--baseline-threshold 5%,256MiB]]
 
 Writes a self-contained HTML report of the run(s) in D (a run directory, a directory of runs, or a
 Miles CPU-profiler CSV), prints the check verdicts and exits 0 (all pass or n/a), 1 (a check
-failed) or 2 (bad input). Several runs are compared phase by phase.
+failed, or a phase grew over the --baseline) or 2 (bad input). Several runs are compared phase by phase.
 """
 from __future__ import annotations
 
@@ -37,6 +37,17 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--lanes", metavar="SPEC",
                         help="for a run of many processes: which GPUs (lanes) get a timeline, e.g. rank:0-7, "
                              "host:node3, worst:5, gpu:GPU-1a2b, comma-combined (default: all up to 8, else worst:8)")
+    parser.add_argument("--phase", metavar="LIST",
+                        help="show and judge only these phases: families offload, onload, rollout, all, or phase "
+                             "names, comma-separated, e.g. offload,train,rollout (default: what record --phase "
+                             "asked for, else all; see docs/checks.md)")
+    parser.add_argument("--baseline", metavar="D",
+                        help="a run to compare with: exit 1 when a phase's peak or floor grew by more than "
+                             "--baseline-threshold on any GPU or process (docs/checks.md)")
+    parser.add_argument("--baseline-threshold", metavar="SHARE,SIZE", default="5%,256MiB",
+                        help="growth allowed over the baseline; a value fails only above both (default: %(default)s)")
+    parser.add_argument("--baseline-by", choices=["phase", "iteration"], default="phase",
+                        help="compare per phase name (default) or per (iteration, phase)")
     parser.add_argument("--max-points", type=int, default=100_000,
                         help="points per figure after peak-preserving reduction (default: %(default)s)")
     return parser
@@ -72,12 +83,15 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         from miles_profile.report.build import VisualizeOptions, visualize
+        from miles_profile.report.regression import RegressionThresholds
         thresholds, fleet_thresholds = _thresholds(args.threshold)
         options = VisualizeOptions(
             paths=[p for p in [*args.path, *args.compare] if p], output=args.output, png=args.png,
             trace=args.trace, json=args.json, csv=args.csv, check=args.check,
             thresholds=thresholds, fleet_thresholds=fleet_thresholds, max_points=max(1000, args.max_points),
-            lanes=args.lanes)
+            lanes=args.lanes, phases=args.phase, baseline=args.baseline,
+            baseline_thresholds=RegressionThresholds.parse(args.baseline_threshold),
+            baseline_by_iteration=args.baseline_by == "iteration")
         return visualize(options)
     except MilesProfileError as exc:
         print(f"miles_profile.visualize: error: {exc}", file=sys.stderr)

@@ -11,6 +11,7 @@ from dashboards.panels.refresh import due
 from dashboards.runs import summarize
 from miles_profile.report.checks import CheckResult, run_checks
 from miles_profile.report.figures import run_start
+from miles_profile.report.phase_filter import select_checks, selection_for
 
 _VERDICT_CLASS = {"pass": "badge-pass", "fail": "badge-fail"}
 
@@ -37,10 +38,12 @@ def _item(index: int, check: CheckResult, t0: float) -> html.Div | html.Button:
     return html.Div(body, className="checks-item", title=check.explanation)
 
 
-def compute(run) -> tuple[list[CheckResult], float]:
-    """The report's checks, failures first, and the run's time origin (for the spans shown)."""
+def compute(run, phases: str | None = None) -> tuple[list[CheckResult], float]:
+    """The report's checks, failures first, and the run's time origin (for the spans shown). `phases`:
+    --phase (None: the run's recorded default); findings of other phases are left out, as visualize does."""
     order = {"fail": 0, "pass": 1}
-    return sorted(run_checks(run), key=lambda r: order.get(r.status, 2)), run_start(run)
+    results = select_checks(run_checks(run), selection_for(run, phases))
+    return sorted(results, key=lambda r: order.get(r.status, 2)), run_start(run)
 
 
 def register(app, state) -> None:
@@ -58,7 +61,7 @@ def register(app, state) -> None:
             if key is None and rendered.get("recording") == recording:
                 raise PreventUpdate
             key = {**(key or rendered), "recording": recording}
-            results, t0 = live_run.memo("checks", compute)
+            results, t0 = live_run.memo("checks", lambda run: compute(run, state.phases))
         except PreventUpdate:
             raise
         except Exception as exc:  # noqa: BLE001 - a message in the page, never a traceback

@@ -7,6 +7,7 @@ from dash.exceptions import PreventUpdate
 
 from dashboards.messages import describe, message
 from dashboards.panels.refresh import due
+from miles_profile.report.phase_filter import selection_for
 from miles_profile.report.series import GiB
 from miles_profile.report.stats import phase_table, stat_metrics
 
@@ -52,9 +53,14 @@ def display_table(frame: pd.DataFrame, labels: dict[str, str], table_id: str) ->
         page_size=20, **TABLE_STYLE)
 
 
-def compute(run, by_iteration: bool) -> tuple[pd.DataFrame, dict[str, str]]:
-    """The report's per-phase table and the labels of its metrics."""
-    return phase_table(run, by_iteration=by_iteration), {m.name: m.label for m in stat_metrics(run)}
+def compute(run, by_iteration: bool, phases: str | None = None) -> tuple[pd.DataFrame, dict[str, str]]:
+    """The report's per-phase table (of the phases `phases` selects, as visualize --phase; None: the
+    run's recorded default) and the labels of its metrics."""
+    table = phase_table(run, by_iteration=by_iteration)
+    selection = selection_for(run, phases)
+    if selection is not None and len(table):
+        table = table[table["name"].astype(str).map(selection.matches)].reset_index(drop=True)
+    return table, {m.name: m.label for m in stat_metrics(run)}
 
 
 def register(app, state) -> None:
@@ -71,7 +77,7 @@ def register(app, state) -> None:
             key = due(f"{run_id}\n{by_iteration}", live_run.version, rendered)
             if key is None:
                 raise PreventUpdate
-            frame, labels = live_run.memo(f"phases-{by_iteration}", lambda run: compute(run, by_iteration))
+            frame, labels = live_run.memo(f"phases-{by_iteration}", lambda run: compute(run, by_iteration, state.phases))
         except PreventUpdate:
             raise
         except Exception as exc:  # noqa: BLE001

@@ -111,14 +111,17 @@ def _status(run, window) -> str:
     return " · ".join(parts)
 
 
-def build_figure(run, run_id: str, window: tuple[float, float] | None):
-    """The report's timeline of `run` over `window` (Unix seconds; None: all), set up for the page.
+def build_figure(run, run_id: str, window: tuple[float, float] | None, phases: str | None = None):
+    """The report's timeline of `run` over `window` (Unix seconds; None: all), set up for the page;
+    phase bands only of the phases `phases` selects (--phase; None: the run's recorded default).
 
     The figure, its reduction and its phase lane (thinned, names hidden when crowded, bands shaded by
     the phases in view) are the report's; only the page's layout is set here."""
     t0 = run_start(run)
     t_range = None if window is None else (window[0] - t0, window[1] - t0)
-    figure = timeline_figure(run, max_points=MAX_POINTS, t_range=t_range, phase_peaks=False)
+    from miles_profile.report.phase_filter import select_run, selection_for
+    shown = select_run(run, selection_for(run, phases))
+    figure = timeline_figure(shown, max_points=MAX_POINTS, t_range=t_range, phase_peaks=False)
     # Beside a training run the page is narrow: the legend goes above the plots, not beside them.
     # Items flow in rows (traceorder "normal"), not one column per legend group.
     figure.update_layout(uirevision=run_id, margin=dict(t=115),
@@ -166,7 +169,7 @@ def register(app, state) -> None:
         try:
             # Once per version and window: polls that arrive while a zoom is reduced wait for it.
             key = "timeline-full" if window is None else f"timeline-{window[0]!r}-{window[1]!r}"
-            figure = live_run.memo(key, lambda r: build_figure(r, run_id, window))
+            figure = live_run.memo(key, lambda r: build_figure(r, run_id, window, state.phases))
         except Exception as exc:  # noqa: BLE001
             return _blank(), None, None, "", message(describe(exc))
         notes = message("; ".join(run.warnings), "warning") if run.warnings else None

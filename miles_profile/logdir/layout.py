@@ -9,6 +9,8 @@ from miles_profile.identity import host_name
 
 FORMAT_VERSION = 1
 RUN_META = "meta.json"  # one per run: marks a directory as a run
+# Run meta key written by `record --phase`: the phases its report and dashboard show by default.
+PHASE_SELECTION_KEY = "phase_selection"
 SAMPLES_SUFFIX = ".samples.csv"
 EVENTS_SUFFIX = ".events.jsonl"
 PROCESS_META_SUFFIX = ".meta.json"

@@ -35,6 +35,10 @@ class VisualizeOptions:
     max_points: int = 100_000
     fleet_thresholds: object | None = None  # fleet_checks.FleetThresholds; None: the defaults
     lanes: str | None = None  # a multi-process run's per-GPU timelines (fleet.select_lanes); None: worst:8
+    phases: str | None = None  # --phase: families/names shown and judged (phase_select); None: the run's default
+    baseline: str | None = None  # --baseline: a run to compare peaks and floors with (regression.py)
+    baseline_thresholds: object | None = None  # regression.RegressionThresholds; None: 5% and 256 MiB
+    baseline_by_iteration: bool = False  # compare per (iteration, phase) instead of per phase name
 
 
 def _progress(total: int, desc: str):
@@ -138,18 +142,29 @@ def visualize(options: VisualizeOptions, echo: Callable[[str], None] = print) ->
     from miles_profile.report.compare import comparison_html
     from miles_profile.report.html import build_run_report, write_html
 
+    from miles_profile.report.phase_filter import apply_selection, not_selected_note, selection_for
+
     started = time.perf_counter()
     runs, notes = load_inputs(options.paths, lazy=len(options.paths) == 1)
+    selections = [selection_for(run, options.phases) for run in runs]  # a bad --phase: exit 2 before any work
+    baseline = _load_baseline(options.baseline) if options.baseline else None
     reports = []
     with _progress(len(runs) * 4, "reporting") as bar:
-        for run in runs:
-            reports.append(build_run_report(run, thresholds=options.thresholds, check=options.check,
-                                            max_points=options.max_points, progress=bar, lanes=options.lanes,
-                                            fleet_thresholds=options.fleet_thresholds))
+        for run, selection in zip(runs, selections):
+            report = build_run_report(run, thresholds=options.thresholds, check=options.check,
+                                      max_points=options.max_points, progress=bar, lanes=options.lanes,
+                                      fleet_thresholds=options.fleet_thresholds)
+            report, not_selected = apply_selection(report, selection, options.max_points)
+            if not_selected:
+                notes.append(not_selected_note(run, selection, not_selected))
+            reports.append(report)
     runs = [r.run for r in reports]  # with the samples the reports read
+    gates = _gates(runs, baseline, selections, options) if baseline is not None else []
     comparison = comparison_html(runs, max_points=options.max_points) if len(runs) > 1 else None
     output = Path(options.output) if options.output else default_output(options.paths)
-    _write(output, lambda: write_html(output, reports, comparison=comparison, notes=tuple(notes)))
+    from miles_profile.report.gate_html import regression_html
+    _write(output, lambda: write_html(output, reports, comparison=comparison, notes=tuple(notes),
+                                      extra=regression_html(gates)))
     extras = [(options.png, lambda: export.write_png(_png_figure(reports[0]), options.png)),
               (options.trace, lambda: export.write_trace(runs, options.trace, max_points=options.max_points)),
               (options.csv, lambda: export.write_phase_csv(runs, options.csv)),
@@ -172,10 +187,29 @@ def visualize(options: VisualizeOptions, echo: Callable[[str], None] = print) ->
         echo(f"also wrote {extra}")
     for line in _verdict_table(reports):
         echo(line)
+    for gate in gates:
+        echo(f"{gate.current} against the baseline {gate.baseline}:")
+        for line in gate.lines():
+            echo(line)
     if failed:  # exit 2 even though the HTML exists: a CI step reading the missing file must not go on
         raise MilesProfileError(f"{'; '.join(failed)} (the report {output} was written)")
-    statuses = [overall_status(r.checks) for r in reports if r.checks]
+    statuses = [overall_status(r.checks) for r in reports if r.checks] + [g.status for g in gates]
     return 1 if "fail" in statuses else 0
+
+
+def _load_baseline(path: str):
+    """The one run at `path` (a run directory or the log dir above one run)."""
+    runs, _ = load_inputs([path], lazy=True)  # the gate reads phase summaries: a fleet's samples stay on disk
+    if len(runs) > 1:
+        raise MilesProfileError(f"--baseline {path} holds {len(runs)} runs; pass one run directory")
+    return runs[0]
+
+
+def _gates(runs, baseline, selections, options: VisualizeOptions) -> list:
+    from miles_profile.report.regression import compare_runs
+    return [compare_runs(run, baseline, options.baseline_thresholds, selection, options.baseline_by_iteration,
+                         current_name=str(run.path), baseline_name=str(baseline.path))
+            for run, selection in zip(runs, selections)]
 
 
 def _png_figure(report):

@@ -244,7 +244,9 @@ h4{font-size:13px;margin:16px 0 6px;color:#3a4354} .lane{margin:10px 0} table.ou
 """
 
 
-def render_html(reports: list[RunReport], *, comparison: str | None = None, notes: tuple[str, ...] = ()) -> str:
+def render_html(reports: list[RunReport], *, comparison: str | None = None, notes: tuple[str, ...] = (),
+                extra: str = "") -> str:
+    """`extra`: HTML sections placed before the comparison (e.g. the baseline gate, gate_html.py)."""
     single = len(reports) == 1
     title = f"miles-profile: {reports[0].run.name}" if single else f"miles-profile: {len(reports)} runs compared"
     verdicts = [checks_mod.overall_status(r.checks) for r in reports if r.checks]
@@ -266,7 +268,7 @@ def render_html(reports: list[RunReport], *, comparison: str | None = None, note
 <h1>{_e(title)}</h1>
 <div class="muted small">memory report written {generated} by python -m miles_profile.visualize · GiB = 1024³ bytes</div>
 <p class="verdict">Overall: <span class="badge {cls}" id="overall">{text}</span></p>
-{note_html}{nav}{comparison_html}{body}
+{note_html}{nav}{extra}{comparison_html}{body}
 <script type="application/json" id="report-data">{_report_data(reports, overall)}</script>
 {_zoom_script(reports)}
 </main></body></html>
@@ -290,8 +292,8 @@ def _zoom_script(reports: list[RunReport]) -> str:
 
 
 def write_html(path: str | Path, reports: list[RunReport], *, comparison: str | None = None,
-               notes: tuple[str, ...] = ()) -> Path:
+               notes: tuple[str, ...] = (), extra: str = "") -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(render_html(reports, comparison=comparison, notes=notes), encoding="utf-8")
+    path.write_text(render_html(reports, comparison=comparison, notes=notes, extra=extra), encoding="utf-8")
     return path
