@@ -97,6 +97,7 @@ def layout() -> html.Section:
         ]),
         html.Div(id="fleet-lanes", className="fleet-lanes"),
         dcc.Store(id="fleet-rendered"),
+        dcc.Store(id="fleet-due"),
         dcc.Store(id="fleet-outlier-links"),
     ])
 
@@ -213,8 +214,8 @@ def register(app, state) -> None:
         Output("fleet-panel", "style"), Output("fleet-heatmap", "figure"), Output("fleet-outliers", "children"),
         Output("fleet-outlier-links", "data"), Output("fleet-status", "children"), Output("fleet-message", "children"),
         Output("fleet-rendered", "data"),
-        Input("runs-selected", "data"), Input("page-poll", "n_intervals"), State("fleet-rendered", "data"))
-    def draw_fleet(run_id, _tick, rendered):
+        Input("runs-selected", "data"), Input("fleet-due", "data"), State("fleet-rendered", "data"))
+    def draw_fleet(run_id, _due, rendered):
         if run_id is None:
             return _HIDDEN, {}, None, None, "", None, None
         try:
@@ -236,6 +237,20 @@ def register(app, state) -> None:
         links = {"run": run_id, "rows": [[r["lane"], r["t0"], r["t1"]] for r in view.outliers]}
         return (_SHOWN, view.figure, _outlier_items(view.outliers), links, status, None,
                 {**key, "fleet": True, "lanes": len(lanes)})
+
+    @app.callback(Output("fleet-due", "data"), Input("page-poll", "n_intervals"),
+                  State("runs-selected", "data"), State("fleet-rendered", "data"), prevent_initial_call=True)
+    def poll_fleet(_tick, run_id, rendered):
+        """A poll asks for a redraw only once the drawn run has new data. Dash keeps a callback's latest
+        request only: ticks that asked draw_fleet itself re-sent the ~0.7 MB figure while the first
+        draw was on its way, each replacing the last, and delayed the first paint."""
+        if run_id is None or not isinstance(rendered, dict) or rendered.get("run") != run_id:
+            raise PreventUpdate  # the draw for this selection is on its way
+        live_run = state.cache.get(run_id)
+        live_run.refresh()
+        if due(run_id, live_run.version, rendered) is None:
+            raise PreventUpdate
+        return {"run": run_id, "version": live_run.version}
 
     @app.callback(
         Output("fleet-gpu-graph", "figure"), Output("fleet-gpu-graph", "style"),

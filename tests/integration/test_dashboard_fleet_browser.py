@@ -139,3 +139,31 @@ def test_a_heatmap_cell_click_opens_that_lane_at_that_phase(page, expected):
     x_range = page.evaluate(f"() => {GPU_GRAPH}._fullLayout.xaxis.range")
     assert x_range == pytest.approx([t0 - expected.t0, t1 - expected.t0], abs=1e-6)
     assert page.evaluate(f"() => {GPU_GRAPH}.layout.title.text").startswith(first["label"])
+
+
+def test_the_fleet_view_follows_a_run_being_recorded(browser, tmp_path):
+    """Opened while two ranks record, the heatmap is redrawn as their phases land: it ends with every
+    phase instance of the finished run (the polls ask for a redraw only when the run has new data)."""
+    root = tmp_path / "logs"
+    run_dir = create_run(root, ["fleet-live"], 20.0, run_id="fleet-live")
+    procs = []
+    for rank in range(2):
+        env = {**python_env(), RUN_DIR_ENV: str(run_dir), HOST_ENV: f"node{rank}", ROLE_ENV: "actor",
+               "RANK": str(rank), "LOCAL_RANK": "0", "WORLD_SIZE": "2"}
+        slow = PROGRAM.replace("range(3)", "range(6)").replace("time.sleep(0.45)", "time.sleep(1.0)")
+        procs.append(subprocess.Popen([sys.executable, "-c", slow, "actor", str(MIB)], env=env, cwd=REPO))
+    status = "document.querySelector('#fleet-status').innerText"
+    with dashboard_process(root) as url:
+        context = browser.new_context(viewport={"width": 1400, "height": 1000})
+        page = context.new_page()
+        page.goto(url)
+        page.wait_for_function(f"() => {HEATMAP} && {HEATMAP}._fullData && {HEATMAP}._fullData.length",
+                               timeout=30_000)
+        first = page.evaluate(f"() => {status}")
+        for proc in procs:
+            assert proc.wait(timeout=120) == 0
+        final = fleet_panel.compute(mp.load(run_dir))
+        wanted = f"{len(final.table):,} phase instances"
+        assert wanted not in first, first  # drawn before the run ended ...
+        page.wait_for_function(f"() => {status}.includes({wanted!r})", timeout=30_000)  # ... and redrawn after
+        context.close()
