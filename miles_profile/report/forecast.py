@@ -1,0 +1,83 @@
+"""Forecast beside measured, per phase: pure functions over a run and a stored plan.
+
+    stored_plan(run) -> (pid, plan dict) | None     # the `forecast` annotation of the process that ran
+                                                    # the trainer (trainer/plan.py, docs/log-format.md)
+    compare(run, plan, pid, tolerance=0.05) -> DataFrame
+        one row per (phase, device) the plan forecasts: phase, device, basis, forecast, measured,
+        error (signed share of measured), outside (|error| > tolerance)
+
+What "measured" is, per device (`basis`):
+- `allocator` (cuda): the highest true peak of torch's `memory_allocated` over the phase's instances
+  (`gpu{i}_alloc_peak`), compared with the plan's allocator view (torch_memory_saver pauses stay
+  counted there, as torch counts them);
+- `rss_growth` (host): the process's highest RSS in the phase minus its RSS at its first sample,
+  i.e. what the process grew by since the recorder started. That growth holds the trainer's tensors
+  and more (CUDA libraries loaded later, glibc's retained heap), so it is a looser quantity than an
+  allocator's count: the report names it, and on a CUDA run it is shown, not judged.
+Measured values come from the phase table (`phase_table.phase_table`: the end events' summaries,
+the samples only for phases without one), so the comparison costs per phase.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+TOLERANCE = 0.05
+COLUMNS = ["phase", "device", "basis", "forecast", "measured", "error", "outside", "judged"]
+
+
+def stored_plan(run) -> tuple[int, dict] | None:
+    """The first process whose meta annotations carry a `forecast`."""
+    for process in run.processes:
+        plan = (process.get("annotations") or {}).get("forecast")
+        if isinstance(plan, dict) and isinstance(plan.get("phases"), list):
+            return int(process.get("pid", -1)), plan
+    return None
+
+
+def _first_rss(run, pid: int) -> float | None:
+    samples = run.samples
+    if samples.empty or "rss" not in samples or "pid" not in samples:
+        return None
+    rss = samples.loc[samples["pid"] == pid, "rss"].dropna()
+    return float(rss.iloc[0]) if len(rss) else None
+
+
+def compare(run, plan: dict, pid: int, tolerance: float = TOLERANCE) -> pd.DataFrame:
+    """Forecast beside measured for each (phase, device) of `plan` that process `pid` ran."""
+    from miles_profile.report.phase_table import phase_table
+    table = phase_table(run)
+    table = table[table["pid"] == pid]
+    measured = table.groupby("phase", sort=False).agg(alloc=("alloc_peak", "max"), rss=("rss_peak", "max"))
+    baseline = _first_rss(run, pid)
+    on_cuda = plan.get("device") == "cuda"
+    rows = []
+    for p in plan["phases"]:
+        if p["phase"] not in measured.index:
+            continue
+        if p["device"] == "cuda":
+            basis, forecast, value = "allocator", p["allocator"], measured.at[p["phase"], "alloc"]
+        else:
+            basis, forecast = "rss_growth", p["peak"]
+            rss = measured.at[p["phase"], "rss"]
+            value = rss - baseline if baseline is not None and pd.notna(rss) else np.nan
+        judged = basis == "allocator" or not on_cuda  # a CUDA run's RSS holds its libraries too
+        error = (forecast - value) / value if pd.notna(value) and value > 0 else np.nan
+        rows.append({"phase": p["phase"], "device": p["device"], "basis": basis, "forecast": int(forecast),
+                     "measured": value, "error": error,
+                     "outside": bool(judged and pd.notna(error) and abs(error) > tolerance), "judged": judged})
+    return pd.DataFrame(rows, columns=COLUMNS)
+
+
+def outside(comparison: pd.DataFrame) -> pd.DataFrame:
+    """The judged rows whose forecast is off by more than the tolerance, worst first."""
+    bad = comparison[comparison["outside"]]
+    return bad.reindex(bad["error"].abs().sort_values(ascending=False).index)
+
+
+def worst(comparison: pd.DataFrame) -> pd.Series | None:
+    """The judged row with the largest |error|, or None."""
+    judged = comparison[comparison["judged"] & comparison["error"].notna()]
+    if judged.empty:
+        return None
+    return judged.loc[judged["error"].abs().idxmax()]

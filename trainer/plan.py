@@ -1,0 +1,385 @@
+"""The memory forecast: from the flags alone, the expected peak of every phase on every device.
+
+`forecast(cfg)` replays the loop of `train.py` (setup, then each rollout in the order the flags pick)
+on byte counters instead of tensors: it allocates nothing and imports neither torch nor CUDA, so a
+plan for an H200 configuration runs on any laptop. Each phase's peak is the highest level the
+phase passes through (the level it starts at, each allocation, each transient), and per phase name
+the highest of its instances, with the categories that made it up.
+
+Devices: `cuda` (what torch's caching allocator counts: `memory_allocated`) and `host` (bytes the
+trainer itself puts in host memory: offload buffers, a host optimizer, disk staging; on a CPU run
+every tensor). The process's own footprint (interpreter, torch, CUDA libraries) is not forecast.
+
+Where each number comes from (docs/forecast.md has the measured comparison):
+- training state: fp32 params, grads, AdamW moments (`actor.TrainModel`), per model;
+- engine: bf16 weights on CUDA (fp32 on CPU) and the KV pool rounded down to whole tokens;
+- training step on CUDA under bf16 autocast: every linear weight's bf16 copy (held until its
+  backward), 36 bytes x d_model per token per layer of saved activations (fp32 residual inputs of
+  both LayerNorms 4+4, bf16 inputs of qkv and fc 2+2, qkv output 6, attention output 2, fc output
+  and GELU output 8+8), and at the start of backward the largest weight's bf16 gradient with its
+  fp32 cast (6 bytes per element). On CPU everything is fp32: 64 bytes x d_model, no weight copies;
+- prefill: 10 x d_model activations per prompt token live at once (the block's input held by the
+  caller, the residual, the fc output and the GELU output);
+- cuBLAS workspaces (32 MiB each, never freed): one per stream or thread that ran a matmul (the
+  main stream, the graph warm-up stream, the capture, the autograd thread) and one more for each
+  graph captured again after a release;
+- a weight update from host memory (offloaded state, host optimizer) stages each parameter on the
+  device in fp32 before the bf16 cast: the largest parameter's fp32 bytes.
+With torch_memory_saver a paused region leaves the device but the allocator still counts it:
+`allocator` is what torch reports, `peak` what the device holds.
+"""
+from __future__ import annotations
+
+import os
+from collections import Counter
+from dataclasses import dataclass, field
+
+from miles_profile.names import (CLEAR_MEMORY, CUDA_GRAPH, GENERATE, KV_CACHE, OFFLOAD_KV, OFFLOAD_ROLLOUT,
+                                 OFFLOAD_TRAIN, OFFLOAD_WEIGHTS, ONLOAD_KV, ONLOAD_TRAIN, ONLOAD_WEIGHTS,
+                                 TORCH_MEMORY_SAVER, TRAIN, UPDATE_WEIGHTS, WEIGHTS)
+from trainer.config import ModelConfig, Preset
+
+CUBLAS_WORKSPACE_BYTES = 32 * 1024**2  # torch's default cuBLAS workspace on Hopper (sm_90)
+CATEGORIES = ("params", "gradients", "optimizer", "weights", "kv_cache", "workspace", "activations",
+              "generation", "weight_update", "offload_buffers", "staging")
+DEVICES = ("cuda", "host")
+
+
+@dataclass(frozen=True)
+class PhasePeak:
+    phase: str
+    device: str                 # "cuda" or "host"
+    peak: int                   # bytes the device holds at the phase's highest point
+    allocator: int              # what torch's allocator counts then (== peak without torch_memory_saver)
+    breakdown: dict[str, int]   # category -> bytes at that point (allocator's view)
+
+
+@dataclass(frozen=True)
+class Plan:
+    device: str                     # the run's compute device: "cuda" or "cpu"
+    assumptions: dict[str, object]  # what the forecast took as given (backends, workers, sizes)
+    phases: tuple[PhasePeak, ...] = field(default_factory=tuple)
+
+    def to_json(self) -> dict:
+        return {"version": 1, "device": self.device, "assumptions": self.assumptions,
+                "phases": [vars(p) for p in self.phases]}
+
+    @classmethod
+    def from_json(cls, data: dict) -> "Plan":
+        return cls(data["device"], dict(data.get("assumptions", {})),
+                   tuple(PhasePeak(**p) for p in data.get("phases", [])))
+
+    def peak(self, phase: str, device: str) -> PhasePeak | None:
+        return next((p for p in self.phases if p.phase == phase and p.device == device), None)
+
+
+# --- shapes ------------------------------------------------------------------------------------
+
+def param_numels(cfg: ModelConfig, out_dim: int | None = None) -> list[int]:
+    """Element counts of `model.GPT`'s parameters in `named_parameters()` order (the flat layout)."""
+    d, out = cfg.d_model, cfg.vocab_size if out_dim is None else out_dim
+    block = [d, d, d, d, 3 * d * d, 3 * d, d * d, d, 4 * d * d, 4 * d, 4 * d * d, d]  # ln1, ln2, qkv, proj, fc, out
+    return [cfg.vocab_size * d, cfg.max_seq_len * d, *block * cfg.n_layer, d, d, d * out, out]
+
+
+def max_chunk_numel(numels: list[int], max_bytes: int, itemsize: int) -> int:
+    """The largest range of `flat.FlatParams.chunk_ranges` (same cutting rule)."""
+    sizes, start, offset = [], 0, 0
+    for n in numels:
+        if (offset + n - start) * itemsize > max_bytes and offset > start:
+            sizes.append(offset - start)
+            start = offset
+        offset += n
+    return max(sizes + [offset - start])
+
+
+def _linear_numel(cfg: ModelConfig, out_dim: int | None) -> int:
+    d, out = cfg.d_model, cfg.vocab_size if out_dim is None else out_dim
+    return cfg.n_layer * (12 * d * d + 9 * d) + d * out + out
+
+
+def train_activation_bytes(cfg: ModelConfig, cuda: bool, micro_batch: int, out_dims: list[int | None]) -> dict[str, int]:
+    """Bytes one micro-batch's forward leaves for backward, plus backward's first transient."""
+    n = micro_batch * (cfg.max_seq_len - 1)  # tokens per micro-batch (inputs are tokens[:, :-1])
+    d, total = cfg.d_model, 0
+    for out in out_dims:
+        per_token = 36 * d if cuda else 64 * d
+        total += cfg.n_layer * per_token * n + (6 if cuda else 8) * d * n  # + ln_f input and output
+        total += n * (cfg.vocab_size if out is None else out) * (2 + 4 + 4)  # logits, fp32 log-softmax
+        if cuda:
+            total += 2 * _linear_numel(cfg, out)  # bf16 weight copies, saved for backward
+    largest = 4 * cfg.d_model * cfg.d_model
+    total += (6 if cuda else 4) * largest  # the first weight gradient (bf16 and its fp32 cast)
+    return {"activations": total}
+
+
+# --- the replay ----------------------------------------------------------------------------------
+
+class _Lanes:
+    """Byte counters per device and category; each phase records the highest point it passes."""
+
+    def __init__(self):
+        self.held = {dev: Counter() for dev in DEVICES}
+        self.paused = Counter()  # cuda bytes paused by torch_memory_saver: gone, still counted
+        self.peaks: dict[tuple[str, str], PhasePeak] = {}
+        self._phase: str | None = None
+
+    def begin(self, name: str) -> None:
+        self._phase = name
+        self.snapshot()
+
+    def snapshot(self, extra: dict[str, dict[str, int]] | None = None) -> None:
+        for dev in DEVICES:
+            spike = Counter((extra or {}).get(dev, {}))
+            held = self.held[dev] + spike
+            counted = held + (self.paused if dev == "cuda" else Counter())
+            peak, allocator = sum(held.values()), sum(counted.values())
+            key = (self._phase, dev)
+            best = self.peaks.get(key)
+            if best is None or allocator > best.allocator or (allocator == best.allocator and peak > best.peak):
+                self.peaks[key] = PhasePeak(self._phase, dev, peak, allocator,
+                                            {c: int(b) for c, b in sorted(counted.items()) if b})
+
+    def add(self, dev: str, category: str, nbytes: int) -> None:
+        self.held[dev][category] += nbytes
+        self.snapshot()
+
+    def free(self, dev: str, category: str, nbytes: int, pause: bool = False) -> None:
+        self.held[dev][category] -= nbytes
+        if pause:
+            self.paused[category] += nbytes
+        self.snapshot()
+
+    def resume(self, category: str, nbytes: int) -> None:
+        self.paused[category] -= nbytes
+        self.add("cuda", category, nbytes)
+
+
+@dataclass
+class _Run:
+    """What the replay needs of a configuration, in bytes."""
+    cuda: bool
+    state_dev: dict[str, int]      # category -> training-state bytes on the compute device
+    state_host: dict[str, int]     # category -> training-state bytes in host memory (host optimizer)
+    offload_host: int              # host bytes of the offloader's own copies (pinned buffers / backup)
+    disk: bool                     # --offload-train-target disk: host tensors go to files too
+    staging: int                   # disk staging, allocated at the first offload (cuda)
+    update_transient: int          # cuda: the largest parameter in fp32 when the update reads host memory
+    update_host_transient: int     # cpu + disk: the chunk buffer a weight update reads into
+    engine_weights: int
+    kv: int
+    prefill: int
+    decode: int
+    train: dict[str, int]
+    train_saver: bool
+    engine_saver: bool
+
+
+def forecast(cfg) -> Plan:
+    """`cfg`: a `trainer.args.RunConfig`. Pure: no tensor, no CUDA call."""
+    run, assumptions = _sizes(cfg)
+    lanes = _Lanes()
+    g = _Graphs(run.cuda and cfg.cuda_graph)
+    dev = "cuda" if run.cuda else "host"
+    for cat, b in run.state_dev.items():  # the actor's constructor: no phase
+        lanes.held[dev][cat] += b
+    for cat, b in run.state_host.items():
+        lanes.held["host"][cat] += b
+    actor = {"offloaded": False, "buffers": False}
+    if cfg.offload_train:
+        _offload_train(lanes, run, actor)
+    lanes.held[dev]["weights"] += run.engine_weights
+    lanes.held[dev]["kv_cache"] += run.kv
+    engine = {WEIGHTS: True, KV_CACHE: True}
+    _update_weights(lanes, run, actor)
+    step = _rollout_gpu_peak if cfg.colocate_memory_peak_device == "gpu" else _rollout_cpu_peak
+    for _ in range(cfg.num_rollout):
+        step(lanes, run, cfg, actor, engine, g)
+    order = {name: i for i, name in enumerate(dict.fromkeys(k[0] for k in lanes.peaks))}
+    phases = sorted(lanes.peaks.values(), key=lambda p: (order[p.phase], DEVICES.index(p.device)))
+    if not run.cuda:
+        phases = [p for p in phases if p.device == "host"]
+    return Plan(cfg.device, assumptions, tuple(phases))
+
+
+def _sizes(cfg) -> tuple[_Run, dict]:
+    from trainer.config import model_config
+    mc = model_config(cfg.preset, cfg.digits)
+    cuda = cfg.device == "cuda"
+    outs = [None, 1] if cfg.use_critic else [None]
+    numels = [sum(param_numels(mc, o)) for o in outs]
+    host_opt = cfg.optimizer_cpu_offload
+    state_dev = Counter(params=4 * sum(numels), gradients=4 * sum(numels))
+    state_host = Counter()
+    (state_host if host_opt else state_dev)["optimizer"] += 8 * sum(numels)
+    if host_opt:
+        state_host["optimizer"] += 8 * sum(numels)  # fp32 master weights and their gradient
+    if not cuda:  # one memory: the "device" state is host memory too
+        state_host.update(state_dev)
+        state_dev = Counter()
+    saver = cfg.offload_train_backend == TORCH_MEMORY_SAVER
+    # the offloader's host copies: every device tensor except params mirrored by a host optimizer
+    own_copies = sum(state_dev.values()) - (4 * sum(numels) if host_opt else 0)
+    offload_host = (sum(state_dev.values()) if saver else own_copies) if cfg.offload_train_target == "cpu" else 0
+    chunk = max(max_chunk_numel(param_numels(mc, o), cfg.chunk_bytes, 4) for o in outs) * 4
+    workers = max(4, min(8, os.cpu_count() or 4))
+    disk = cfg.offload_train and cfg.offload_train_target == "disk"
+    item = 2 if cuda else 4
+    per_token = mc.kv_bytes_per_token(item)
+    local = cfg.rollout_batch_size // cfg.world_size * cfg.n_samples_per_prompt
+    capacity = cfg.kv_cache_bytes // per_token
+    prompt_len = cfg.digits + 2
+    batch = min(local, capacity // mc.max_seq_len)
+    largest_param = max(param_numels(mc))
+    run = _Run(
+        cuda=cuda, state_dev=dict(state_dev), state_host=dict(state_host), offload_host=offload_host,
+        disk=disk, staging=workers * chunk if disk and cuda else 0,
+        update_transient=4 * largest_param if cuda else 0,
+        update_host_transient=chunk if disk and not cuda else 0,
+        engine_weights=item * numels[0], kv=capacity * per_token,
+        prefill=10 * batch * prompt_len * mc.d_model * item, decode=10 * batch * mc.d_model * item,
+        train=train_activation_bytes(mc, cuda, min(cfg.micro_batch_size, local), outs),
+        train_saver=saver, engine_saver=cfg.rollout_memory_backend == TORCH_MEMORY_SAVER)
+    assumptions = {"num_params": numels[0], "critic_params": numels[1] if len(numels) > 1 else 0,
+                   "rollout_memory_backend": cfg.rollout_memory_backend,
+                   "offload_train_backend": cfg.offload_train_backend, "disk_workers": workers if disk else 0,
+                   "chunk_bytes": chunk, "kv_capacity_tokens": capacity, "generate_batch": batch,
+                   "cublas_workspace_bytes": CUBLAS_WORKSPACE_BYTES if cuda else 0,
+                   "cuda_graph": bool(cuda and cfg.cuda_graph)}
+    return run, assumptions
+
+
+class _Graphs:
+    """Decode graphs and the cuBLAS workspaces they and the training step leave behind."""
+
+    def __init__(self, enabled: bool):
+        self.enabled, self.captured, self.ever, self.released, self.trained = enabled, False, False, False, False
+
+    def capture(self, lanes: _Lanes, run: _Run, in_generate: bool) -> None:
+        workspaces = 1 if self.ever else 2  # the first capture also warms up on its own stream
+        lanes.snapshot({"cuda": {"generation": run.decode}})
+        lanes.add("cuda", "workspace", workspaces * CUBLAS_WORKSPACE_BYTES)
+        self.captured = self.ever = True
+
+
+def _generate(lanes: _Lanes, run: _Run, engine: dict, g: _Graphs) -> None:
+    lanes.begin(GENERATE)
+    dev = "cuda" if run.cuda else "host"
+    first_matmul = run.cuda and not g.ever and not g.trained
+    if g.enabled and not g.captured and not g.released:
+        g.capture(lanes, run, True)
+    if first_matmul:  # the main stream's workspace, at the prefill
+        lanes.add("cuda", "workspace", CUBLAS_WORKSPACE_BYTES)
+    lanes.snapshot({dev: {"generation": run.prefill}})
+
+
+def _release(lanes: _Lanes, run: _Run, name: str, tags: tuple[str, ...], engine: dict, g: _Graphs) -> None:
+    lanes.begin(name)
+    dev = "cuda" if run.cuda else "host"
+    pause = run.engine_saver
+    g.captured = False  # builtin and torch_memory_saver's torch hook mode both drop the graphs
+    if CUDA_GRAPH in tags:
+        g.released = True
+    for tag, size in ((WEIGHTS, run.engine_weights), (KV_CACHE, run.kv)):
+        if tag in tags and engine[tag]:
+            lanes.free(dev, tag, size, pause=pause)
+            engine[tag] = False
+
+
+def _resume(lanes: _Lanes, run: _Run, name: str, tags: tuple[str, ...], engine: dict, g: _Graphs) -> None:
+    lanes.begin(name)
+    dev = "cuda" if run.cuda else "host"
+    if CUDA_GRAPH in tags:
+        g.released = False
+    for tag, size in ((WEIGHTS, run.engine_weights), (KV_CACHE, run.kv)):
+        if tag in tags and not engine[tag]:
+            if run.engine_saver:
+                lanes.resume(tag, size)
+            else:
+                lanes.add(dev, tag, size)
+            engine[tag] = True
+    if CUDA_GRAPH in tags and g.enabled and g.ever and engine[WEIGHTS] and engine[KV_CACHE] and not g.captured:
+        g.capture(lanes, run, False)
+
+
+def _offload_train(lanes: _Lanes, run: _Run, actor: dict) -> None:
+    lanes.begin(OFFLOAD_TRAIN)
+    if not actor["buffers"]:
+        if run.offload_host:
+            lanes.add("host", "offload_buffers", run.offload_host)
+        if run.staging:
+            lanes.add("host", "staging", run.staging)
+        actor["buffers"] = True
+    for cat, b in run.state_dev.items():
+        lanes.free("cuda", cat, b, pause=run.train_saver)
+    if run.disk:
+        for cat, b in run.state_host.items():
+            lanes.free("host", cat, b)
+    actor["offloaded"] = True
+
+
+def _onload_train(lanes: _Lanes, run: _Run, actor: dict) -> None:
+    lanes.begin(ONLOAD_TRAIN)
+    if actor["offloaded"]:
+        for cat, b in run.state_dev.items():
+            (lanes.resume(cat, b) if run.train_saver else lanes.add("cuda", cat, b))
+        if run.disk:
+            for cat, b in run.state_host.items():
+                lanes.add("host", cat, b)
+        actor["offloaded"] = False
+
+
+def _train(lanes: _Lanes, run: _Run, g: _Graphs) -> None:
+    lanes.begin(TRAIN)
+    dev = "cuda" if run.cuda else "host"
+    if run.cuda and not g.trained:  # the autograd thread's own cuBLAS handle
+        lanes.add("cuda", "workspace", CUBLAS_WORKSPACE_BYTES)
+    g.trained = True
+    lanes.snapshot({dev: run.train})
+
+
+def _clear_memory(lanes: _Lanes) -> None:
+    lanes.begin(CLEAR_MEMORY)
+
+
+def _update_weights(lanes: _Lanes, run: _Run, actor: dict) -> None:
+    lanes.begin(UPDATE_WEIGHTS)
+    if actor["offloaded"] and run.cuda:  # the source is a host copy (buffer, backup, disk chunk, master)
+        lanes.snapshot({"cuda": {"weight_update": run.update_transient}})
+    if actor["offloaded"] and run.update_host_transient:
+        lanes.snapshot({"host": {"weight_update": run.update_host_transient}})
+
+
+def _rollout_cpu_peak(lanes, run, cfg, actor, engine, g) -> None:
+    _generate(lanes, run, engine, g)
+    if cfg.offload_rollout:
+        _release(lanes, run, OFFLOAD_ROLLOUT, (*cfg.offload_rollout_tags, CUDA_GRAPH), engine, g)
+    if cfg.offload_train:
+        _onload_train(lanes, run, actor)
+    _train(lanes, run, g)
+    if cfg.offload_train:
+        _offload_train(lanes, run, actor)
+    else:
+        _clear_memory(lanes)
+    if cfg.offload_rollout and WEIGHTS in cfg.offload_rollout_tags:
+        _resume(lanes, run, ONLOAD_WEIGHTS, (WEIGHTS,), engine, g)
+    _update_weights(lanes, run, actor)
+    if cfg.offload_rollout:
+        _resume(lanes, run, ONLOAD_KV, (KV_CACHE, CUDA_GRAPH), engine, g)
+
+
+def _rollout_gpu_peak(lanes, run, cfg, actor, engine, g) -> None:
+    levels = cfg.offload_rollout_tags
+    _generate(lanes, run, engine, g)
+    if KV_CACHE in levels:
+        _release(lanes, run, OFFLOAD_KV, (KV_CACHE, CUDA_GRAPH), engine, g)
+    _onload_train(lanes, run, actor)
+    if WEIGHTS in levels:
+        _release(lanes, run, OFFLOAD_WEIGHTS, (WEIGHTS,), engine, g)
+    _train(lanes, run, g)
+    _clear_memory(lanes)
+    if WEIGHTS in levels:
+        _resume(lanes, run, ONLOAD_WEIGHTS, (WEIGHTS,), engine, g)
+    _offload_train(lanes, run, actor)
+    _update_weights(lanes, run, actor)
+    _resume(lanes, run, ONLOAD_KV, (KV_CACHE, CUDA_GRAPH), engine, g)
