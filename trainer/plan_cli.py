@@ -38,7 +38,8 @@ def render(plan: Plan) -> str:
     for p in plan.phases:
         parts = sorted(p.breakdown.items(), key=lambda kv: -kv[1])[:TOP_CATEGORIES]
         text = ", ".join(f"{name} {nbytes / GiB:.3f}" for name, nbytes in parts)
-        lines.append(f"{p.phase:<16} {p.device:<6} {p.peak / GiB:>9.3f} {p.allocator / GiB:>9.3f}  {text}")
+        allocator = f"{p.allocator / GiB:>9.3f}" if p.device == "cuda" else f"{'-':>9}"
+        lines.append(f"{p.phase:<16} {p.device:<6} {p.peak / GiB:>9.3f} {allocator}  {text}")
     lines.append("host: bytes the trainer puts in host memory (offload copies, host optimizer, staging; on a "
                  "CPU run every tensor), not the process's own footprint")
     return "\n".join(lines)

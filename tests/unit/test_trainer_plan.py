@@ -60,7 +60,9 @@ def test_plan_needs_no_gpu_and_sees_offload_drops():
     assert plain.device == "cuda" and plain.peak("train", "host").peak == 0  # nothing is put in host memory
     # offloading the rollout takes the KV pool and the engine's weights out of the training peak
     train_plain, train_both = plain.peak("train", "cuda").breakdown, both.peak("train", "cuda").breakdown
-    assert train_plain["kv_cache"] == 12 * 1024**3 and "kv_cache" not in train_both and "weights" not in train_both
+    per_token = 22 * 2 * 2048 * 2  # bf16 keys and values of every layer: the pool holds whole tokens
+    assert 12 * 1024**3 - per_token < train_plain["kv_cache"] <= 12 * 1024**3
+    assert "kv_cache" not in train_both and "weights" not in train_both
     assert train_plain["activations"] == train_both["activations"] > 3 * 1024**3
     assert both.peak("train", "host").breakdown["offload_buffers"] == 16 * plain.assumptions["num_params"]
 
