@@ -1,7 +1,7 @@
 """The forecast table of docs/forecast.md: forecast beside measured per phase for recorded runs.
 
     PYTHONPATH=. python scripts/forecast_table.py [RUN_DIR ...]
-        (default: sample_logs/h200/[1-8]-*, sample_logs/h200-tms/*, sample_logs/cpu)
+        (default: sample_logs/h200/*, sample_logs/h200-tms/*, sample_logs/cpu)
 
 A run that stored its plan (the `forecast` annotation) is compared with it; an older run with the plan
 of the trainer flags in its command line (trainer.plan_cli.plan_for_run). Prints markdown; the last
@@ -17,7 +17,7 @@ from miles_profile.report.forecast import compare, stored_plan, worst
 from trainer.plan_cli import plan_for_run
 
 GiB = 1024**3
-DEFAULT = sorted(glob.glob("sample_logs/h200/[1-8]-*")) + sorted(glob.glob("sample_logs/h200-tms/*")) + ["sample_logs/cpu"]
+DEFAULT = sorted(glob.glob("sample_logs/h200/[1-9]-*")) + sorted(glob.glob("sample_logs/h200-tms/*")) + ["sample_logs/cpu"]
 
 
 def table(path: str) -> tuple[list[str], float | None]:
@@ -27,8 +27,8 @@ def table(path: str) -> tuple[list[str], float | None]:
     found = found or plan_for_run(run)
     if found is None:
         return [f"### {path}", "", "no trainer flags in its command line", ""], None
-    pid, plan = found
-    c = compare(run, plan, pid)
+    pids, plan = found
+    c = compare(run, plan, pids)
     command = run.meta.get("command", [])
     flags = " ".join(command[command.index("--") + 1:]) if "--" in command else ""
     lines = [f"### {path}", "", f"`{flags}` ({source}; device {plan['device']})", "",
@@ -36,10 +36,12 @@ def table(path: str) -> tuple[list[str], float | None]:
     for r in c.to_dict("records"):
         err = "–" if r["error"] != r["error"] else f"{r['error']:+.1%}" + ("" if r["judged"] else " (not judged)")
         mark = " **outside 5%**" if r["outside"] else ""
-        lines.append(f"| {r['phase']} | {r['device']} | {r['basis']} | {r['forecast'] / GiB:.3f} | "
+        where = r["device"] if r["process"] == "trainer" else f"{r['device']} ({r['process']})"
+        lines.append(f"| {r['phase']} | {where} | {r['basis']} | {r['forecast'] / GiB:.3f} | "
                      f"{r['measured'] / GiB:.3f} | {err}{mark} |")
     w = worst(c)
-    lines += ["", f"worst judged error: {w['phase']} on {w['device']} {w['error']:+.1%}" if w is not None else "", ""]
+    lines += ["", f"worst judged error: {w['phase']} on {w['device']} ({w['process']}) {w['error']:+.1%}"
+              if w is not None else "", ""]
     return lines, None if w is None else float(w["error"])
 
 

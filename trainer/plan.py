@@ -52,6 +52,7 @@ class PhasePeak:
     peak: int                   # bytes the device holds at the phase's highest point
     allocator: int              # what torch's allocator counts then (== peak without torch_memory_saver)
     breakdown: dict[str, int]   # category -> bytes at that point (allocator's view)
+    process: str = "trainer"    # "engine": the rollout engine's own process (--rollout-engine server)
 
 
 @dataclass(frozen=True)
@@ -115,57 +116,61 @@ def train_activation_bytes(cfg: ModelConfig, cuda: bool, micro_batch: int, out_d
 
 # --- the replay ----------------------------------------------------------------------------------
 
-class _Lanes:
-    """Byte counters per device and category; each phase records the highest point it passes."""
+TRAINER, ENGINE = "trainer", "engine"
+# Phases the engine's own process opens when it is a server (trainer/engine_server.py).
+ENGINE_PHASES = {GENERATE, OFFLOAD_ROLLOUT, OFFLOAD_KV, OFFLOAD_WEIGHTS, ONLOAD_WEIGHTS, ONLOAD_KV, UPDATE_WEIGHTS}
 
-    def __init__(self):
-        self.held = {dev: Counter() for dev in DEVICES}
-        self.paused = Counter()  # cuda bytes paused by torch_memory_saver: gone, still counted
-        self.peaks: dict[tuple[str, str], PhasePeak] = {}
+
+class _Lanes:
+    """Byte counters per (process, device) and category; each phase records the highest point it passes."""
+
+    def __init__(self, processes: tuple[str, ...]):
+        self.held = {(proc, dev): Counter() for proc in processes for dev in DEVICES}
+        self.paused = {lane: Counter() for lane in self.held}  # torch_memory_saver: gone, still counted
+        self.peaks: dict[tuple[str, str, str], PhasePeak] = {}
         self._phase: str | None = None
 
     def begin(self, name: str) -> None:
         self._phase = name
         self.snapshot()
 
-    def snapshot(self, extra: dict[str, dict[str, int]] | None = None) -> None:
-        for dev in DEVICES:
-            spike = Counter((extra or {}).get(dev, {}))
-            held = self.held[dev] + spike
-            counted = held + (self.paused if dev == "cuda" else Counter())
+    def snapshot(self, extra: dict[tuple[str, str], dict[str, int]] | None = None) -> None:
+        for (proc, dev), held in self.held.items():
+            if proc == ENGINE and self._phase not in ENGINE_PHASES:
+                continue
+            held = held + Counter((extra or {}).get((proc, dev), {}))
+            counted = held + self.paused[(proc, dev)]
             peak, allocator = sum(held.values()), sum(counted.values())
-            key = (self._phase, dev)
+            key = (self._phase, proc, dev)
             best = self.peaks.get(key)
             if best is None or allocator > best.allocator or (allocator == best.allocator and peak > best.peak):
                 self.peaks[key] = PhasePeak(self._phase, dev, peak, allocator,
-                                            {c: int(b) for c, b in sorted(counted.items()) if b})
+                                            {c: int(b) for c, b in sorted(counted.items()) if b}, proc)
 
-    def add(self, dev: str, category: str, nbytes: int) -> None:
-        self.held[dev][category] += nbytes
+    def add(self, lane: tuple[str, str], category: str, nbytes: int) -> None:
+        self.held[lane][category] += nbytes
         self.snapshot()
 
-    def free(self, dev: str, category: str, nbytes: int, pause: bool = False) -> None:
-        self.held[dev][category] -= nbytes
+    def free(self, lane: tuple[str, str], category: str, nbytes: int, pause: bool = False) -> None:
+        self.held[lane][category] -= nbytes
         if pause:
-            self.paused[category] += nbytes
+            self.paused[lane][category] += nbytes
         self.snapshot()
 
-    def resume(self, category: str, nbytes: int) -> None:
-        self.paused[category] -= nbytes
-        self.add("cuda", category, nbytes)
+    def resume(self, lane: tuple[str, str], category: str, nbytes: int) -> None:
+        self.paused[lane][category] -= nbytes
+        self.add(lane, category, nbytes)
 
 
 @dataclass
 class _Run:
-    """What the replay needs of a configuration, in bytes."""
-    cuda: bool
-    state_dev: dict[str, int]      # category -> training-state bytes on the compute device
+    """What the replay needs of a configuration, in bytes, and where each side's memory lives."""
+    state: dict[str, int]          # category -> training-state bytes on the compute device
     state_host: dict[str, int]     # category -> training-state bytes in host memory (host optimizer)
     offload_host: int              # host bytes of the offloader's own copies (pinned buffers / backup)
     disk: bool                     # --offload-train-target disk: host tensors go to files too
     staging: int                   # disk staging, allocated at the first offload (cuda)
-    update_transient: int          # cuda: the largest parameter in fp32 when the update reads host memory
-    update_host_transient: int     # cpu + disk: the chunk buffer a weight update reads into
+    update: dict[tuple[str, str], int]  # lane -> transient of one weight update from offloaded state
     engine_weights: int
     kv: int
     prefill: int
@@ -173,33 +178,37 @@ class _Run:
     train: dict[str, int]
     train_saver: bool
     engine_saver: bool
+    dev: tuple[str, str]           # the trainer's compute lane: (trainer, cuda) or (trainer, host)
+    eng: tuple[str, str]           # the engine's lane: the trainer's, or its server process's
+    host: tuple[str, str] = (TRAINER, "host")
 
 
-def forecast(cfg) -> Plan:
-    """`cfg`: a `trainer.args.RunConfig`. Pure: no tensor, no CUDA call."""
+def forecast(cfg, clears_workspaces: bool = True) -> Plan:
+    """`cfg`: a `trainer.args.RunConfig`. Pure: no tensor, no CUDA call. `clears_workspaces=False`
+    models the trainer before commit d37e03b, whose engine release left cuBLAS's workspaces in place."""
     run, assumptions = _sizes(cfg)
-    lanes = _Lanes()
-    g = _Graphs(run.cuda and cfg.cuda_graph)
-    dev = "cuda" if run.cuda else "host"
-    for cat, b in run.state_dev.items():  # the actor's constructor: no phase
-        lanes.held[dev][cat] += b
+    server = cfg.rollout_engine == "server"
+    lanes = _Lanes((TRAINER, ENGINE) if server else (TRAINER,))
+    g = _Graphs(run.dev[1] == "cuda" and cfg.cuda_graph, clears_workspaces)
+    for cat, b in run.state.items():  # the actor's constructor: no phase
+        lanes.held[run.dev][cat] += b
     for cat, b in run.state_host.items():
-        lanes.held["host"][cat] += b
+        lanes.held[run.host][cat] += b
     actor = {"offloaded": False, "buffers": False}
     if cfg.offload_train:
         _offload_train(lanes, run, actor)
-    lanes.held[dev]["weights"] += run.engine_weights
-    lanes.held[dev]["kv_cache"] += run.kv
+    lanes.held[run.eng]["weights"] += run.engine_weights
+    lanes.held[run.eng]["kv_cache"] += run.kv
     engine = {WEIGHTS: True, KV_CACHE: True}
     _update_weights(lanes, run, actor)
     step = _rollout_gpu_peak if cfg.colocate_memory_peak_device == "gpu" else _rollout_cpu_peak
     for _ in range(cfg.num_rollout):
         step(lanes, run, cfg, actor, engine, g)
+    cuda = run.dev[1] == "cuda"
     order = {name: i for i, name in enumerate(dict.fromkeys(k[0] for k in lanes.peaks))}
-    phases = sorted(lanes.peaks.values(), key=lambda p: (order[p.phase], DEVICES.index(p.device)))
-    if not run.cuda:
-        phases = [p for p in phases if p.device == "host"]
-    return Plan(cfg.device, assumptions, tuple(phases))
+    phases = sorted((p for p in lanes.peaks.values() if cuda or p.device == "host"),
+                    key=lambda p: (p.process != TRAINER, order[p.phase], DEVICES.index(p.device)))
+    return Plan(cfg.device, {**assumptions, "clears_workspaces": clears_workspaces}, tuple(phases))
 
 
 def _sizes(cfg) -> tuple[_Run, dict]:
@@ -209,39 +218,39 @@ def _sizes(cfg) -> tuple[_Run, dict]:
     outs = [None, 1] if cfg.use_critic else [None]
     numels = [sum(param_numels(mc, o)) for o in outs]
     host_opt = cfg.optimizer_cpu_offload
-    state_dev = Counter(params=4 * sum(numels), gradients=4 * sum(numels))
+    state = Counter(params=4 * sum(numels), gradients=4 * sum(numels))
     state_host = Counter()
-    (state_host if host_opt else state_dev)["optimizer"] += 8 * sum(numels)
+    (state_host if host_opt else state)["optimizer"] += 8 * sum(numels)
     if host_opt:
         state_host["optimizer"] += 8 * sum(numels)  # fp32 master weights and their gradient
     if not cuda:  # one memory: the "device" state is host memory too
-        state_host.update(state_dev)
-        state_dev = Counter()
+        state_host.update(state)
+        state = Counter()
     saver = cfg.offload_train_backend == TORCH_MEMORY_SAVER
     # the offloader's host copies: every device tensor except params mirrored by a host optimizer
-    own_copies = sum(state_dev.values()) - (4 * sum(numels) if host_opt else 0)
-    offload_host = (sum(state_dev.values()) if saver else own_copies) if cfg.offload_train_target == "cpu" else 0
+    own_copies = sum(state.values()) - (4 * sum(numels) if host_opt else 0)
+    offload_host = (sum(state.values()) if saver else own_copies) if cfg.offload_train_target == "cpu" else 0
     chunk = max(max_chunk_numel(param_numels(mc, o), cfg.chunk_bytes, 4) for o in outs) * 4
     workers = max(4, min(8, os.cpu_count() or 4))
     disk = cfg.offload_train and cfg.offload_train_target == "disk"
+    server = cfg.rollout_engine == "server"
     item = 2 if cuda else 4
     per_token = mc.kv_bytes_per_token(item)
     local = cfg.rollout_batch_size // cfg.world_size * cfg.n_samples_per_prompt
     capacity = cfg.kv_cache_bytes // per_token
-    prompt_len = cfg.digits + 2
     batch = min(local, capacity // mc.max_seq_len)
-    largest_param = max(param_numels(mc))
+    dev = (TRAINER, "cuda" if cuda else "host")
     run = _Run(
-        cuda=cuda, state_dev=dict(state_dev), state_host=dict(state_host), offload_host=offload_host,
-        disk=disk, staging=workers * chunk if disk and cuda else 0,
-        update_transient=4 * largest_param if cuda else 0,
-        update_host_transient=chunk if disk and not cuda else 0,
+        state=dict(state), state_host=dict(state_host), offload_host=offload_host, disk=disk,
+        staging=workers * chunk if disk and cuda else 0,
+        update=_update_transients(dev, server, disk, chunk, 4 * max(param_numels(mc))),
         engine_weights=item * numels[0], kv=capacity * per_token,
-        prefill=10 * batch * prompt_len * mc.d_model * item, decode=10 * batch * mc.d_model * item,
+        prefill=10 * batch * (cfg.digits + 2) * mc.d_model * item, decode=10 * batch * mc.d_model * item,
         train=train_activation_bytes(mc, cuda, min(cfg.micro_batch_size, local), outs),
-        train_saver=saver, engine_saver=cfg.rollout_memory_backend == TORCH_MEMORY_SAVER)
+        train_saver=saver, engine_saver=cfg.rollout_memory_backend == TORCH_MEMORY_SAVER,
+        dev=dev, eng=(ENGINE if server else TRAINER, dev[1]))
     assumptions = {"num_params": numels[0], "critic_params": numels[1] if len(numels) > 1 else 0,
-                   "rollout_memory_backend": cfg.rollout_memory_backend,
+                   "rollout_engine": cfg.rollout_engine, "rollout_memory_backend": cfg.rollout_memory_backend,
                    "offload_train_backend": cfg.offload_train_backend, "disk_workers": workers if disk else 0,
                    "chunk_bytes": chunk, "kv_capacity_tokens": capacity, "generate_batch": batch,
                    "cublas_workspace_bytes": CUBLAS_WORKSPACE_BYTES if cuda else 0,
@@ -249,93 +258,116 @@ def _sizes(cfg) -> tuple[_Run, dict]:
     return run, assumptions
 
 
+def _update_transients(dev: tuple[str, str], server: bool, disk: bool, chunk: int,
+                       largest_param: int) -> dict[tuple[str, str], int]:
+    """What one weight update adds while the actor's state is offloaded. In process on CUDA: each host
+    parameter is staged on the device in fp32 before the bf16 cast. To a server: the client's chunk
+    buffer (device, or shared host memory on CPU), whatever the state's place. CPU and disk: the
+    chunk read back from its file."""
+    if server:
+        return {dev: chunk}
+    if dev[1] == "cuda":
+        return {dev: largest_param}
+    return {dev: chunk} if disk else {}
+
+
 class _Graphs:
-    """Decode graphs and the cuBLAS workspaces they and the training step leave behind."""
+    """Decode graphs, and the cuBLAS workspaces the matmuls leave: one per (thread, stream) that ran
+    one, kept by cuBLAS until the engine's release clears them all (`memory_backend.settle`; a trainer
+    from before that, `clears_workspaces=False`, kept each and one more per graph captured again)."""
 
-    def __init__(self, enabled: bool):
-        self.enabled, self.captured, self.ever, self.released, self.trained = enabled, False, False, False, False
+    def __init__(self, enabled: bool, clears: bool):
+        self.enabled, self.clears = enabled, clears
+        self.captured = self.ever = self.released = False
+        self.streams: dict[tuple[str, str], set[str]] = {}
+        self.captures = 0
 
-    def capture(self, lanes: _Lanes, run: _Run, in_generate: bool) -> None:
-        workspaces = 1 if self.ever else 2  # the first capture also warms up on its own stream
-        lanes.snapshot({"cuda": {"generation": run.decode}})
-        lanes.add("cuda", "workspace", workspaces * CUBLAS_WORKSPACE_BYTES)
+    def use(self, lanes: _Lanes, lane: tuple[str, str], *streams: str) -> None:
+        if lane[1] != "cuda":
+            return
+        held = self.streams.setdefault(lane, set())
+        for stream in streams:
+            if stream not in held:
+                held.add(stream)
+                lanes.add(lane, "workspace", CUBLAS_WORKSPACE_BYTES)
+
+    def clear(self, lanes: _Lanes, lane: tuple[str, str]) -> None:
+        if self.clears and self.streams.get(lane):
+            lanes.free(lane, "workspace", len(self.streams[lane]) * CUBLAS_WORKSPACE_BYTES)
+            self.streams[lane] = set()
+
+    def capture(self, lanes: _Lanes, run: _Run) -> None:
+        lanes.snapshot({run.eng: {"generation": run.decode}})  # the warm-up's eager decode step
+        self.captures += 1
+        self.use(lanes, run.eng, "warmup", "capture" if self.clears else f"capture{self.captures}")
         self.captured = self.ever = True
 
 
 def _generate(lanes: _Lanes, run: _Run, engine: dict, g: _Graphs) -> None:
     lanes.begin(GENERATE)
-    dev = "cuda" if run.cuda else "host"
-    first_matmul = run.cuda and not g.ever and not g.trained
     if g.enabled and not g.captured and not g.released:
-        g.capture(lanes, run, True)
-    if first_matmul:  # the main stream's workspace, at the prefill
-        lanes.add("cuda", "workspace", CUBLAS_WORKSPACE_BYTES)
-    lanes.snapshot({dev: {"generation": run.prefill}})
+        g.capture(lanes, run)
+    g.use(lanes, run.eng, "main")  # the prefill
+    lanes.snapshot({run.eng: {"generation": run.prefill}})
 
 
 def _release(lanes: _Lanes, run: _Run, name: str, tags: tuple[str, ...], engine: dict, g: _Graphs) -> None:
     lanes.begin(name)
-    dev = "cuda" if run.cuda else "host"
-    pause = run.engine_saver
     g.captured = False  # builtin and torch_memory_saver's torch hook mode both drop the graphs
     if CUDA_GRAPH in tags:
         g.released = True
     for tag, size in ((WEIGHTS, run.engine_weights), (KV_CACHE, run.kv)):
         if tag in tags and engine[tag]:
-            lanes.free(dev, tag, size, pause=pause)
+            lanes.free(run.eng, tag, size, pause=run.engine_saver)
             engine[tag] = False
+    g.clear(lanes, run.eng)
 
 
 def _resume(lanes: _Lanes, run: _Run, name: str, tags: tuple[str, ...], engine: dict, g: _Graphs) -> None:
     lanes.begin(name)
-    dev = "cuda" if run.cuda else "host"
     if CUDA_GRAPH in tags:
         g.released = False
     for tag, size in ((WEIGHTS, run.engine_weights), (KV_CACHE, run.kv)):
         if tag in tags and not engine[tag]:
-            if run.engine_saver:
-                lanes.resume(tag, size)
-            else:
-                lanes.add(dev, tag, size)
+            (lanes.resume if run.engine_saver else lanes.add)(run.eng, tag, size)
             engine[tag] = True
     if CUDA_GRAPH in tags and g.enabled and g.ever and engine[WEIGHTS] and engine[KV_CACHE] and not g.captured:
-        g.capture(lanes, run, False)
+        g.capture(lanes, run)
 
 
 def _offload_train(lanes: _Lanes, run: _Run, actor: dict) -> None:
     lanes.begin(OFFLOAD_TRAIN)
     if not actor["buffers"]:
         if run.offload_host:
-            lanes.add("host", "offload_buffers", run.offload_host)
+            lanes.add(run.host, "offload_buffers", run.offload_host)
         if run.staging:
-            lanes.add("host", "staging", run.staging)
+            lanes.add(run.host, "staging", run.staging)
         actor["buffers"] = True
-    for cat, b in run.state_dev.items():
-        lanes.free("cuda", cat, b, pause=run.train_saver)
-    if run.disk:
+    if run.dev[1] == "cuda":
+        for cat, b in run.state.items():
+            lanes.free(run.dev, cat, b, pause=run.train_saver)
+    if run.disk:  # host tensors go to files too
         for cat, b in run.state_host.items():
-            lanes.free("host", cat, b)
+            lanes.free(run.host, cat, b)
     actor["offloaded"] = True
 
 
 def _onload_train(lanes: _Lanes, run: _Run, actor: dict) -> None:
     lanes.begin(ONLOAD_TRAIN)
     if actor["offloaded"]:
-        for cat, b in run.state_dev.items():
-            (lanes.resume(cat, b) if run.train_saver else lanes.add("cuda", cat, b))
+        if run.dev[1] == "cuda":
+            for cat, b in run.state.items():
+                (lanes.resume if run.train_saver else lanes.add)(run.dev, cat, b)
         if run.disk:
             for cat, b in run.state_host.items():
-                lanes.add("host", cat, b)
+                lanes.add(run.host, cat, b)
         actor["offloaded"] = False
 
 
 def _train(lanes: _Lanes, run: _Run, g: _Graphs) -> None:
     lanes.begin(TRAIN)
-    dev = "cuda" if run.cuda else "host"
-    if run.cuda and not g.trained:  # the autograd thread's own cuBLAS handle
-        lanes.add("cuda", "workspace", CUBLAS_WORKSPACE_BYTES)
-    g.trained = True
-    lanes.snapshot({dev: run.train})
+    g.use(lanes, run.dev, "main", "autograd")  # the forward, and the backward's own thread
+    lanes.snapshot({run.dev: run.train})
 
 
 def _clear_memory(lanes: _Lanes) -> None:
@@ -344,10 +376,10 @@ def _clear_memory(lanes: _Lanes) -> None:
 
 def _update_weights(lanes: _Lanes, run: _Run, actor: dict) -> None:
     lanes.begin(UPDATE_WEIGHTS)
-    if actor["offloaded"] and run.cuda:  # the source is a host copy (buffer, backup, disk chunk, master)
-        lanes.snapshot({"cuda": {"weight_update": run.update_transient}})
-    if actor["offloaded"] and run.update_host_transient:
-        lanes.snapshot({"host": {"weight_update": run.update_host_transient}})
+    # a server always gets its weights through the client's chunk buffer; in process only offloaded
+    # state (host buffer, backup, master copy, disk chunk) needs a transient
+    if actor["offloaded"] or run.eng[0] == ENGINE:
+        lanes.snapshot({lane: {"weight_update": b} for lane, b in run.update.items()})
 
 
 def _rollout_cpu_peak(lanes, run, cfg, actor, engine, g) -> None:

@@ -1,10 +1,11 @@
 """Forecast beside measured, per phase: pure functions over a run and a stored plan.
 
-    stored_plan(run) -> (pid, plan dict) | None     # the `forecast` annotation of the process that ran
-                                                    # the trainer (trainer/plan.py, docs/log-format.md)
-    compare(run, plan, pid, tolerance=0.05) -> DataFrame
-        one row per (phase, device) the plan forecasts: phase, device, basis, forecast, measured,
-        error (signed share of measured), outside (|error| > tolerance)
+    stored_plan(run) -> (pids, plan dict) | None    # the `forecast` annotation of the process that ran
+                                                    # the trainer (trainer/plan.py, docs/log-format.md);
+                                                    # pids: plan process ("trainer", "engine") -> pid
+    compare(run, plan, pids, tolerance=0.05) -> DataFrame
+        one row per (process, phase, device) the plan forecasts: process, phase, device, basis,
+        forecast, measured, error (signed share of measured), outside (|error| > tolerance), judged
 
 What "measured" is, per device (`basis`):
 - `allocator` (cuda): the highest true peak of torch's `memory_allocated` over the phase's instances
@@ -23,16 +24,26 @@ import numpy as np
 import pandas as pd
 
 TOLERANCE = 0.05
-COLUMNS = ["phase", "device", "basis", "forecast", "measured", "error", "outside", "judged"]
+COLUMNS = ["process", "phase", "device", "basis", "forecast", "measured", "error", "outside", "judged"]
 
 
-def stored_plan(run) -> tuple[int, dict] | None:
-    """The first process whose meta annotations carry a `forecast`."""
+def stored_plan(run) -> tuple[dict[str, int], dict] | None:
+    """The first process whose meta annotations carry a `forecast`, with its pids."""
     for process in run.processes:
         plan = (process.get("annotations") or {}).get("forecast")
         if isinstance(plan, dict) and isinstance(plan.get("phases"), list):
-            return int(process.get("pid", -1)), plan
+            return plan_pids(run, process), plan
     return None
+
+
+def plan_pids(run, trainer: dict) -> dict[str, int]:
+    """{"trainer": its pid, "engine": the pid of its engine server (same host and rank), if any}."""
+    pids = {"trainer": int(trainer.get("pid", -1))}
+    engine = next((p for p in run.processes if p.get("role") == "engine" and p.get("host") == trainer.get("host")
+                   and p.get("rank") == trainer.get("rank")), None)
+    if engine is not None:
+        pids["engine"] = int(engine["pid"])
+    return pids
 
 
 def _first_rss(run, pid: int) -> float | None:
@@ -43,18 +54,24 @@ def _first_rss(run, pid: int) -> float | None:
     return float(rss.iloc[0]) if len(rss) else None
 
 
-def compare(run, plan: dict, pid: int, tolerance: float = TOLERANCE) -> pd.DataFrame:
-    """Forecast beside measured for each (phase, device) of `plan` that process `pid` ran."""
+def compare(run, plan: dict, pids: dict[str, int], tolerance: float = TOLERANCE) -> pd.DataFrame:
+    """Forecast beside measured for each (process, phase, device) of `plan` that its process ran."""
     from miles_profile.report.phase_table import phase_table
     table = phase_table(run)
-    table = table[table["pid"] == pid]
-    measured = table.groupby("phase", sort=False).agg(alloc=("alloc_peak", "max"), rss=("rss_peak", "max"))
-    baseline = _first_rss(run, pid)
     on_cuda = plan.get("device") == "cuda"
     rows = []
-    for p in plan["phases"]:
-        if p["phase"] not in measured.index:
-            continue
+    for process, pid in pids.items():
+        mine = table[table["pid"] == pid]
+        measured = mine.groupby("phase", sort=False).agg(alloc=("alloc_peak", "max"), rss=("rss_peak", "max"))
+        wanted = [p for p in plan["phases"] if p.get("process", "trainer") == process and p["phase"] in measured.index]
+        rows += _rows(wanted, measured, _first_rss(run, pid), on_cuda, tolerance, process)
+    return pd.DataFrame(rows, columns=COLUMNS)
+
+
+def _rows(phases: list[dict], measured: pd.DataFrame, baseline: float | None, on_cuda: bool, tolerance: float,
+          process: str) -> list[dict]:
+    rows = []
+    for p in phases:
         if p["device"] == "cuda":
             basis, forecast, value = "allocator", p["allocator"], measured.at[p["phase"], "alloc"]
         else:
@@ -63,10 +80,10 @@ def compare(run, plan: dict, pid: int, tolerance: float = TOLERANCE) -> pd.DataF
             value = rss - baseline if baseline is not None and pd.notna(rss) else np.nan
         judged = basis == "allocator" or not on_cuda  # a CUDA run's RSS holds its libraries too
         error = (forecast - value) / value if pd.notna(value) and value > 0 else np.nan
-        rows.append({"phase": p["phase"], "device": p["device"], "basis": basis, "forecast": int(forecast),
-                     "measured": value, "error": error,
+        rows.append({"process": process, "phase": p["phase"], "device": p["device"], "basis": basis,
+                     "forecast": int(forecast), "measured": value, "error": error,
                      "outside": bool(judged and pd.notna(error) and abs(error) > tolerance), "judged": judged})
-    return pd.DataFrame(rows, columns=COLUMNS)
+    return rows
 
 
 def outside(comparison: pd.DataFrame) -> pd.DataFrame:

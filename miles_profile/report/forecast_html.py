@@ -7,13 +7,17 @@ from miles_profile.report.forecast import TOLERANCE, compare, outside, stored_pl
 from miles_profile.report.series import GiB
 
 
+def _where(row: dict) -> str:
+    return row["device"] if row["process"] == "trainer" else f"{row['device']} ({row['process']})"
+
+
 def forecast_lines(run) -> list[str]:
     """One line per phase outside the tolerance (for the CLI), or [] (no plan, or every phase within)."""
     found = stored_plan(run)
     if found is None:
         return []
     bad = outside(compare(run, found[1], found[0]))
-    return [f"forecast outside {TOLERANCE:.0%}: {r['phase']} on {r['device']}: forecast "
+    return [f"forecast outside {TOLERANCE:.0%}: {r['phase']} on {_where(r)}: forecast "
             f"{r['forecast'] / GiB:.3f} GiB, measured {r['measured'] / GiB:.3f} GiB ({r['basis']}), "
             f"error {r['error']:+.1%}" for r in bad.to_dict("records")]
 
@@ -31,14 +35,14 @@ def forecast_html(run, table_id: str = "forecast") -> str:
         cls = ' class="check-fail"' if r["outside"] else ""
         note = "" if r["judged"] else ' <span class="muted small">(not judged)</span>'
         measured = "–" if r["measured"] != r["measured"] else f"{r['measured'] / GiB:.3f}"
-        rows.append(f"<tr{cls}><td>{html.escape(r['phase'])}</td><td>{r['device']}</td><td>{r['basis']}</td>"
+        rows.append(f"<tr{cls}><td>{html.escape(r['phase'])}</td><td>{_where(r)}</td><td>{r['basis']}</td>"
                     f'<td class="num">{r["forecast"] / GiB:.3f}</td><td class="num">{measured}</td>'
                     f'<td class="num">{err}{note}</td></tr>')
     bad = outside(comparison)
     listing = ('<p class="pass-text">Every judged phase within {:.0%} of its forecast.</p>'.format(TOLERANCE)
                if bad.empty else
                f'<div class="warn" id="{table_id}-outside"><b>Outside {TOLERANCE:.0%}</b><ul>' +
-               "".join(f"<li>{html.escape(r['phase'])} on {r['device']}: forecast {r['forecast'] / GiB:.3f} GiB, "
+               "".join(f"<li>{html.escape(r['phase'])} on {_where(r)}: forecast {r['forecast'] / GiB:.3f} GiB, "
                        f"measured {r['measured'] / GiB:.3f} GiB ({r['error']:+.1%})</li>"
                        for r in bad.to_dict("records")) + "</ul></div>")
     return f"""<h3>Forecast vs measured</h3>
