@@ -12,6 +12,8 @@ from __future__ import annotations
 import glob
 import sys
 
+import pandas as pd
+
 import miles_profile as mp
 from miles_profile.report.forecast import compare, stored_plan, worst
 from trainer.plan_cli import plan_for_run
@@ -20,7 +22,7 @@ GiB = 1024**3
 DEFAULT = sorted(glob.glob("sample_logs/h200/[1-9]-*")) + sorted(glob.glob("sample_logs/h200-tms/*")) + ["sample_logs/cpu"]
 
 
-def table(path: str) -> tuple[list[str], float | None]:
+def table(path: str) -> tuple[list[str], pd.DataFrame | None]:
     run = mp.load(path)
     found = stored_plan(run)
     source = "stored plan" if found else "plan of the command line"
@@ -31,30 +33,43 @@ def table(path: str) -> tuple[list[str], float | None]:
     c = compare(run, plan, pids)
     command = run.meta.get("command", [])
     flags = " ".join(command[command.index("--") + 1:]) if "--" in command else ""
-    lines = [f"### {path}", "", f"`{flags}` ({source}; device {plan['device']})", "",
-             "| phase | device | basis | forecast GiB | measured GiB | error |", "|---|---|---|---:|---:|---:|"]
-    for r in c.to_dict("records"):
-        err = "–" if r["error"] != r["error"] else f"{r['error']:+.1%}" + ("" if r["judged"] else " (not judged)")
-        mark = " **outside 5%**" if r["outside"] else ""
-        where = r["device"] if r["process"] == "trainer" else f"{r['device']} ({r['process']})"
-        lines.append(f"| {r['phase']} | {where} | {r['basis']} | {r['forecast'] / GiB:.3f} | "
-                     f"{r['measured'] / GiB:.3f} | {err}{mark} |")
+    lines = [f"### {path}", "", f"`{flags}` ({source}; {plan['device']})", "",
+             "| process | phase | forecast GiB | measured GiB | error | host forecast GiB | RSS growth GiB | host error |",
+             "|---|---|---:|---:|---:|---:|---:|---:|"]
+    for (process, phase), rows in c.groupby(["process", "phase"], sort=False):
+        cells = []
+        for device in ("cuda", "host"):
+            r = rows[rows["device"] == device]
+            if r.empty:
+                cells += ["–", "–", "–"]
+                continue
+            r = r.iloc[0]
+            err = "–" if r["error"] != r["error"] else f"{r['error']:+.1%}"
+            err += " **outside 5%**" if r["outside"] else ("" if r["judged"] else " (shown)")
+            cells += [f"{r['forecast'] / GiB:.3f}", f"{r['measured'] / GiB:.3f}", err]
+        lines.append(f"| {process} | {phase} | " + " | ".join(cells) + " |")
     w = worst(c)
     lines += ["", f"worst judged error: {w['phase']} on {w['device']} ({w['process']}) {w['error']:+.1%}"
               if w is not None else "", ""]
-    return lines, None if w is None else float(w["error"])
+    return lines, c.assign(run=path)
 
 
 def main(argv: list[str]) -> int:
-    errors = []
+    comparisons = []
     for path in argv or DEFAULT:
-        lines, err = table(path)
+        lines, comparison = table(path)
         print("\n".join(lines))
-        if err is not None:
-            errors.append((abs(err), err, path))
-    if errors:
-        _, err, path = max(errors)
-        print(f"worst judged error over all runs: {err:+.1%} ({path})")
+        if comparison is not None:
+            comparisons.append(comparison)
+    if comparisons:
+        every = pd.concat(comparisons, ignore_index=True)
+        for basis, label in (("allocator", "CUDA allocator peaks"), ("rss_growth", "CPU runs' RSS growth")):
+            rows = every[(every["basis"] == basis) & every["judged"] & every["error"].notna()]
+            if not rows.empty:
+                w = rows.loc[rows["error"].abs().idxmax()]
+                print(f"worst error over {label} ({len(rows)} phases): {w['error']:+.1%} "
+                      f"({w['run']}, {w['phase']} on {w['device']}, {w['process']}); "
+                      f"{int(rows['outside'].sum())} outside 5%")
     return 0
 
 
