@@ -39,16 +39,17 @@ def forecast_html(run, table_id: str = "forecast") -> str:
                     f'<td class="num">{r["forecast"] / GiB:.3f}</td><td class="num">{measured}</td>'
                     f'<td class="num">{err}{note}</td></tr>')
     bad = outside(comparison)
-    listing = ('<p class="pass-text">Every judged phase within {:.0%} of its forecast.</p>'.format(TOLERANCE)
-               if bad.empty else
+    judged = int(comparison["judged"].sum())
+    listing = (f'<p class="pass-text">Every judged phase ({judged}) within {TOLERANCE:.0%} of its forecast.</p>'
+               if bad.empty and judged else '<p class="muted">No allocator here: nothing judged.</p>' if bad.empty else
                f'<div class="warn" id="{table_id}-outside"><b>Outside {TOLERANCE:.0%}</b><ul>' +
                "".join(f"<li>{html.escape(r['phase'])} on {_where(r)}: forecast {r['forecast'] / GiB:.3f} GiB, "
                        f"measured {r['measured'] / GiB:.3f} GiB ({r['error']:+.1%})</li>"
                        for r in bad.to_dict("records")) + "</ul></div>")
     return f"""<h3>Forecast vs measured</h3>
   <p class="muted small">The plan the trainer stored before allocating (python -m trainer.train --plan): cuda is
-  compared with the allocator's true peak, host with the process's RSS growth since its first sample (on a CUDA run
-  that holds its libraries too, so it is shown, not judged). See docs/forecast.md.</p>
+  compared with the allocator's true peak; host is shown beside the process's RSS growth since its first sample, which
+  holds libraries and retained heap too, so it is not judged (docs/forecast.md checks it against the heap in use).</p>
   {listing}
   <table id="{table_id}" class="data"><thead><tr><th>phase</th><th>device</th><th>basis</th><th>forecast GiB</th>
   <th>measured GiB</th><th>error</th></tr></thead><tbody>{"".join(rows)}</tbody></table>"""

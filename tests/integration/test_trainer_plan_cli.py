@@ -2,11 +2,14 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 
 import miles_profile as mp
+from miles_profile.report.forecast import compare, stored_plan
 from tests.conftest import REPO, python_env
+from trainer.plan_cli import plan_for_run
 
 H200_CRITIC = ["--preset", "gpu", "--device", "cuda", "--num-rollout", "3", "--offload-train", "--offload-rollout",
                "--use-critic"]
@@ -56,32 +59,55 @@ def test_plan_with_bad_flags_is_one_line_and_exit_2():
     assert result.returncode == 2 and result.stderr.count("\n") == 1 and "needs --offload-train" in result.stderr
 
 
-def test_record_stores_the_plan_and_the_report_lists_a_wrong_one(tmp_path):
+def test_record_stores_the_plan_of_the_phases_it_ran(tmp_path):
     rec = _run(["-m", "miles_profile.record", "--log-dir", str(tmp_path), "--", "--preset", "tiny",
                 "--num-rollout", "1", "--offload-train", "--offload-rollout"])
     assert rec.returncode == 0, rec.stderr
-    run_dir = next(tmp_path.glob("run-*"))
-    meta_path = next(p for p in run_dir.glob("*.meta.json") if p.name != "meta.json")
-    meta = json.loads(meta_path.read_text())
-    plan = meta["annotations"]["forecast"]
+    run = mp.load(next(tmp_path.glob("run-*")))
+    found = stored_plan(run)
+    assert found is not None
+    pids, plan = found
     assert plan["device"] == "cpu" and plan["assumptions"]["num_params"] > 0
-    stored = {p["phase"] for p in plan["phases"]}
-    recorded = set(mp.load(run_dir).phases["name"])
-    assert stored == recorded  # the plan names exactly the phases the run went through
+    assert pids == {"trainer": int(run.processes[0]["pid"])}
+    assert {p["phase"] for p in plan["phases"]} == set(run.phases["name"])  # exactly the phases it went through
+    # a CPU run has no allocator: its host rows are shown beside RSS growth, never judged
+    comparison = compare(run, plan, pids)
+    assert set(comparison["basis"]) == {"rss_growth"} and not comparison["judged"].any()
 
-    # A plan that forecasts 2 GiB for the train peak: the CLI and the HTML both name that phase.
+
+def _with_plan(tmp_path, source: str, scale_train: float):
+    """A copy of a real H200 log whose trainer meta carries the plan of its flags, train's scaled."""
+    run_dir = tmp_path / "run"
+    shutil.copytree(REPO / source, run_dir)
+    pids, plan = plan_for_run(mp.load(run_dir))
     for p in plan["phases"]:
-        if p["phase"] == "train":
-            p["peak"] = p["allocator"] = 2 * 1024**3
+        if p["phase"] == "train" and p["device"] == "cuda":
+            p["allocator"] = int(p["allocator"] * scale_train)
+    meta_path = run_dir / f"vm-{pids['trainer']}.meta.json"
+    meta = json.loads(meta_path.read_text())
+    meta.setdefault("annotations", {})["forecast"] = plan
     meta_path.write_text(json.dumps(meta))
-    out = tmp_path / "r.html"
-    vis = _run(["-m", "miles_profile.visualize", str(run_dir), "-o", str(out), "--no-check"])
+    return run_dir
+
+
+def _visualize(run_dir, out) -> subprocess.CompletedProcess:
+    return _run(["-m", "miles_profile.visualize", str(run_dir), "-o", str(out), "--no-check"])
+
+
+def test_the_report_shows_the_forecast_and_lists_a_wrong_one(tmp_path):
+    good = _with_plan(tmp_path / "good", "sample_logs/h200/4-both", 1.0)
+    vis = _visualize(good, tmp_path / "good.html")
     assert vis.returncode == 0, vis.stderr
-    listed = [line for line in vis.stdout.splitlines() if "forecast outside 5%: train on host" in line]
-    assert len(listed) == 1
-    error = float(listed[0].rsplit("error ", 1)[1].rstrip("%"))
-    assert error > 300  # the wrong plan, not the RSS noise of a tiny CPU run (which reads low, never high)
-    page = out.read_text()
-    assert 'id="forecast"' in page and 'id="forecast-outside"' in page
+    assert "forecast outside" not in vis.stdout
+    page = (tmp_path / "good.html").read_text()
+    assert 'id="forecast"' in page and 'id="forecast-outside"' not in page
+    assert "Every judged phase (8) within 5%" in page
+
+    bad = _with_plan(tmp_path / "bad", "sample_logs/h200/4-both", 1.2)  # 4 GiB of activations too many
+    vis = _visualize(bad, tmp_path / "bad.html")
+    assert vis.returncode == 0, vis.stderr
+    listed = [line for line in vis.stdout.splitlines() if "forecast outside 5%" in line]
+    assert len(listed) == 1 and "train on cuda" in listed[0] and "error +20" in listed[0]
+    page = (tmp_path / "bad.html").read_text()
     outside = page.split('id="forecast-outside"')[1].split("</div>")[0]
-    assert "<li>train on host" in outside
+    assert outside.count("<li>") == 1 and "<li>train on cuda" in outside
