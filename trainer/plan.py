@@ -20,11 +20,14 @@ Where each number comes from (docs/forecast.md has the measured comparison):
   fp32 cast (6 bytes per element). On CPU everything is fp32: 64 bytes x d_model, no weight copies;
 - prefill: 10 x d_model activations per prompt token live at once (the block's input held by the
   caller, the residual, the fc output and the GELU output);
-- cuBLAS workspaces (32 MiB each, never freed): one per stream or thread that ran a matmul (the
-  main stream, the graph warm-up stream, the capture, the autograd thread) and one more for each
-  graph captured again after a release;
+- cuBLAS workspaces (32 MiB each): one per stream or thread that ran a matmul (the main stream, the
+  graph warm-up stream, the capture, the autograd thread), all cleared by each engine release
+  (`memory_backend.settle`) and made again by the next matmul on each;
 - a weight update from host memory (offloaded state, host optimizer) stages each parameter on the
-  device in fp32 before the bf16 cast: the largest parameter's fp32 bytes.
+  device in fp32 before the bf16 cast: the largest parameter's fp32 bytes; to an engine server the
+  client copies each chunk into a buffer of its own (the largest chunk).
+With `--rollout-engine server` the engine's memory is forecast in its own process (`process="engine"`),
+for the phases that process opens.
 With torch_memory_saver a paused region leaves the device but the allocator still counts it:
 `allocator` is what torch reports, `peak` what the device holds.
 """
@@ -37,7 +40,7 @@ from dataclasses import dataclass, field
 from miles_profile.names import (CLEAR_MEMORY, CUDA_GRAPH, GENERATE, KV_CACHE, OFFLOAD_KV, OFFLOAD_ROLLOUT,
                                  OFFLOAD_TRAIN, OFFLOAD_WEIGHTS, ONLOAD_KV, ONLOAD_TRAIN, ONLOAD_WEIGHTS,
                                  TORCH_MEMORY_SAVER, TRAIN, UPDATE_WEIGHTS, WEIGHTS)
-from trainer.config import ModelConfig, Preset
+from trainer.plan_shapes import max_chunk_numel, param_numels, train_activation_bytes
 
 CUBLAS_WORKSPACE_BYTES = 32 * 1024**2  # torch's default cuBLAS workspace on Hopper (sm_90)
 CATEGORIES = ("params", "gradients", "optimizer", "weights", "kv_cache", "workspace", "activations",
@@ -72,46 +75,6 @@ class Plan:
 
     def peak(self, phase: str, device: str) -> PhasePeak | None:
         return next((p for p in self.phases if p.phase == phase and p.device == device), None)
-
-
-# --- shapes ------------------------------------------------------------------------------------
-
-def param_numels(cfg: ModelConfig, out_dim: int | None = None) -> list[int]:
-    """Element counts of `model.GPT`'s parameters in `named_parameters()` order (the flat layout)."""
-    d, out = cfg.d_model, cfg.vocab_size if out_dim is None else out_dim
-    block = [d, d, d, d, 3 * d * d, 3 * d, d * d, d, 4 * d * d, 4 * d, 4 * d * d, d]  # ln1, ln2, qkv, proj, fc, out
-    return [cfg.vocab_size * d, cfg.max_seq_len * d, *block * cfg.n_layer, d, d, d * out, out]
-
-
-def max_chunk_numel(numels: list[int], max_bytes: int, itemsize: int) -> int:
-    """The largest range of `flat.FlatParams.chunk_ranges` (same cutting rule)."""
-    sizes, start, offset = [], 0, 0
-    for n in numels:
-        if (offset + n - start) * itemsize > max_bytes and offset > start:
-            sizes.append(offset - start)
-            start = offset
-        offset += n
-    return max(sizes + [offset - start])
-
-
-def _linear_numel(cfg: ModelConfig, out_dim: int | None) -> int:
-    d, out = cfg.d_model, cfg.vocab_size if out_dim is None else out_dim
-    return cfg.n_layer * (12 * d * d + 9 * d) + d * out + out
-
-
-def train_activation_bytes(cfg: ModelConfig, cuda: bool, micro_batch: int, out_dims: list[int | None]) -> dict[str, int]:
-    """Bytes one micro-batch's forward leaves for backward, plus backward's first transient."""
-    n = micro_batch * (cfg.max_seq_len - 1)  # tokens per micro-batch (inputs are tokens[:, :-1])
-    d, total = cfg.d_model, 0
-    for out in out_dims:
-        per_token = 36 * d if cuda else 64 * d
-        total += cfg.n_layer * per_token * n + (6 if cuda else 8) * d * n  # + ln_f input and output
-        total += n * (cfg.vocab_size if out is None else out) * (2 + 4 + 4)  # logits, fp32 log-softmax
-        if cuda:
-            total += 2 * _linear_numel(cfg, out)  # bf16 weight copies, saved for backward
-    largest = 4 * cfg.d_model * cfg.d_model
-    total += (6 if cuda else 4) * largest  # the first weight gradient (bf16 and its fp32 cast)
-    return {"activations": total}
 
 
 # --- the replay ----------------------------------------------------------------------------------

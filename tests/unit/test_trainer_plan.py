@@ -15,7 +15,8 @@ from trainer.config import PRESETS, model_config
 from trainer.flat import FlatParams
 from trainer.kv_cache import KVPool
 from trainer.model import GPT
-from trainer.plan import forecast, max_chunk_numel, param_numels
+from trainer.plan import forecast
+from trainer.plan_shapes import max_chunk_numel, param_numels
 from trainer.plan_cli import plan_for_run
 from tests.conftest import REPO
 
