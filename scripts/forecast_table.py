@@ -1,14 +1,16 @@
 """The forecast table of docs/forecast.md: forecast beside measured per phase for recorded runs.
 
-    PYTHONPATH=. python scripts/forecast_table.py [RUN_DIR ...]
+    PYTHONPATH=. python scripts/forecast_table.py [--cpu-count N] [RUN_DIR ...]
         (default: sample_logs/h200/*, sample_logs/h200-tms/*, sample_logs/cpu)
 
 A run that stored its plan (the `forecast` annotation) is compared with it; an older run with the plan
 of the trainer flags in its command line (trainer.plan_cli.plan_for_run). Prints markdown; the last
-line is the worst judged error over all runs.
+lines are the worst error per basis over all runs. `--cpu-count`: the cores of the machine that
+recorded them, for the disk offload's staging buffers (logs do not record it; default: this machine's).
 """
 from __future__ import annotations
 
+import argparse
 import glob
 import sys
 
@@ -22,11 +24,11 @@ GiB = 1024**3
 DEFAULT = sorted(glob.glob("sample_logs/h200/[1-9]-*")) + sorted(glob.glob("sample_logs/h200-tms/*")) + ["sample_logs/cpu"]
 
 
-def table(path: str) -> tuple[list[str], pd.DataFrame | None]:
+def table(path: str, cpu_count: int | None = None) -> tuple[list[str], pd.DataFrame | None]:
     run = mp.load(path)
     found = stored_plan(run)
     source = "stored plan" if found else "plan of the command line"
-    found = found or plan_for_run(run)
+    found = found or plan_for_run(run, cpu_count)
     if found is None:
         return [f"### {path}", "", "no trainer flags in its command line", ""], None
     pids, plan = found
@@ -54,13 +56,28 @@ def table(path: str) -> tuple[list[str], pd.DataFrame | None]:
     return lines, c.assign(run=path)
 
 
+def summary(comparisons: list[pd.DataFrame]) -> list[str]:
+    lines = ["| run | cuda phases judged | worst error | outside 5% |", "|---|---:|---:|---:|"]
+    for c in comparisons:
+        judged = c[c["judged"] & c["error"].notna()]
+        w = worst(c)
+        text = "–" if w is None else f"{w['error']:+.2%} ({w['phase']}{'' if w['process'] == 'trainer' else ', engine'})"
+        lines.append(f"| {c['run'].iloc[0]} | {len(judged)} | {text} | {int(judged['outside'].sum())} |")
+    return lines + [""]
+
+
 def main(argv: list[str]) -> int:
-    comparisons = []
-    for path in argv or DEFAULT:
-        lines, comparison = table(path)
-        print("\n".join(lines))
+    parser = argparse.ArgumentParser(prog="scripts/forecast_table.py")
+    parser.add_argument("--cpu-count", type=int)
+    parser.add_argument("runs", nargs="*")
+    options = parser.parse_args(argv)
+    comparisons, sections = [], []
+    for path in options.runs or DEFAULT:
+        lines, comparison = table(path, options.cpu_count)
+        sections += lines
         if comparison is not None:
             comparisons.append(comparison)
+    print("\n".join(summary(comparisons) + sections))
     if comparisons:
         every = pd.concat(comparisons, ignore_index=True)
         for basis, label in (("allocator", "CUDA allocator peaks"), ("rss_growth", "CPU runs' RSS growth")):

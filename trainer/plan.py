@@ -146,10 +146,11 @@ class _Run:
     host: tuple[str, str] = (TRAINER, "host")
 
 
-def forecast(cfg, clears_workspaces: bool = True) -> Plan:
+def forecast(cfg, clears_workspaces: bool = True, cpu_count: int | None = None) -> Plan:
     """`cfg`: a `trainer.args.RunConfig`. Pure: no tensor, no CUDA call. `clears_workspaces=False`
-    models the trainer before commit d37e03b, whose engine release left cuBLAS's workspaces in place."""
-    run, assumptions = _sizes(cfg)
+    models the trainer before commit d37e03b, whose engine release left cuBLAS's workspaces in place.
+    `cpu_count`: the cores of the machine that runs it (disk offload threads; default: this one's)."""
+    run, assumptions = _sizes(cfg, cpu_count or os.cpu_count() or 4)
     server = cfg.rollout_engine == "server"
     lanes = _Lanes((TRAINER, ENGINE) if server else (TRAINER,))
     g = _Graphs(run.dev[1] == "cuda" and cfg.cuda_graph, clears_workspaces)
@@ -174,7 +175,7 @@ def forecast(cfg, clears_workspaces: bool = True) -> Plan:
     return Plan(cfg.device, {**assumptions, "clears_workspaces": clears_workspaces}, tuple(phases))
 
 
-def _sizes(cfg) -> tuple[_Run, dict]:
+def _sizes(cfg, cpu_count: int) -> tuple[_Run, dict]:
     from trainer.config import model_config
     mc = model_config(cfg.preset, cfg.digits)
     cuda = cfg.device == "cuda"
@@ -194,7 +195,7 @@ def _sizes(cfg) -> tuple[_Run, dict]:
     own_copies = sum(state.values()) - (4 * sum(numels) if host_opt else 0)
     offload_host = (sum(state.values()) if saver else own_copies) if cfg.offload_train_target == "cpu" else 0
     chunk = max(max_chunk_numel(param_numels(mc, o), cfg.chunk_bytes, 4) for o in outs) * 4
-    workers = max(4, min(8, os.cpu_count() or 4))
+    workers = max(4, min(8, cpu_count))  # offload.DiskOffloader's I/O threads
     disk = cfg.offload_train and cfg.offload_train_target == "disk"
     server = cfg.rollout_engine == "server"
     item = 2 if cuda else 4

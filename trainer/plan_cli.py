@@ -53,10 +53,11 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-def plan_for_run(run) -> tuple[dict[str, int], dict] | None:
+def plan_for_run(run, cpu_count: int | None = None) -> tuple[dict[str, int], dict] | None:
     """(pids, plan dict) for a run recorded before plans were stored: the plan of the trainer's flags
     (its own command line under torchrun, else record's after `--`), on cuda when the run saw a GPU,
-    with the rollout memory backend and engine its meta announced. None without a trainer process."""
+    with the rollout memory backend and engine its meta announced. None without a trainer process.
+    `cpu_count`: the recording machine's cores, which logs do not hold (default: this machine's)."""
     from miles_profile.report.forecast import plan_pids
     trainer = next((p for p in run.processes if p.get("role") in ("in_process", "actor")), None)
     if trainer is None:
@@ -77,4 +78,4 @@ def plan_for_run(run) -> tuple[dict[str, int], dict] | None:
     cfg = parse_args(flags, cuda_available=cuda, world_size=int(trainer.get("world_size") or 1),
                      check_environment=False)
     clears = float(run.meta.get("start_time") or WORKSPACES_CLEARED_SINCE) >= WORKSPACES_CLEARED_SINCE
-    return plan_pids(run, trainer), forecast(cfg, clears_workspaces=clears).to_json()
+    return plan_pids(run, trainer), forecast(cfg, clears_workspaces=clears, cpu_count=cpu_count).to_json()
