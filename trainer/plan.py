@@ -73,8 +73,8 @@ class Plan:
         return cls(data["device"], dict(data.get("assumptions", {})),
                    tuple(PhasePeak(**p) for p in data.get("phases", [])))
 
-    def peak(self, phase: str, device: str) -> PhasePeak | None:
-        return next((p for p in self.phases if p.phase == phase and p.device == device), None)
+    def peak(self, phase: str, device: str, process: str = "trainer") -> PhasePeak | None:
+        return next((p for p in self.phases if (p.phase, p.device, p.process) == (phase, device, process)), None)
 
 
 # --- the replay ----------------------------------------------------------------------------------
