@@ -30,12 +30,21 @@ COLUMNS = ["process", "phase", "device", "basis", "forecast", "measured", "error
 
 
 def stored_plan(run) -> tuple[dict[str, int], dict] | None:
-    """The first process whose meta annotations carry a `forecast`, with its pids."""
+    """The first process whose meta annotations carry a `forecast`, with its pids. Entries that are
+    not well formed (a hand-edited or foreign meta) are dropped, never a traceback."""
     for process in run.processes:
-        plan = (process.get("annotations") or {}).get("forecast")
+        annotations = process.get("annotations")
+        plan = annotations.get("forecast") if isinstance(annotations, dict) else None
         if isinstance(plan, dict) and isinstance(plan.get("phases"), list):
-            return plan_pids(run, process), plan
+            phases = [p for p in plan["phases"] if _well_formed(p)]
+            return plan_pids(run, process), {**plan, "phases": phases}
     return None
+
+
+def _well_formed(entry) -> bool:
+    return (isinstance(entry, dict) and isinstance(entry.get("phase"), str) and entry.get("device") in ("cuda", "host")
+            and all(isinstance(entry.get(k), int) and not isinstance(entry.get(k), bool) for k in ("peak", "allocator"))
+            and isinstance(entry.get("process", "trainer"), str))
 
 
 def plan_pids(run, trainer: dict) -> dict[str, int]:
