@@ -215,9 +215,9 @@ def _run_section(report: RunReport, k: int, single: bool) -> str:
   {timeline}
   <h3>Per phase</h3>{per_phase_note}
   {_phase_table_html(run, report.phases, False, "phases" + suffix)}
-  {forecast_html(run, "forecast" + suffix)}
   <details><summary>Per iteration</summary>
   {_phase_table_html(run, report.phases_by_iteration, True, "phases-by-iteration" + suffix)}</details>
+  {forecast_html(run, "forecast" + suffix)}
 </section>"""
 
 
