@@ -1,8 +1,8 @@
 """The memory forecast: from the flags alone, the expected peak of every phase on every device.
 
 `forecast(cfg)` replays the loop of `train.py` (setup, then each rollout in the order the flags pick)
-on byte counters instead of tensors: it allocates nothing and imports neither torch nor CUDA, so a
-plan for an H200 configuration runs on any laptop. Each phase's peak is the highest level the
+on byte counters instead of tensors: it allocates nothing and makes no CUDA call, so a plan for an
+H200 configuration runs on any laptop. Each phase's peak is the highest level the
 phase passes through (the level it starts at, each allocation, each transient), and per phase name
 the highest of its instances, with the categories that made it up.
 
