@@ -54,6 +54,12 @@ def test_plan_allocates_nothing():
     assert facts["hwm"] < 1024**3, facts  # an interpreter with torch imported, nothing of the model
 
 
+def test_record_with_plan_prints_it_and_records_nothing(tmp_path):
+    result = _run(["-m", "miles_profile.record", "--log-dir", str(tmp_path), "--", "--plan", *H200_CRITIC])
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("forecast for cuda:") and list(tmp_path.iterdir()) == []
+
+
 def test_plan_with_bad_flags_is_one_line_and_exit_2():
     result = _run(["-m", "trainer.train", "--plan", "--preset", "gpu", "--colocate-memory-peak-device", "gpu"])
     assert result.returncode == 2 and result.stderr.count("\n") == 1 and "needs --offload-train" in result.stderr
