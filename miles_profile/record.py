@@ -116,6 +116,8 @@ def run_trainer(args: argparse.Namespace, trainer_args: list[str]) -> int:
         from trainer.train import main as train_main  # imports torch first, so the allocator probe sees it
     except ImportError as exc:
         raise MilesProfileError(f"the integrated trainer is not available ({exc}); use --exec") from None
+    if "--plan" in trainer_args:  # a forecast allocates and records nothing: no run directory for it
+        return train_main(trainer_args)
     parse_args(trainer_args)  # a flag error exits 2 here, before an empty run directory is made
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))  # flush on the way out
     recorder = start_or_warn(Recorder(args.log_dir, interval_ms=args.interval_ms, watch_dirs=args.watch_dir,

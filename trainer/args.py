@@ -99,6 +99,9 @@ def _add_run_arguments(g) -> None:
     g.add_argument("--num-rollout", type=int, default=2, help="RL iterations (default: %(default)s)")
     g.add_argument("--seed", type=int, default=1234, help="seeds init, prompts and sampling")
     g.add_argument("--digits", type=int, help="task: length of the digit string to reverse (preset)")
+    g.add_argument("--plan", action="store_true",
+                   help="print the forecast peak of each phase on each device and exit, allocating nothing "
+                        "(add --device cuda to plan a GPU run on a machine without one)")
 
 
 def _add_rollout_arguments(g) -> None:
@@ -153,9 +156,11 @@ def _add_offload_arguments(g) -> None:
 
 
 def validate(args: argparse.Namespace, cuda_available: bool, world_size: int = 1,
-             memory_bytes: int | None = None) -> str | None:
+             memory_bytes: int | None = None, check_environment: bool = True) -> str | None:
     """Every rule on flag values and across flags; returns the first violation as one line, or None.
-    `memory_bytes`: total memory of the device the run uses (`device_memory`); None skips that bound."""
+    `memory_bytes`: total memory of the device the run uses (`device_memory`); None skips that bound.
+    `check_environment=False` (a --plan): skip what only this machine can answer (a CUDA device, an
+    importable torch_memory_saver, a writable disk dir), so any machine can plan any configuration."""
     preset = PRESETS[args.preset]
     batch = args.rollout_batch_size or preset.rollout_batch_size
     if batch >= 1 and batch % world_size:
@@ -172,7 +177,7 @@ def validate(args: argparse.Namespace, cuda_available: bool, world_size: int = 1
     group = preset.n_samples_per_prompt if args.n_samples_per_prompt is None else args.n_samples_per_prompt
     if group < (1 if args.use_critic else 2):
         return "--n-samples-per-prompt must be at least 2 for GRPO (1 is allowed with --use-critic)"
-    if args.device == "cuda" and not cuda_available:
+    if args.device == "cuda" and not cuda_available and check_environment:
         return "--device cuda: no CUDA device is available"
     device = _device(args.device, cuda_available)
     if args.cuda_graph and device != "cuda":
@@ -189,12 +194,12 @@ def validate(args: argparse.Namespace, cuda_available: bool, world_size: int = 1
             return "--offload-train-target disk needs --offload-train"
         if args.offload_train_disk_dir is None:
             return "--offload-train-target disk needs --offload-train-disk-dir"
-        problem = _unwritable(args.offload_train_disk_dir)
+        problem = _unwritable(args.offload_train_disk_dir) if check_environment else None
         if problem:
             return f"--offload-train-disk-dir {args.offload_train_disk_dir} is not writable: {problem}"
     elif args.offload_train_disk_dir is not None:
         return "--offload-train-disk-dir needs --offload-train-target disk"
-    problem = _backend_problem(args, device)
+    problem = _backend_problem(args, device, check_environment)
     if problem:
         return problem
     if args.colocate_memory_peak_device == "gpu":
@@ -205,7 +210,7 @@ def validate(args: argparse.Namespace, cuda_available: bool, world_size: int = 1
     return _kv_problem(args, preset, device) or _memory_problem(args, preset, device, group, memory_bytes)
 
 
-def _backend_problem(args: argparse.Namespace, device: str) -> str | None:
+def _backend_problem(args: argparse.Namespace, device: str, check_environment: bool = True) -> str | None:
     if args.offload_train_backend == TORCH_MEMORY_SAVER:
         if not args.offload_train:
             return "--offload-train-backend torch_memory_saver needs --offload-train"
@@ -214,7 +219,10 @@ def _backend_problem(args: argparse.Namespace, device: str) -> str | None:
                     "backup): use it with --offload-train-target cpu")
     for flag, value in (("--rollout-memory-backend", args.rollout_memory_backend),
                         ("--offload-train-backend", args.offload_train_backend)):
-        problem = memory_backend.unavailable_reason(device) if value == TORCH_MEMORY_SAVER else None
+        problem = None
+        if value == TORCH_MEMORY_SAVER:
+            problem = memory_backend.unavailable_reason(device) if check_environment else (
+                None if device == "cuda" else "needs a CUDA device")
         if problem:
             return f"{flag} torch_memory_saver: {problem}"
     return None
@@ -304,9 +312,10 @@ def resolve(args: argparse.Namespace, cuda_available: bool, world_size: int = 1,
 
 
 def parse_args(argv: list[str] | None, cuda_available: bool | None = None,
-               world_size: int | None = None) -> RunConfig:
+               world_size: int | None = None, check_environment: bool = True) -> RunConfig:
     """Parse, validate and resolve; exits with status 2 and one line on any invalid input.
-    `world_size`: the number of data-parallel ranks (default: torchrun's WORLD_SIZE, else 1)."""
+    `world_size`: the number of data-parallel ranks (default: torchrun's WORLD_SIZE, else 1).
+    `check_environment=False`: validate the flags only, not this machine (see `validate`)."""
     if cuda_available is None:
         import torch
         cuda_available = torch.cuda.is_available()
@@ -315,7 +324,8 @@ def parse_args(argv: list[str] | None, cuda_available: bool | None = None,
         world_size = int(os.environ.get("WORLD_SIZE", 1)) if under_torchrun else 1
     parser = build_parser()
     args = parser.parse_args(argv)
-    problem = validate(args, cuda_available, world_size, device_memory(_device(args.device, cuda_available)))
+    memory = device_memory(_device(args.device, cuda_available)) if check_environment else None
+    problem = validate(args, cuda_available, world_size, memory, check_environment)
     if problem:
         parser.error(problem)
     return resolve(args, cuda_available, world_size, under_torchrun or world_size > 1)

@@ -27,6 +27,7 @@ from trainer.args import RunConfig, parse_args
 from trainer.config import gib, model_config
 from trainer.engine_client import ROLE_ENV, RemoteEngine
 from trainer.errors import TrainerError
+from trainer.plan import forecast
 from trainer.progress import Progress
 from trainer.rollout_engine import RolloutEngine
 
@@ -139,6 +140,7 @@ def run(cfg: RunConfig) -> list[tuple[float, TrainStats]]:
 def _run(cfg: RunConfig) -> list[tuple[float, TrainStats]]:
     torch.manual_seed(cfg.seed)
     rank = dist.from_env()
+    mp.annotate(forecast=forecast(cfg).to_json())  # the report sets it beside what was measured
     device = _device(cfg, rank)
     dist.init(rank, device)  # nothing without torchrun's environment
     try:
@@ -263,7 +265,11 @@ def _on_sigterm(signum, frame) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    cfg = parse_args(sys.argv[1:] if argv is None else argv)  # exits 2 with one line on bad flags
+    argv = sys.argv[1:] if argv is None else argv
+    if "--plan" in argv:
+        from trainer import plan_cli
+        return plan_cli.main(argv)
+    cfg = parse_args(argv)  # exits 2 with one line on bad flags
     if dist.launched_by_torchrun():
         os.environ.setdefault(ROLE_ENV, "actor")  # before the first phase starts this rank's recorder
         signal.signal(signal.SIGTERM, _on_sigterm)

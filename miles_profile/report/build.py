@@ -191,6 +191,10 @@ def visualize(options: VisualizeOptions, echo: Callable[[str], None] = print) ->
         echo(f"{gate.current} against the baseline {gate.baseline}:")
         for line in gate.lines():
             echo(line)
+    from miles_profile.report.forecast_html import forecast_lines
+    for report in reports:
+        for line in forecast_lines(report.run):
+            echo(f"{report.run.name}: {line}")
     if failed:  # exit 2 even though the HTML exists: a CI step reading the missing file must not go on
         raise MilesProfileError(f"{'; '.join(failed)} (the report {output} was written)")
     statuses = [overall_status(r.checks) for r in reports if r.checks] + [g.status for g in gates]

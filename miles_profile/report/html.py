@@ -22,6 +22,7 @@ from plotly.offline import get_plotlyjs
 
 from miles_profile.report import checks as checks_mod
 from miles_profile.report.figures import run_start, timeline_figure
+from miles_profile.report.forecast_html import forecast_html
 from miles_profile.report.series import GiB
 from miles_profile.report.stats import phase_instances, phase_table, stat_metrics
 
@@ -216,6 +217,7 @@ def _run_section(report: RunReport, k: int, single: bool) -> str:
   {_phase_table_html(run, report.phases, False, "phases" + suffix)}
   <details><summary>Per iteration</summary>
   {_phase_table_html(run, report.phases_by_iteration, True, "phases-by-iteration" + suffix)}</details>
+  {forecast_html(run, "forecast" + suffix)}
 </section>"""
 
 
