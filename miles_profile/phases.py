@@ -126,3 +126,52 @@ def annotate(**fields: Any) -> None:
     rec = _recorder()
     if rec is not None:
         rec.annotate(fields)
+
+
+def _device_key(device: Any) -> str:
+    """"host", or "cuda:N" in this process's CUDA order (a torch.device, "cuda", an int index)."""
+    if device is None or device == names.ACCOUNT_HOST or str(device) == "cpu":
+        return names.ACCOUNT_HOST
+    if isinstance(device, int):
+        return f"cuda:{device}"
+    text = str(device)
+    if text == "cuda":  # the current device, as torch means it
+        torch = sys.modules.get("torch")
+        index = torch.cuda.current_device() if torch is not None and torch.cuda.is_initialized() else 0
+        return f"cuda:{index}"
+    return text
+
+
+def account(category: str, nbytes: int, device: Any = names.ACCOUNT_HOST, owner: str = "") -> None:
+    """Say that this program now holds `nbytes` of `category` (`weights`, `gradients`,
+    `optimizer_state`, `kv_cache`, `cuda_graph`, `pinned_buffers`, `offloaded_state`, ...) on
+    `device` ("host", "cuda:N", a torch.device). Absolute, not a delta: call it after each change;
+    an unchanged value writes nothing. `owner` tells apart two holders of one category in one
+    process (the actor's weights and the rollout engine's). A no-op without a recorder. See docs/ledger.md."""
+    rec = _recorder()
+    if rec is not None:
+        rec.account(str(category), int(nbytes), _device_key(device), str(owner))
+
+
+def account_tensors(category: str, tensors, device: Any = None, owner: str = "") -> None:
+    """`account()` for the storages behind `tensors` (each storage counted once; views and tied
+    weights share one). Without `device`, each tensor's own device (a CPU tensor is "host"); a
+    category whose tensors left a device is declared 0 there only if `device` names it."""
+    rec = _recorder()
+    if rec is None:
+        return
+    totals: dict[str, int] = {} if device is None else {_device_key(device): 0}
+    seen: set[tuple[str, int]] = set()
+    for tensor in tensors:
+        if tensor is None:
+            continue
+        storage = tensor.untyped_storage()
+        where = _device_key(tensor.device) if device is None else _device_key(device)
+        key = (where, storage.data_ptr())
+        if storage.nbytes() == 0 or key in seen:
+            totals.setdefault(where, 0)
+            continue
+        seen.add(key)
+        totals[where] = totals.get(where, 0) + storage.nbytes()
+    for where, nbytes in totals.items():
+        rec.account(str(category), nbytes, where, str(owner))

@@ -152,6 +152,8 @@ class Recorder:
         self._summaries: PhaseSummaries | None = None
         self._cuda_noted = False
         self._faults = WriteFaults()
+        self._declared: dict[tuple[str, str, str], int] = {}  # (device, category, owner) -> bytes last written
+        self._declared_lock = threading.Lock()
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> "Recorder":
@@ -363,6 +365,19 @@ class Recorder:
             return
         self._meta["annotations"] = {**self._meta.get("annotations", {}), **fields}
         self._write_meta()
+
+    def account(self, category: str, nbytes: int, device: str, owner: str = "") -> None:
+        """One `account` event when (device, category) changes value: the log holds each change,
+        never a row per sample, and the reader knows every declared value at any instant."""
+        events = self._events
+        if events is None:
+            return
+        with self._declared_lock:  # two threads declaring the same value write it once
+            if self._declared.get((device, category, owner)) == nbytes:
+                return
+            self._declared[(device, category, owner)] = nbytes
+            attrs = {"device": device, "bytes": nbytes, **({"owner": owner} if owner else {})}
+            self._guarded("events", events.write, names.ACCOUNT, category, attrs)
 
     def _write_meta(self) -> None:
         try:
