@@ -117,14 +117,15 @@ class _Procs:
             procs = run.gpu_procs if run.hosts else pd.DataFrame(columns=["t", "host", "gpu_uuid", "pid", "bytes"])
         except Exception:  # noqa: BLE001 - a log without host files: no per-process list
             procs = pd.DataFrame(columns=["t", "host", "gpu_uuid", "pid", "bytes"])
-        self._frames = {(str(h), str(u)): f for (h, u), f in procs.groupby(["host", "gpu_uuid"], sort=False, observed=True)}
+        self._frames = {(str(h), str(u)): (np.unique(f["t"].to_numpy(float)), f)
+                        for (h, u), f in procs.groupby(["host", "gpu_uuid"], sort=False, observed=True)}
         self.listed = {(str(h), int(p)) for h, p in zip(procs["host"], procs["pid"])}
 
     def at(self, host: str, uuid: str, pid: int, t: float) -> float | None:
-        frame = self._frames.get((host, uuid))
-        if frame is None or (host, pid) not in self.listed:
+        found = self._frames.get((host, uuid))
+        if found is None or (host, pid) not in self.listed:
             return None
-        times = np.unique(frame["t"].to_numpy(float))
+        times, frame = found
         k = int(np.searchsorted(times, t, "right")) - 1
         if k < 0:
             return None
