@@ -56,6 +56,9 @@ OPTIMIZER_STATE = "optimizer_state"
 CUDA_GRAPH_POOL = "cuda_graph"
 PINNED_BUFFERS = "pinned_buffers"
 OFFLOADED_STATE = "offloaded_state"
+# Bytes the torch allocator still counts as allocated and reserved although a pause (torch_memory_saver)
+# took them off the device: not a category of memory but a correction the ledger subtracts.
+PAUSED = "paused"
 DECLARED_CATEGORIES = (WEIGHTS, GRADIENTS, OPTIMIZER_STATE, KV_CACHE, CUDA_GRAPH_POOL, PINNED_BUFFERS,
                        OFFLOADED_STATE)
 

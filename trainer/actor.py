@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 import miles_profile as mp
-from miles_profile.names import BUILTIN, GRADIENTS, OPTIMIZER_STATE, TORCH_MEMORY_SAVER, WEIGHTS
+from miles_profile.names import BUILTIN, GRADIENTS, OPTIMIZER_STATE, PAUSED, TORCH_MEMORY_SAVER, WEIGHTS
 from trainer import algo, dist
 from trainer.config import ModelConfig
 from trainer.flat import FlatParams, trim_host_heap
@@ -216,6 +216,8 @@ class Actor:
             held[key] = held.get(key, 0) + nbytes
         for category, nbytes in self.offloader.host_bytes().items():
             held[("host", category)] = held.get(("host", category), 0) + nbytes
+        if self.offloader.backend == TORCH_MEMORY_SAVER:  # the paused state stays in the allocator's counters
+            held[(str(self.device), PAUSED)] = self.offloader.expected_bytes() if paused else 0
         for (where, category), nbytes in held.items():
             mp.account(category, nbytes, where, owner="actor")
 

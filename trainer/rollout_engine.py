@@ -33,8 +33,8 @@ import torch
 import torch.nn.functional as F
 
 import miles_profile as mp
-from miles_profile.names import (BUILTIN, CUDA_GRAPH, KV_CACHE, OFFLOADED_STATE, PINNED_BUFFERS, TAGS,
-                                 WEIGHTS)
+from miles_profile.names import (BUILTIN, CUDA_GRAPH, KV_CACHE, OFFLOADED_STATE, PAUSED, PINNED_BUFFERS, TAGS,
+                                 TORCH_MEMORY_SAVER, WEIGHTS)
 from trainer import cuda_graphs
 from trainer.config import ModelConfig
 from trainer.errors import EngineError
@@ -132,6 +132,11 @@ class RolloutEngine:
         mp.account(KV_CACHE, self.kv.nbytes if self._held(KV_CACHE) else 0, where, owner="engine")
         if self.device.type == "cuda":
             mp.account(CUDA_GRAPH, self._graph_bytes if self._held(CUDA_GRAPH) else 0, where, owner="engine")
+        if self.memory.name == TORCH_MEMORY_SAVER:  # paused tags stay in the allocator's counters
+            paused = (0 if self._held(WEIGHTS) else self.weights_bytes) + (0 if self._held(KV_CACHE) else self.kv.nbytes)
+            if self.memory.keeps_graphs and self._graphs_released:
+                paused += self._graph_bytes
+            mp.account(PAUSED, paused, where, owner="engine")
         if self._backup is not None:  # our own host copy: it holds the weights only while they are away
             away = not self._held(WEIGHTS)
             mp.account(OFFLOADED_STATE, self._backup.nbytes if away else 0, "host", owner="engine")

@@ -11,7 +11,9 @@ series the recorder already writes, each the residual of the next larger measure
           non_pytorch = NVML per-process - reserved    other_processes = NVML device used - recorded processes
     host: other_anonymous = RssAnon - declared host    file_backed = RssFile    shared_memory = RssShmem
 
-so they add up to NVML's device used (RSS on the host) by construction where every source was read at
+A declared `paused` (torch_memory_saver: bytes the allocator still counts although a pause unmapped them)
+is no category: it is subtracted from allocated and reserved first. The categories then add up to
+NVML's device used (RSS on the host) by construction where every source was read at
 the same instant; what does not add up shows as a negative residual (declared more than allocated,
 NVML per-process under reserved), never clipped. `add_up` counts the negative bytes against the total.
 
@@ -155,21 +157,27 @@ def _gpu_rows(used: float | None, members: list[_Member]) -> list[tuple[str, str
     """(category, source, bytes) of one GPU at one instant."""
     rows: dict[tuple[str, str], float] = {}
     for m in members:
-        for category, nbytes in m.declared.items():
+        held = {c: v for c, v in m.declared.items() if c != names.PAUSED}
+        # paused regions stay in the allocator's counters though they left the device
+        paused = float(m.declared.get(names.PAUSED, 0))
+        alloc = None if m.alloc is None else m.alloc - paused
+        reserved = None if m.reserved is None else m.reserved - paused
+        for category, nbytes in held.items():
             rows[(category, "declared")] = rows.get((category, "declared"), 0.0) + nbytes
-        declared = float(sum(m.declared.values()))
-        if m.alloc is not None:
-            rows[(ACTIVATIONS, "derived")] = rows.get((ACTIVATIONS, "derived"), 0.0) + m.alloc - declared
-        if m.reserved is not None and m.alloc is not None:
-            rows[(ALLOCATOR_CACHE, "derived")] = rows.get((ALLOCATOR_CACHE, "derived"), 0.0) + m.reserved - m.alloc
+        declared = float(sum(held.values()))
+        if alloc is not None:
+            rows[(ACTIVATIONS, "derived")] = rows.get((ACTIVATIONS, "derived"), 0.0) + alloc - declared
+        if reserved is not None and alloc is not None:
+            rows[(ALLOCATOR_CACHE, "derived")] = rows.get((ALLOCATOR_CACHE, "derived"), 0.0) + reserved - alloc
         if m.proc is not None:
-            below = m.reserved if m.reserved is not None else declared
+            below = reserved if reserved is not None else declared
             rows[(NON_PYTORCH, "derived")] = rows.get((NON_PYTORCH, "derived"), 0.0) + m.proc - below
     if used is not None:
         # What the recorded processes hold by their best measure: NVML's per-process bytes, else the
         # allocator's reserved bytes, else what they declared.
-        held = sum(m.proc if m.proc is not None else m.reserved if m.reserved is not None
-                   else float(sum(m.declared.values())) for m in members)
+        held = sum(m.proc if m.proc is not None else
+                   m.reserved - m.declared.get(names.PAUSED, 0) if m.reserved is not None else
+                   float(sum(v for c, v in m.declared.items() if c != names.PAUSED)) for m in members)
         rows[(OTHER_PROCESSES, "derived")] = used - held
     return [(c, s, v) for (c, s), v in rows.items()]
 

@@ -100,3 +100,16 @@ def test_comparison_is_one_stacked_bar_per_phase_and_configuration():
     assert xs == {("config-1", "config-2", "config-3")}
     assert sorted({tuple(np.asarray(t.y, float)) for t in weights}) == [(1.0, 2.0, 3.0)]
     assert fig.layout.barmode == "relative"
+
+
+def test_paused_bytes_are_taken_out_of_the_allocator_counters_not_shown_as_memory():
+    # torch_memory_saver: 5 of the 6 GiB allocated are paused (unmapped); NVML per-process sees 4 GiB
+    run = _gpu_run([(0.0, "cuda:0", "paused", 5 * GiB), (0.0, "cuda:0", "weights", 0)])
+    run.samples["gpu0_proc"] = 4 * GiB
+    run.samples["gpu0_used"] = 5 * GiB
+    frame = ledger(run)
+    assert _at(frame, "train", UUID, "paused") is None
+    assert _at(frame, "train", UUID, "activations") == 1 * GiB  # 6 - 5 paused
+    assert _at(frame, "train", UUID, "allocator_cache") == 2 * GiB  # (8 - 5) - (6 - 5)
+    assert _at(frame, "train", UUID, "non_pytorch") == 1 * GiB  # 4 - (8 - 5)
+    assert add_up(frame, "gpu").worst_error == 0.0
