@@ -8,7 +8,7 @@ from dash.exceptions import PreventUpdate
 from dashboards.messages import describe, message
 from dashboards.panels.refresh import due
 from miles_profile.report.figures import run_start
-from miles_profile.report.ledger import ledger
+from miles_profile.report.ledger import LEDGER_MAX_PROCESSES, ledger
 from miles_profile.report.ledger_figures import ledger_area_figure, ledger_bar_figure
 from miles_profile.report.ledger_html import add_up_text
 
@@ -48,6 +48,9 @@ def register(app, state) -> None:
             key = due(f"{run_id}\n{view}", live_run.version, rendered)
             if key is None:
                 raise PreventUpdate
+            if len(live_run.current.processes) > LEDGER_MAX_PROCESSES:  # as the report: not for a large fleet yet
+                return _EMPTY, message(f"The ledger is computed for runs of up to {LEDGER_MAX_PROCESSES} processes.",
+                                       "info"), key
             frame, bars, area, text = live_run.memo("ledger", compute)
         except PreventUpdate:
             raise

@@ -41,6 +41,10 @@ GPU_DERIVED = (ACTIVATIONS, ALLOCATOR_CACHE, NON_PYTORCH, OTHER_PROCESSES)
 HOST_DERIVED = (OTHER_ANONYMOUS, FILE_BACKED, SHARED_MEMORY, RSS_UNSPLIT)
 HOST = names.ACCOUNT_HOST
 
+# The report computes the ledger for runs of up to this many processes (its cost grows with phase
+# instances times the processes sharing a GPU; a fleet of hundreds is not covered yet).
+LEDGER_MAX_PROCESSES = 16
+
 COLUMNS = ["host", "pid", "id", "phase", "iteration", "depth", "t", "device", "label", "category", "source",
            "bytes", "total"]
 

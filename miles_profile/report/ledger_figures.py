@@ -112,7 +112,9 @@ def ledger_bar_figure(frame: pd.DataFrame, *, top_level_only: bool = True) -> go
     measured total the categories should reach."""
     picked = frame[frame["depth"] == 0] if top_level_only and len(frame) else frame
     lanes = _devices(picked) if len(picked) else []
-    fig = make_subplots(rows=max(1, len(lanes)), cols=1, vertical_spacing=0.12 if len(lanes) > 1 else 0.1,
+    height = 380 * max(1, len(lanes)) + 120
+    # about 170 px between lanes: the rotated phase labels of one lane above the next lane's title
+    fig = make_subplots(rows=max(1, len(lanes)), cols=1, vertical_spacing=min(0.3, 170 / height) if len(lanes) > 1 else 0.1,
                         subplot_titles=[_lane_title(lane) for lane in lanes] or ["no ledger in this run"])
     seen: set = set()
     for row, lane in enumerate(lanes, start=1):
@@ -124,7 +126,7 @@ def ledger_bar_figure(frame: pd.DataFrame, *, top_level_only: bool = True) -> go
             fig.add_trace(trace, row=row, col=1)
         fig.update_yaxes(title_text="GiB", row=row, col=1)
         fig.update_xaxes(tickangle=-45, row=row, col=1)
-    fig.update_layout(barmode="relative", template="plotly_white", height=340 * max(1, len(lanes)) + 120,
+    fig.update_layout(barmode="relative", template="plotly_white", height=height,
                       margin=dict(l=70, r=20, t=60, b=110), bargap=0.15,
                       title="Where the bytes are at the end of each phase")
     return fig
@@ -220,7 +222,8 @@ def ledger_comparison_figure(frames: list[pd.DataFrame], run_names: list[str], m
                 trace.customdata = ["setup" if i < 0 else str(i) for _, i in wide.index]
                 trace.hovertemplate = trace.hovertemplate.replace("<extra>", " (iteration %{customdata})<extra>")
                 fig.add_trace(trace, row=row, col=col)
-            fig.update_xaxes(tickangle=-90, tickfont=dict(size=9), row=row, col=col)
+            # categories in narrow columns: a drag-zoom would only hide bars (and the dashboard re-applies an x zoom)
+            fig.update_xaxes(tickangle=-90, tickfont=dict(size=9), fixedrange=True, row=row, col=col)
             if row == 1:
                 axis = fig.get_subplot(row, col)
                 domain = axis.xaxis.domain

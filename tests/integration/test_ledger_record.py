@@ -92,3 +92,19 @@ def test_trainer_declares_its_buffers_and_the_host_ledger_adds_up(trainer_run):
     result = add_up(frame, "host")
     assert result.boundaries >= 18 and result.worst_error <= 0.02
     assert add_up(frame, "gpu").worst_error is None  # a CPU run has no GPU ledger
+
+
+H200 = REPO / "sample_logs" / "h200"
+
+
+def test_h200_one_process_logs_add_up_and_the_engine_server_log_names_its_stale_boundaries():
+    for run_dir in sorted(H200.glob("[1-8]-*")):
+        result = add_up(ledger(mp.load(run_dir)), "gpu")
+        assert result.boundaries >= 13 and result.worst_error == 0.0, run_dir.name  # one closing row: exact
+    frame = ledger(mp.load(H200 / "9-dist-engine-server"))
+    gpu = frame[frame["device"] != "host"]
+    assert set(gpu["pid"]) == {556, 615}  # the actor's and the engine's phase ends, one GPU
+    assert frame[frame["source"] == "declared"].empty  # recorded before account() existed
+    result = add_up(frame, "gpu")
+    assert result.boundaries == 147 and int((result.table["error"] > 0.02).sum()) == 7
+    assert result.worst["pid"] == 615 and result.worst["phase"] == "update_weights"
