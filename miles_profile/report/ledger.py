@@ -198,6 +198,69 @@ def _host_rows(row: pd.Series | None, declared: dict[str, int]) -> tuple[list[tu
     return rows, rss
 
 
+@dataclass
+class _Context:
+    """What every phase end of a run is read against (built once per run)."""
+    run: object
+    states: dict[tuple[str, int], pd.DataFrame]
+    declared: _Declared
+    procs: _Procs
+    roles: dict[tuple[str, int], dict]
+    on_gpu: dict[tuple[str, str], list[tuple[str, int]]]  # (host, uuid) -> recorded processes on it
+
+    def uuids(self, key: tuple[str, int]) -> dict[int, str]:
+        return _uuid_by_index(self.run, self.roles.get(key, {}))
+
+
+def _context(run) -> _Context:
+    states = _process_states(run)
+    roles = {(str(p.get("host", "")), int(p.get("pid", -1))): p for p in run.processes}
+    on_gpu: dict[tuple[str, str], list[tuple[str, int]]] = {}
+    for key, state in states.items():
+        if roles.get(key, {}).get("role") == "exec_parent":  # the whole tree, seen from outside: not a member
+            continue
+        uuids = _uuid_by_index(run, roles.get(key, {}))
+        for i in _gpu_indices(state.iloc[-1] if len(state) else None):
+            if any(c in state.columns for c in (f"gpu{i}_alloc", f"gpu{i}_reserved", f"gpu{i}_proc")):
+                on_gpu.setdefault((key[0], uuids.get(i, f"gpu{i}")), []).append(key)
+    return _Context(run, states, _Declared(run.accounts), _Procs(run), roles, on_gpu)
+
+
+def _member(ctx: _Context, who: tuple[str, int], uuid: str, t: float) -> _Member:
+    """One recorded process on GPU `uuid` as it stood at t (its latest phase boundary at or before t)."""
+    row = _row_at(ctx.states.get(who), t)
+    uuids = ctx.uuids(who)
+    index = next((j for j, u in uuids.items() if u == uuid), None)
+    if index is None and uuid.startswith("gpu"):
+        index = int(uuid[3:])
+    declared = {c: v for (d, c), v in ctx.declared.at(who[0], who[1], t).items()
+                if d.startswith("cuda:") and uuids.get(int(d[5:]), f"gpu{d[5:]}") == uuid}
+    proc = _value(row, f"gpu{index}_proc")  # its own NVML bytes, where it sampled them
+    if proc is None:
+        proc = ctx.procs.at(who[0], uuid, who[1], t)
+    return _Member(_value(row, f"gpu{index}_alloc"), _value(row, f"gpu{index}_reserved"), proc, declared)
+
+
+def _phase_rows(ctx: _Context, host: str, pid: int, t: float) -> list[tuple]:
+    """(device, label, category, source, bytes, total) of one phase end: this process's RSS, then
+    every GPU it samples, with every recorded process on that GPU."""
+    own = _row_at(ctx.states.get((host, pid)), t)
+    host_declared = {c: v for (d, c), v in ctx.declared.at(host, pid, t).items() if d == HOST}
+    rows, rss = _host_rows(own, host_declared)
+    out = [(HOST, f"host RSS, pid {pid}", c, s, v, np.nan if rss is None else rss) for c, s, v in rows]
+    for i in _gpu_indices(own):
+        uuid = ctx.uuids((host, pid)).get(i, f"gpu{i}")
+        members = [_member(ctx, who, uuid, t) for who in ctx.on_gpu.get((host, uuid), [])]
+        used = _value(own, f"gpu{i}_used")
+        if used is None:
+            used = _used_at(ctx.run, host, uuid, t)
+        if not members and used is None:
+            continue
+        label = f"gpu{i} ({uuid[:12]})" if uuid.startswith("GPU-") else f"gpu{i}"
+        out += [(uuid, label, c, s, v, np.nan if used is None else used) for c, s, v in _gpu_rows(used, members)]
+    return out
+
+
 def ledger(run) -> pd.DataFrame:
     """One row per (phase instance, device, category) at the phase's end: `device` is a GPU UUID (or
     `gpu<i>` when the log has none) or "host" (this process's RSS); `label` says which for a person;
@@ -206,58 +269,14 @@ def ledger(run) -> pd.DataFrame:
     phases = run.phases
     if phases.empty:
         return pd.DataFrame(columns=COLUMNS)
-    states = _process_states(run)
-    declared = _Declared(run.accounts)
-    procs = _Procs(run)
-    roles = {(str(p.get("host", "")), int(p.get("pid", -1))): p for p in run.processes}
+    ctx = _context(run)
     hosts = phases["host"].fillna("").astype(str).to_numpy() if "host" in phases else np.array([""] * len(phases))
     iterations = _iterations(phases.assign(pid=[f"{h}:{p}" for h, p in zip(hosts, phases["pid"])]))
-    # Which recorded processes share each GPU: (host, uuid) -> [(host, pid)]
-    on_gpu: dict[tuple[str, str], list[tuple[str, int]]] = {}
-    for key, state in states.items():
-        process = roles.get(key, {})
-        if process.get("role") == "exec_parent":  # the whole tree, seen from outside: not a member
-            continue
-        uuids = _uuid_by_index(run, process)
-        for i in _gpu_indices(state.iloc[-1] if len(state) else None):
-            if any(c in state.columns for c in (f"gpu{i}_alloc", f"gpu{i}_reserved", f"gpu{i}_proc")):
-                on_gpu.setdefault((key[0], uuids.get(i, f"gpu{i}")), []).append(key)
     out = []
     for k, phase in enumerate(phases.itertuples(index=False)):
-        host, pid, t = hosts[k], int(phase.pid), float(phase.end)
-        key = (host, pid)
-        own = _row_at(states.get(key), t)
-        base = (host, pid, int(phase.id) if phase.id == phase.id else -1, str(phase.name), int(iterations[k]),
-                int(phase.depth), t)
-        mine = declared.at(host, pid, t)
-        host_declared = {c: v for (d, c), v in mine.items() if d == HOST}
-        rows, rss = _host_rows(own, host_declared)
-        out += [(*base, HOST, f"host RSS, pid {pid}", c, s, v, np.nan if rss is None else rss) for c, s, v in rows]
-        uuids = _uuid_by_index(run, roles.get(key, {}))
-        for i in _gpu_indices(own):
-            uuid = uuids.get(i, f"gpu{i}")
-            members = []
-            for other in on_gpu.get((host, uuid), []):
-                row = own if other == key else _row_at(states.get(other), t)
-                index = i if other == key else next((j for j, u in _uuid_by_index(run, roles.get(other, {})).items()
-                                                     if u == uuid), i)
-                theirs = mine if other == key else declared.at(other[0], other[1], t)
-                their_uuids = uuids if other == key else _uuid_by_index(run, roles.get(other, {}))
-                on_this = {c: v for (d, c), v in theirs.items()
-                           if d.startswith("cuda:") and their_uuids.get(int(d[5:]), f"gpu{d[5:]}") == uuid}
-                proc = _value(row, f"gpu{index}_proc")  # its own NVML bytes, where it sampled them
-                if proc is None:
-                    proc = procs.at(host, uuid, other[1], t)
-                members.append(_Member(_value(row, f"gpu{index}_alloc"), _value(row, f"gpu{index}_reserved"),
-                                       proc, on_this))
-            used = _value(own, f"gpu{i}_used")
-            if used is None:
-                used = _used_at(run, host, uuid, t)
-            if not members and used is None:
-                continue
-            label = f"gpu{i} ({uuid[:12]})" if uuid.startswith("GPU-") else f"gpu{i}"
-            out += [(*base, uuid, label, c, s, v, np.nan if used is None else used)
-                    for c, s, v in _gpu_rows(used, members)]
+        base = (hosts[k], int(phase.pid), int(phase.id) if phase.id == phase.id else -1, str(phase.name),
+                int(iterations[k]), int(phase.depth), float(phase.end))
+        out += [(*base, *row) for row in _phase_rows(ctx, hosts[k], int(phase.pid), float(phase.end))]
     frame = pd.DataFrame(out, columns=COLUMNS)
     frame["bytes"] = frame["bytes"].astype(float)
     frame["total"] = frame["total"].astype(float)
