@@ -128,20 +128,6 @@ def annotate(**fields: Any) -> None:
         rec.annotate(fields)
 
 
-def _device_key(device: Any) -> str:
-    """"host", or "cuda:N" in this process's CUDA order (a torch.device, "cuda", an int index)."""
-    if device is None or device == names.ACCOUNT_HOST or str(device) == "cpu":
-        return names.ACCOUNT_HOST
-    if isinstance(device, int):
-        return f"cuda:{device}"
-    text = str(device)
-    if text == "cuda":  # the current device, as torch means it
-        torch = sys.modules.get("torch")
-        index = torch.cuda.current_device() if torch is not None and torch.cuda.is_initialized() else 0
-        return f"cuda:{index}"
-    return text
-
-
 def account(category: str, nbytes: int, device: Any = names.ACCOUNT_HOST, owner: str = "") -> None:
     """Say that this program now holds `nbytes` of `category` (`weights`, `gradients`,
     `optimizer_state`, `kv_cache`, `cuda_graph`, `pinned_buffers`, `offloaded_state`, ...) on
@@ -150,7 +136,7 @@ def account(category: str, nbytes: int, device: Any = names.ACCOUNT_HOST, owner:
     process (the actor's weights and the rollout engine's). A no-op without a recorder. See docs/ledger.md."""
     rec = _recorder()
     if rec is not None:
-        rec.account(str(category), int(nbytes), _device_key(device), str(owner))
+        rec.account(category, nbytes, device, owner)
 
 
 def account_tensors(category: str, tensors, device: Any = None, owner: str = "") -> None:
@@ -160,13 +146,13 @@ def account_tensors(category: str, tensors, device: Any = None, owner: str = "")
     rec = _recorder()
     if rec is None:
         return
-    totals: dict[str, int] = {} if device is None else {_device_key(device): 0}
+    totals: dict[str, int] = {} if device is None else {recorder.device_key(device): 0}
     seen: set[tuple[str, int]] = set()
     for tensor in tensors:
         if tensor is None:
             continue
         storage = tensor.untyped_storage()
-        where = _device_key(tensor.device) if device is None else _device_key(device)
+        where = recorder.device_key(tensor.device) if device is None else recorder.device_key(device)
         key = (where, storage.data_ptr())
         if storage.nbytes() == 0 or key in seen:
             totals.setdefault(where, 0)
@@ -174,4 +160,4 @@ def account_tensors(category: str, tensors, device: Any = None, owner: str = "")
         seen.add(key)
         totals[where] = totals.get(where, 0) + storage.nbytes()
     for where, nbytes in totals.items():
-        rec.account(str(category), nbytes, where, str(owner))
+        rec.account(category, nbytes, where, owner)

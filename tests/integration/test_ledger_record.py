@@ -48,6 +48,17 @@ def test_account_round_trip_writes_only_changes(tmp_path):
         ["cuda:0", "weights", "engine", 50], ["host", "optimizer_state", "", 4096 + 1024]]  # each storage once
 
 
+def test_a_bad_byte_count_is_a_warning_not_an_exception_in_the_job(tmp_path):
+    with mp.Recorder(tmp_path, interval_ms=50) as rec:
+        mp.account("weights", "lots")  # no byte count
+        mp.account("weights", -5)
+        mp.account("weights", 10)
+        run_dir = rec.run_dir
+    assert [e["attrs"]["bytes"] for e in _account_lines(run_dir)] == [10]
+    meta = json.loads(next(run_dir.glob("*.meta.json")).read_text())
+    assert meta["dropped"]["events"] == 2 and "lots" in meta["write_error"]  # counted, named, not raised
+
+
 def test_host_ledger_of_real_allocations_adds_up_to_rss(tmp_path):
     with mp.Recorder(tmp_path, interval_ms=20) as rec:
         with mp.phase("hold"):
