@@ -266,6 +266,13 @@ def ledger(run) -> pd.DataFrame:
     `gpu<i>` when the log has none) or "host" (this process's RSS); `label` says which for a person;
     `source` is declared or derived; `total` is the reference the categories should add up to (NVML
     device used; RSS on the host), NaN where it was not measured. Bytes are floats (negatives kept)."""
+    cache = run.__dict__.setdefault("_report_cache", {})  # the report and the comparison both ask
+    if "ledger" not in cache:
+        cache["ledger"] = _ledger(run)
+    return cache["ledger"]
+
+
+def _ledger(run) -> pd.DataFrame:
     phases = run.phases
     if phases.empty:
         return pd.DataFrame(columns=COLUMNS)
@@ -308,10 +315,9 @@ def add_up(frame: pd.DataFrame, device_kind: str = "gpu") -> AddUp:
     if picked.empty:
         return AddUp(None, None, 0, pd.DataFrame())
     keys = ["host", "pid", "id", "phase", "iteration", "device", "t"]
-    grouped = picked.groupby(keys, sort=False)
-    table = grouped.agg(total=("total", "first"), signed=("bytes", "sum"),
-                        positive=("bytes", lambda b: b[b > 0].sum()),
-                        negative=("bytes", lambda b: -b[b < 0].sum())).reset_index()
+    picked = picked.assign(positive=picked["bytes"].clip(lower=0), negative=(-picked["bytes"]).clip(lower=0))
+    table = picked.groupby(keys, sort=False).agg(total=("total", "first"), signed=("bytes", "sum"),
+                                                 positive=("positive", "sum"), negative=("negative", "sum")).reset_index()
     table["error"] = (table["positive"] - table["total"]).abs() / table["total"]
     worst = table.loc[table["error"].idxmax()]
     return AddUp(float(worst["error"]), {k: (v.item() if hasattr(v, "item") else v) for k, v in worst.items()},

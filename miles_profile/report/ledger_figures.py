@@ -74,6 +74,23 @@ def _wide(lane: pd.DataFrame, keys: list[str]) -> tuple[pd.DataFrame, pd.Series]
     return wide.iloc[order], total.iloc[order]
 
 
+class _Batch:
+    """Traces gathered with their subplot, added in one call: plotly validates and copies the figure
+    on every add_trace, which made the nine-run comparison take seconds."""
+
+    def __init__(self) -> None:
+        self.traces, self.rows, self.cols = [], [], []
+
+    def add(self, traces: list, row: int, col: int) -> None:
+        self.traces += traces
+        self.rows += [row] * len(traces)
+        self.cols += [col] * len(traces)
+
+    def into(self, fig: go.Figure) -> None:
+        if self.traces:
+            fig.add_traces(self.traces, rows=self.rows, cols=self.cols)
+
+
 def _numbered(labels: list[str]) -> list[str]:
     total, seen, out = Counter(labels), Counter(), []
     for label in labels:
@@ -117,15 +134,16 @@ def ledger_bar_figure(frame: pd.DataFrame, *, top_level_only: bool = True) -> go
     fig = make_subplots(rows=max(1, len(lanes)), cols=1, vertical_spacing=min(0.3, 170 / height) if len(lanes) > 1 else 0.1,
                         subplot_titles=[_lane_title(lane) for lane in lanes] or ["no ledger in this run"])
     seen: set = set()
+    batch = _Batch()
     for row, lane in enumerate(lanes, start=1):
         wide, total = _wide(picked[picked["label"] == lane], ["host", "pid", "id", "phase", "iteration"])
         x = [f"{'setup' if it < 0 else it}:{phase}" + (f" ({pid})" if picked["pid"].nunique() > 1 else "")
              for (_, pid, _, phase, it) in wide.index]
         x = _numbered(x)  # two setup update_weights stay two bars
-        for trace in _bar_traces(x, wide, total, True, seen, "%{x}"):
-            fig.add_trace(trace, row=row, col=1)
+        batch.add(_bar_traces(x, wide, total, True, seen, "%{x}"), row, 1)
         fig.update_yaxes(title_text="GiB", row=row, col=1)
         fig.update_xaxes(tickangle=-45, row=row, col=1)
+    batch.into(fig)
     fig.update_layout(barmode="relative", template="plotly_white", height=height,
                       margin=dict(l=70, r=20, t=60, b=110), bargap=0.15,
                       title="Where the bytes are at the end of each phase")
@@ -139,6 +157,7 @@ def ledger_area_figure(frame: pd.DataFrame, t0: float) -> go.Figure:
     fig = make_subplots(rows=max(1, len(lanes)), cols=1, shared_xaxes=True, vertical_spacing=0.08,
                         subplot_titles=[_lane_title(lane) for lane in lanes] or ["no ledger in this run"])
     seen: set = set()
+    batch = _Batch()
     for row, lane in enumerate(lanes, start=1):
         part = frame[frame["label"] == lane]
         wide, total = _wide(part, ["t"])
@@ -146,29 +165,29 @@ def ledger_area_figure(frame: pd.DataFrame, t0: float) -> go.Figure:
         for category in category_order(wide.columns):
             y = wide[category].to_numpy(float)
             name = category_text(category)
-            fig.add_trace(go.Scatter(
+            batch.add([go.Scatter(
                 x=x, y=np.where(y >= 0, y, 0) / GiB, mode="lines", stackgroup=f"lane{row}", line=dict(width=0.5, shape="hv"),
                 fillcolor=category_color(category), line_color=category_color(category), name=name, legendgroup=name,
-                showlegend=name not in seen, hovertemplate=f"{html.escape(name)}: %{{y:.3f}} GiB<extra></extra>"),
-                row=row, col=1)
+                showlegend=name not in seen, hovertemplate=f"{html.escape(name)}: %{{y:.3f}} GiB<extra></extra>")],
+                row, 1)
             seen.add(name)
             if (y < 0).any():
                 neg = f"{name} (negative)"
-                fig.add_trace(go.Scatter(x=x, y=np.minimum(y, 0) / GiB, mode="lines", fill="tozeroy",
-                                         line=dict(width=1, shape="hv", color=category_color(category), dash="dot"),
-                                         fillpattern=dict(shape="/"), name=neg, legendgroup=neg,
-                                         showlegend=neg not in seen,
-                                         hovertemplate=f"{html.escape(neg)}: %{{y:.3f}} GiB<extra></extra>"),
-                              row=row, col=1)
+                batch.add([go.Scatter(x=x, y=np.minimum(y, 0) / GiB, mode="lines", fill="tozeroy",
+                                      line=dict(width=1, shape="hv", color=category_color(category), dash="dot"),
+                                      fillpattern=dict(shape="/"), name=neg, legendgroup=neg,
+                                      showlegend=neg not in seen,
+                                      hovertemplate=f"{html.escape(neg)}: %{{y:.3f}} GiB<extra></extra>")], row, 1)
                 seen.add(neg)
         if total.notna().any():
             name = "measured total (NVML used / RSS)"
-            fig.add_trace(go.Scatter(x=x, y=total.to_numpy(float) / GiB, mode="lines", name=name, legendgroup=name,
-                                     showlegend=name not in seen, line=dict(color="#111111", width=1.2, dash="dash",
-                                                                            shape="hv"),
-                                     hovertemplate=f"{name}: %{{y:.3f}} GiB<extra></extra>"), row=row, col=1)
+            batch.add([go.Scatter(x=x, y=total.to_numpy(float) / GiB, mode="lines", name=name, legendgroup=name,
+                                  showlegend=name not in seen, line=dict(color="#111111", width=1.2, dash="dash",
+                                                                         shape="hv"),
+                                  hovertemplate=f"{name}: %{{y:.3f}} GiB<extra></extra>")], row, 1)
             seen.add(name)
         fig.update_yaxes(title_text="GiB", row=row, col=1)
+    batch.into(fig)
     fig.update_xaxes(title_text="seconds since start", row=max(1, len(lanes)), col=1)
     fig.update_layout(template="plotly_white", height=260 * max(1, len(lanes)) + 120, hovermode="x unified",
                       margin=dict(l=70, r=20, t=60, b=50),
@@ -207,6 +226,7 @@ def ledger_comparison_figure(frames: list[pd.DataFrame], run_names: list[str], m
     fig = make_subplots(rows=max(1, len(kinds)), cols=max(1, len(phases)), shared_yaxes=True,
                         column_widths=widths, horizontal_spacing=0.006, vertical_spacing=0.2)
     seen: set = set()
+    batch = _Batch()
     rank = {n: k for k, n in enumerate(run_names)}
     for row, kind in enumerate(kinds, start=1):
         for col, phase in enumerate(phases, start=1):
@@ -218,10 +238,11 @@ def ledger_comparison_figure(frames: list[pd.DataFrame], run_names: list[str], m
             wide = part.pivot_table(index=keys, columns="category", values="bytes", aggfunc="sum", sort=False)
             total = part.groupby(keys, sort=False)["total"].first().reindex(wide.index)
             x = [r for r, _ in wide.index]
-            for trace in _bar_traces(x, wide, total, True, seen, f"{html.escape(phase)}, %{{x}}"):
+            traces = _bar_traces(x, wide, total, True, seen, f"{html.escape(phase)}, %{{x}}")
+            for trace in traces:
                 trace.customdata = ["setup" if i < 0 else str(i) for _, i in wide.index]
                 trace.hovertemplate = trace.hovertemplate.replace("<extra>", " (iteration %{customdata})<extra>")
-                fig.add_trace(trace, row=row, col=col)
+            batch.add(traces, row, col)
             # categories in narrow columns: a drag-zoom would only hide bars (and the dashboard re-applies an x zoom)
             fig.update_xaxes(tickangle=-90, tickfont=dict(size=9), fixedrange=True, row=row, col=col)
             if row == 1:
@@ -232,6 +253,7 @@ def ledger_comparison_figure(frames: list[pd.DataFrame], run_names: list[str], m
                                    font=dict(size=11))
         what = "GPU memory" if kind == "gpu" else "host RSS"
         fig.update_yaxes(title_text=f"{what} (GiB)", row=row, col=1)
+    batch.into(fig)
     fig.update_layout(barmode="relative", template="plotly_white", height=480 * max(1, len(kinds)) + 260,
                       margin=dict(l=70, r=20, t=140, b=170), bargap=0.12,
                       legend=dict(orientation="h", yanchor="bottom", y=1.12, x=0),
