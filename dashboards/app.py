@@ -19,7 +19,7 @@ from werkzeug.exceptions import HTTPException
 
 from dashboards.hosts import HostPolicy
 from dashboards.live_run import RunCache
-from dashboards.panels import checks, compare, fleet, phases, runs, timeline
+from dashboards.panels import checks, compare, fleet, ledger, phases, runs, timeline
 from dashboards.paths import LogRoot
 from dashboards.runs import list_runs
 
@@ -56,11 +56,12 @@ def create_app(log_dir: str | Path, poll_ms: int = 1000, preload: bool = True,
                 fleet.layout(),
                 timeline.layout(),
                 html.Div(className="page-panels", children=[checks.layout(), phases.layout()]),
+                ledger.layout(),
                 compare.layout(),
             ]),
         ]),
     ])
-    for panel in (runs, fleet, timeline, checks, phases, compare):
+    for panel in (runs, fleet, timeline, checks, phases, ledger, compare):
         panel.register(app, state)
     app.server.register_error_handler(Exception, _refuse_request)
     app.server.before_request(lambda: _refuse_foreign_host(hosts))

@@ -45,6 +45,22 @@ Target = Literal["cpu", "disk"]
 
 # Event kinds in the log.
 BEGIN, END, MARK, ERROR, OOM = "begin", "end", "mark", "error", "oom"
+# `account(category, nbytes, device)`: what the program says it holds (docs/ledger.md).
+ACCOUNT = "account"
+ACCOUNT_HOST = "host"  # the device of host-memory declarations
+
+# Categories a program declares with `account()` (any snake_case name is accepted; these are the
+# trainer's and the ones the ledger colours consistently).
+GRADIENTS = "gradients"
+OPTIMIZER_STATE = "optimizer_state"
+CUDA_GRAPH_POOL = "cuda_graph"
+PINNED_BUFFERS = "pinned_buffers"
+OFFLOADED_STATE = "offloaded_state"
+# Bytes the torch allocator still counts as allocated and reserved although a pause (torch_memory_saver)
+# took them off the device: not a category of memory but a correction the ledger subtracts.
+PAUSED = "paused"
+DECLARED_CATEGORIES = (WEIGHTS, GRADIENTS, OPTIMIZER_STATE, KV_CACHE, CUDA_GRAPH_POOL, PINNED_BUFFERS,
+                       OFFLOADED_STATE)
 
 # Status of a phase in the reader's phases table that has no end event yet (a run being written, or a
 # crash): it is drawn up to the last sample.

@@ -126,3 +126,38 @@ def annotate(**fields: Any) -> None:
     rec = _recorder()
     if rec is not None:
         rec.annotate(fields)
+
+
+def account(category: str, nbytes: int, device: Any = names.ACCOUNT_HOST, owner: str = "") -> None:
+    """Say that this program now holds `nbytes` of `category` (`weights`, `gradients`,
+    `optimizer_state`, `kv_cache`, `cuda_graph`, `pinned_buffers`, `offloaded_state`, ...) on
+    `device` ("host", "cuda:N", a torch.device). Absolute, not a delta: call it after each change;
+    an unchanged value writes nothing. `owner` tells apart two holders of one category in one
+    process (the actor's weights and the rollout engine's). A no-op without a recorder. See docs/ledger.md."""
+    rec = _recorder()
+    if rec is not None:
+        rec.account(category, nbytes, device, owner)
+
+
+def account_tensors(category: str, tensors, device: Any = None, owner: str = "") -> None:
+    """`account()` for the storages behind `tensors` (each storage counted once; views and tied
+    weights share one). Without `device`, each tensor's own device (a CPU tensor is "host"); a
+    category whose tensors left a device is declared 0 there only if `device` names it."""
+    rec = _recorder()
+    if rec is None:
+        return
+    totals: dict[str, int] = {} if device is None else {recorder.device_key(device): 0}
+    seen: set[tuple[str, int]] = set()
+    for tensor in tensors:
+        if tensor is None:
+            continue
+        storage = tensor.untyped_storage()
+        where = recorder.device_key(tensor.device) if device is None else recorder.device_key(device)
+        key = (where, storage.data_ptr())
+        if storage.nbytes() == 0 or key in seen:
+            totals.setdefault(where, 0)
+            continue
+        seen.add(key)
+        totals[where] = totals.get(where, 0) + storage.nbytes()
+    for where, nbytes in totals.items():
+        rec.account(category, nbytes, where, owner)

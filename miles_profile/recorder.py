@@ -77,6 +77,20 @@ def forget_after_fork() -> "Recorder | None":
     return parent
 
 
+def device_key(device: Any) -> str:
+    """"host", or "cuda:N" in this process's CUDA order (a torch.device, "cuda", an int index)."""
+    if device is None or device == names.ACCOUNT_HOST or str(device) == "cpu":
+        return names.ACCOUNT_HOST
+    if isinstance(device, int):
+        return f"cuda:{device}"
+    text = str(device)
+    if text == "cuda":  # the current device, as torch means it
+        torch = sys.modules.get("torch")
+        index = torch.cuda.current_device() if torch is not None and torch.cuda.is_initialized() else 0
+        return f"cuda:{index}"
+    return text
+
+
 def create_run(log_dir: str | os.PathLike, command: list[str], interval_ms: float, run_id: str | None = None,
                extra_meta: dict[str, Any] | None = None) -> Path:
     """A new run directory under `log_dir`, with its run meta. `run_id` (else $MILES_PROFILE_RUN_ID,
@@ -156,6 +170,8 @@ class Recorder:
         self._summaries: PhaseSummaries | None = None
         self._cuda_noted = False
         self._faults = WriteFaults()
+        self._declared: dict[tuple[str, str, str], int] = {}  # (device, category, owner) -> bytes last written
+        self._declared_lock = threading.Lock()
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> "Recorder":
@@ -367,6 +383,26 @@ class Recorder:
             return
         self._meta["annotations"] = {**self._meta.get("annotations", {}), **fields}
         self._write_meta()
+
+    def account(self, category: str, nbytes: int, device: Any = "host", owner: str = "") -> None:
+        """One `account` event when (device, category, owner) changes value: the log holds each change,
+        never a row per sample, and the reader knows every declared value at any instant. A value that
+        is no byte count is counted as a dropped event and warned about, never raised into the job."""
+        self._guarded("events", self._account, category, nbytes, device, owner)
+
+    def _account(self, category: str, nbytes: int, device: Any, owner: str) -> None:
+        category, nbytes, device, owner = str(category), int(nbytes), device_key(device), str(owner)
+        if nbytes < 0:
+            raise ValueError(f"account({category!r}): a negative byte count ({nbytes})")
+        events = self._events
+        if events is None:
+            return
+        with self._declared_lock:  # two threads declaring the same value write it once
+            if self._declared.get((device, category, owner)) == nbytes:
+                return
+            self._declared[(device, category, owner)] = nbytes
+            attrs = {"device": device, "bytes": nbytes, **({"owner": owner} if owner else {})}
+            events.write(names.ACCOUNT, category, attrs)
 
     def _write_meta(self) -> None:
         try:

@@ -21,7 +21,8 @@ from typing import Iterator
 import torch
 from torch import nn
 
-from miles_profile.names import BUILTIN, TORCH_MEMORY_SAVER
+import miles_profile as mp
+from miles_profile.names import BUILTIN, GRADIENTS, OPTIMIZER_STATE, PAUSED, TORCH_MEMORY_SAVER, WEIGHTS
 from trainer import algo, dist
 from trainer.config import ModelConfig
 from trainer.flat import FlatParams, trim_host_heap
@@ -29,6 +30,10 @@ from trainer.model import GPT, init_weights
 from trainer.offload import DiskOffloader, HostOffloader, SaverOffloader, StateTensor, host_buffer
 
 BETAS, WEIGHT_DECAY, MAX_GRAD_NORM = (0.9, 0.95), 0.01, 1.0
+# The ledger category of each piece of training state (StateTensor names end in these); the fp32
+# master copy of a host-side optimizer is the optimizer's.
+STATE_CATEGORY = {"params": WEIGHTS, "grads": GRADIENTS, "master_grad": GRADIENTS, "exp_avg": OPTIMIZER_STATE,
+                  "exp_avg_sq": OPTIMIZER_STATE, "master": OPTIMIZER_STATE}
 
 
 @dataclass(frozen=True)
@@ -140,6 +145,7 @@ class Actor:
         else:
             self.offloader = (DiskOffloader(state, disk_dir) if offload_target == "disk"
                               else HostOffloader(state))
+        self.declare_memory()
 
     @property
     def models(self) -> list[TrainModel]:
@@ -190,10 +196,30 @@ class Actor:
     def offload(self) -> None:
         if not self.offloader.offloaded:
             self.offloader.offload()
+            self.declare_memory()
 
     def onload(self) -> None:
         if self.offloader.offloaded:
             self.offloader.onload()
+            self.declare_memory()
+
+    def declare_memory(self) -> None:
+        """What the training state holds where, for the recorder's ledger (miles_profile.account,
+        docs/ledger.md): weights, gradients and optimizer state on each device (a paused
+        torch_memory_saver region holds nothing there), plus the offloader's host buffers."""
+        held: dict[tuple[str, str], int] = {}
+        paused = self.offloader.backend == TORCH_MEMORY_SAVER and self.offloader.offloaded
+        for s in self.state:
+            where = "host" if s.tensor.device.type == "cpu" else str(s.tensor.device)
+            nbytes = 0 if paused and where != "host" else s.tensor.untyped_storage().nbytes()
+            key = (where, STATE_CATEGORY[s.name.rsplit(".", 1)[1]])
+            held[key] = held.get(key, 0) + nbytes
+        for category, nbytes in self.offloader.host_bytes().items():
+            held[("host", category)] = held.get(("host", category), 0) + nbytes
+        if self.offloader.backend == TORCH_MEMORY_SAVER:  # the paused state stays in the allocator's counters
+            held[(str(self.device), PAUSED)] = self.offloader.expected_bytes() if paused else 0
+        for (where, category), nbytes in held.items():
+            mp.account(category, nbytes, where, owner="actor")
 
     def clear_memory(self) -> None:
         gc.collect()

@@ -30,7 +30,7 @@ from typing import Iterator
 
 import torch
 
-from miles_profile.names import BUILTIN, TORCH_MEMORY_SAVER, TRAIN_STATE
+from miles_profile.names import BUILTIN, OFFLOADED_STATE, PINNED_BUFFERS, TORCH_MEMORY_SAVER, TRAIN_STATE
 from trainer import disk_store, memory_backend
 from trainer.disk_store import ChunkEntry
 from trainer.errors import OffloadError
@@ -170,6 +170,11 @@ class HostOffloader:
         for buf in self._host.values():
             unpin(buf)
         self._host.clear()
+
+    def host_bytes(self) -> dict[str, int]:
+        """Its host buffers for the ledger: the offloaded state while offloaded, else idle pinned buffers."""
+        held = sum(b.untyped_storage().nbytes() for b in self._host.values())
+        return {OFFLOADED_STATE: held if self.offloaded else 0, PINNED_BUFFERS: 0 if self.offloaded else held}
 
     def host_copy(self, name: str) -> torch.Tensor | None:
         """The host tensor holding `name`'s bytes while offloaded (None: read the tensor itself)."""
@@ -318,6 +323,11 @@ class DiskOffloader:
 
     # --- helpers --------------------------------------------------------------------------------
 
+    def host_bytes(self) -> dict[str, int]:
+        """Its staging buffers for the ledger (the state itself is on disk while offloaded)."""
+        return {PINNED_BUFFERS: sum(b.untyped_storage().nbytes() for b in self._staging if b is not None),
+                OFFLOADED_STATE: 0}
+
     def _manifest(self) -> list[ChunkEntry]:
         """The manifest on disk, checked to cover every offloaded element exactly once and to list
         exactly the chunks (files and checksums) that the last offload wrote."""
@@ -397,6 +407,10 @@ class SaverOffloader:
     def onload(self) -> None:
         memory_backend.resume(TRAIN_STATE)
         self.offloaded = False
+
+    def host_bytes(self) -> dict[str, int]:
+        """The package's CPU backup holds the state while paused."""
+        return {OFFLOADED_STATE: self.expected_bytes() if self.offloaded else 0}
 
     def host_copy(self, name: str) -> torch.Tensor | None:
         """The CPU backup of `name` while paused (a view into the package's buffer)."""

@@ -32,7 +32,9 @@ from typing import Iterable, Sequence
 import torch
 import torch.nn.functional as F
 
-from miles_profile.names import BUILTIN, CUDA_GRAPH, KV_CACHE, TAGS, WEIGHTS
+import miles_profile as mp
+from miles_profile.names import (BUILTIN, CUDA_GRAPH, KV_CACHE, OFFLOADED_STATE, PAUSED, PINNED_BUFFERS, TAGS,
+                                 TORCH_MEMORY_SAVER, WEIGHTS)
 from trainer import cuda_graphs
 from trainer.config import ModelConfig
 from trainer.errors import EngineError
@@ -70,6 +72,7 @@ class RolloutEngine:
         self._graph_bytes = self._last_graph_bytes = 0
         self._last_shape: tuple[int, int] | None = None
         self.graph_captures = 0  # graphs captured so far: torch_memory_saver never captures one again
+        self.declare_memory()
 
     # --- generation -----------------------------------------------------------------------------
 
@@ -119,6 +122,25 @@ class RolloutEngine:
         # builtin frees the warm-up's leftovers with the graph (empty_cache); a pause frees the capture's pool
         self._graph_bytes += graph.capture_bytes if self.memory.keeps_graphs else nbytes
         self._last_graph_bytes = self._graph_bytes
+        self.declare_memory()
+
+    def declare_memory(self) -> None:
+        """What the engine holds where, for the recorder's ledger (miles_profile.account, docs/ledger.md):
+        called after every change. A no-op when nothing records."""
+        where = "host" if self.device.type == "cpu" else str(self.device)
+        mp.account(WEIGHTS, self.weights_bytes if self._held(WEIGHTS) else 0, where, owner="engine")
+        mp.account(KV_CACHE, self.kv.nbytes if self._held(KV_CACHE) else 0, where, owner="engine")
+        if self.device.type == "cuda":
+            mp.account(CUDA_GRAPH, self._graph_bytes if self._held(CUDA_GRAPH) else 0, where, owner="engine")
+        if self.memory.name == TORCH_MEMORY_SAVER:  # paused tags stay in the allocator's counters
+            paused = (0 if self._held(WEIGHTS) else self.weights_bytes) + (0 if self._held(KV_CACHE) else self.kv.nbytes)
+            if self.memory.keeps_graphs and self._graphs_released:
+                paused += self._graph_bytes
+            mp.account(PAUSED, paused, where, owner="engine")
+        if self._backup is not None:  # our own host copy: it holds the weights only while they are away
+            away = not self._held(WEIGHTS)
+            mp.account(OFFLOADED_STATE, self._backup.nbytes if away else 0, "host", owner="engine")
+            mp.account(PINNED_BUFFERS, 0 if away else self._backup.nbytes, "host", owner="engine")
 
     def _held(self, tag: str) -> bool:
         """Whether `tag`'s memory is on the device now (graphs: whether any graph memory is held)."""
@@ -184,6 +206,7 @@ class RolloutEngine:
         if KV_CACHE in tags and self._held(KV_CACHE):
             self.memory.release(KV_CACHE, [self.kv.buffer])
         self.memory.settle(self.device)
+        self.declare_memory()
 
     def resume_memory_occupation(self, tags: Sequence[str]) -> None:
         tags = _check_tags(tags)
@@ -198,6 +221,7 @@ class RolloutEngine:
                 self.kv.clear()
         if CUDA_GRAPH in tags and self._use_graphs and self._last_shape and self._can_capture():
             self._capture(*self._last_shape)
+        self.declare_memory()
 
     def _can_capture(self) -> bool:
         return self._held(WEIGHTS) and self._held(KV_CACHE) and not self._graphs

@@ -106,6 +106,13 @@ class Run:
         from miles_profile.logdir.summaries import summaries_frame
         return summaries_frame(self.events)
 
+    @cached_property
+    def accounts(self) -> pd.DataFrame:
+        """t, host, pid, device, category, bytes: each value a program declared with `account()`,
+        one row per change (logdir/accounts.py)."""
+        from miles_profile.logdir.accounts import accounts_frame
+        return accounts_frame(self.events)
+
     @property
     def name(self) -> str:
         return self.path.name
@@ -225,7 +232,7 @@ def with_samples(run: Run, pids=None) -> Run:
         samples = _fill_phases_from_timeline(samples, run.events, outside)
     new = Run(run.path, run.meta, run.processes, samples, run.events, run.phases, run.warnings + warnings,
               run.directories, None if pids is None else frozenset(pids))
-    for cached in ("_host_data", "_gpu_procs", "gpu_used", "hosts", "phase_summaries"):
+    for cached in ("_host_data", "_gpu_procs", "gpu_used", "hosts", "phase_summaries", "accounts"):
         if cached in run.__dict__:
             new.__dict__[cached] = run.__dict__[cached]
     return new

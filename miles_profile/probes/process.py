@@ -15,10 +15,14 @@ import psutil
 from miles_profile.probes.procfs import ProcFile, kib_fields
 
 _RSS, _HWM = b"VmRSS:", b"VmHWM:"
+# RSS split by kind of page (Linux >= 4.5): anonymous (heaps, tensors), file-backed (libraries, mmapped
+# files), shared memory (shm, memfd). Same status read as VmRSS: the split costs a few parses.
+_SPLIT = (b"RssAnon:", b"RssFile:", b"RssShmem:")
+COLUMNS = ("rss", "rss_peak", "rss_anon", "rss_file", "rss_shmem")
 
 
 class _PidReader:
-    """Reads (rss, hwm) of one pid and resets its hwm."""
+    """Reads (rss, hwm, anon, file, shmem) of one pid and resets its hwm."""
 
     def __init__(self, pid: int | str):
         self.status = ProcFile(f"/proc/{pid}/status")
@@ -27,11 +31,11 @@ class _PidReader:
         except OSError:
             self.clear_refs = None
 
-    def read(self) -> tuple[int, int]:
-        rss, hwm = kib_fields(self.status.read(), _RSS, _HWM)
+    def read(self) -> tuple[int, int, int | None, int | None, int | None]:
+        rss, hwm, anon, file, shmem = kib_fields(self.status.read(), _RSS, _HWM, *_SPLIT)
         if self.clear_refs is not None:
             self.clear_refs.write(b"5")  # VmHWM := current RSS
-        return rss or 0, max(hwm or 0, rss or 0)
+        return rss or 0, max(hwm or 0, rss or 0), anon, file, shmem
 
     def close(self) -> None:
         self.status.close()
@@ -43,7 +47,7 @@ class OwnProcessProbe:
     """This process (the in-process recorder)."""
 
     name = "process"
-    columns = ("rss", "rss_peak")
+    columns = COLUMNS
 
     def __init__(self) -> None:
         self._reader = _PidReader("self")
@@ -53,7 +57,7 @@ class OwnProcessProbe:
     def pids(self) -> set[int]:
         return {os.getpid()}
 
-    def read(self) -> tuple[int, int]:
+    def read(self) -> tuple[int, int, int | None, int | None, int | None]:
         return self._reader.read()
 
     def describe(self) -> dict[str, Any]:
@@ -72,7 +76,7 @@ class ProcessTreeProbe:
     """
 
     name = "process"
-    columns = ("rss", "rss_peak")
+    columns = COLUMNS
 
     def __init__(self, root_pid: int, refresh_s: float = 0.5):
         self.root_pid = root_pid
@@ -101,21 +105,22 @@ class ProcessTreeProbe:
             self.peak_reset &= reader.clear_refs is not None
             self._readers[pid] = reader
 
-    def read(self) -> tuple[int | None, int | None]:
+    def read(self) -> tuple[int | None, ...]:
         now = time.monotonic()
         if now >= self._next_refresh:
             self._refresh()
             self._next_refresh = now + self._refresh_s
-        rss = peak = 0
-        seen = False
+        totals: list[int | None] | None = None
         for pid, reader in list(self._readers.items()):
             try:
-                r, p = reader.read()
+                values = reader.read()
             except OSError:  # exited since the last refresh
                 self._readers.pop(pid).close()
                 continue
-            rss, peak, seen = rss + r, peak + p, True
-        return (rss, peak) if seen else (None, None)
+            # a split field a kernel lacks stays absent for the whole tree
+            totals = list(values) if totals is None else [None if a is None or b is None else a + b
+                                                          for a, b in zip(totals, values)]
+        return tuple(totals) if totals is not None else (None,) * len(COLUMNS)
 
     def describe(self) -> dict[str, Any]:
         return {"name": self.name, "active": True, "scope": "tree", "root_pid": self.root_pid,

@@ -77,7 +77,7 @@ def trace_events(run, *, max_points: int = 100_000, pid_offset: int = 0) -> list
         events.append({"ph": "X", "name": str(row.name), "cat": "phase", "ts": us(row.start),
                        "dur": max(0.0, round(float(row.duration) * 1e6, 3)), "pid": int(row.pid) + pid_offset,
                        "tid": int(row.pid), "args": _jsonable({**(row.attrs or {}), "status": row.status})})
-    for row in run.events[~run.events["kind"].isin(["begin", "end"])].itertuples():
+    for row in run.events[~run.events["kind"].isin(["begin", "end", "account"])].itertuples():
         events.append({"ph": "i", "s": "p", "name": f"{row.kind}: {row.name}", "ts": us(row.t),
                        "pid": int(row.pid) + pid_offset, "tid": int(row.pid), "args": _jsonable(row.attrs)})
     series = timeline_series(run)

@@ -285,7 +285,7 @@ def _marks(fig: go.Figure, run, t0: float, memory_rows: int) -> tuple[list[dict]
     events = run.events
     if memory_rows == 0 or events.empty:
         return [], []
-    marks = events[~events["kind"].isin(["begin", "end"])]
+    marks = events[~events["kind"].isin(["begin", "end", "account"])]  # declarations are the ledger's, not marks
     severe = marks[marks["kind"].isin(["oom", "error"])]
     marks = pd.concat([severe, marks[~marks.index.isin(severe.index)]]).head(MARK_LIMIT)
     refs = _row_axes(fig, memory_rows)

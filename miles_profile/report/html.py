@@ -39,6 +39,7 @@ class RunReport:
     figure: go.Figure | None
     skipped: list[str] = field(default_factory=list)
     fleet: object | None = None  # fleet_report.FleetView for a run of many processes
+    ledger: pd.DataFrame | None = None  # report/ledger.py; None past LEDGER_MAX_PROCESSES processes
 
 
 def build_run_report(run, *, thresholds: checks_mod.Thresholds | None = None, check: bool = True,
@@ -73,8 +74,9 @@ def build_run_report(run, *, thresholds: checks_mod.Thresholds | None = None, ch
     step("checks")
     figure = None if view is not None else timeline_figure(run, max_points=max_points)
     step("timeline reduced")
+    from miles_profile.report.ledger import LEDGER_MAX_PROCESSES, ledger
     report = RunReport(run, results, phase_table(run), phase_table(run, by_iteration=True), figure, list(run.warnings),
-                       view)
+                       view, ledger(run) if len(run.processes) <= LEDGER_MAX_PROCESSES else None)
     step("tables")
     return report
 
@@ -204,6 +206,9 @@ def _run_section(report: RunReport, k: int, single: bool) -> str:
   <p class="muted small">Drag to zoom, double-click to reset. Every phase's peak and the global peak are drawn exactly
   as recorded; the red envelope is the true peak between samples. Exact bytes: hover a table cell.</p>
   <div class="figure">{figure}</div>"""
+    if report.ledger is not None:  # also for a few processes in the fleet view (an actor and its engine server)
+        from miles_profile.report.ledger_html import ledger_html
+        timeline += ledger_html(report.ledger, t0, suffix)
     return f"""
 <section class="run" id="run{suffix}">
   <h2>{_e(run.name)} <span class="badge {cls}">{text}</span></h2>

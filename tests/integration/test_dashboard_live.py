@@ -113,23 +113,14 @@ def test_a_comparison_with_a_recording_run_grows_with_it(browser, tmp_path, arti
             page.get_by_role("option", name=run_id).click()
         page.keyboard.press("Escape")
         page.wait_for_function(f"() => ({COMPARE_POINTS_JS})() > 0", timeout=20_000)
-        drawn = page.evaluate(COMPARE_POINTS_JS)
-        # The recording run adds phases (and so points at new phase slots) while the page only polls.
-        page.wait_for_function(f"() => ({COMPARE_POINTS_JS})() > {drawn}", timeout=15_000)
-        # Zoom as a user does, dragging across the plot (uirevision keeps only interactive edits).
         compare_graph = "document.querySelector('#compare-graph .js-plotly-plot')"
-        page.locator("#compare-graph").scroll_into_view_if_needed()
-        box = page.locator("#compare-graph .nsewdrag").first.bounding_box()
-        y = box["y"] + box["height"] / 2
-        page.mouse.move(box["x"] + 0.3 * box["width"], y)
-        page.mouse.down()
-        page.mouse.move(box["x"] + 0.6 * box["width"], y, steps=8)
-        page.mouse.up()
-        page.wait_for_function(f"() => {compare_graph}._fullLayout.xaxis.autorange === false")
-        zoomed = page.evaluate(f"() => {compare_graph}._fullLayout.xaxis.range.slice()")
-        drawn = page.evaluate(COMPARE_POINTS_JS)
-        page.wait_for_function(f"() => ({COMPARE_POINTS_JS})() > {drawn}", timeout=15_000)  # redrawn...
-        assert page.evaluate(f"() => {compare_graph}._fullLayout.xaxis.range.slice()") == zoomed  # ...zoom kept
+        # The comparison is one stacked bar per phase and run (its worst iteration), so its size need not
+        # grow: count the redraws instead. The panel sends a figure only when a compared run changed.
+        page.evaluate(f"() => {{ window.compareRedraws = 0;"
+                      f" {compare_graph}.on('plotly_afterplot', () => window.compareRedraws++); }}")
+        page.wait_for_function("() => window.compareRedraws >= 2", timeout=20_000)
+        # Bars in narrow per-phase columns are not drag-zoomed (a zoom would only hide bars).
+        assert page.evaluate(f"() => {compare_graph}._fullLayout.xaxis.fixedrange") is True
         page.locator("#compare-section").screenshot(path=str(artifacts / "dashboard-compare-live.png"))
         child.terminate()  # enough seen; a terminated recording still ends its run cleanly
         assert child.wait(timeout=30) in (0, -15, 143)

@@ -78,6 +78,7 @@ def test_a_run_id_from_the_browser_never_escapes_the_log_directory(setup, run_id
     attacks = [("timeline-graph.figure", {"runs-selected.data": run_id}),
                ("checks-list.children", {"runs-selected.data": run_id}),
                ("phases-table.children", {"runs-selected.data": run_id}),
+               ("ledger-graph.figure", {"runs-selected.data": run_id}),
                ("compare-note.children", {"compare-runs.value": ["run-ok", run_id]})]
     for output, values in attacks:
         status, text = call(url, output, values)

@@ -63,7 +63,7 @@ def test_comparison_renders(browser, artifacts, tmp_path):
     try:
         assert not errors and not requests
         page.wait_for_selector("#comparison-figure .main-svg")
-        assert page.locator("#comparison-figure .scatterlayer .trace").count() >= 2
+        assert page.locator("#comparison-figure .barlayer .trace").count() >= 2  # stacked ledger bars
         assert page.locator("#comparison-table tbody tr").count() >= 6
         page.locator("#comparison").screenshot(path=str(artifacts / "visualize_comparison.png"))
     finally:

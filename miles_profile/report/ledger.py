@@ -1,0 +1,324 @@
+"""Where every byte goes: per phase instance and per GPU (and per process on the host), bytes by
+category, at the phase's end. A pure function of a Run; docs/ledger.md explains each category.
+
+    ledger(run) -> DataFrame           # one row per (phase instance, device, category)
+    add_up(ledger_frame) -> AddUp      # do the categories add up to what NVML (or RSS) says?
+
+Declared categories come from `miles_profile.account()` (Run.accounts); the rest are derived from the
+series the recorder already writes, each the residual of the next larger measure:
+
+    GPU:  activations = allocated - declared          allocator_cache = reserved - allocated
+          non_pytorch = NVML per-process - reserved    other_processes = NVML device used - recorded processes
+    host: other_anonymous = RssAnon - declared host    file_backed = RssFile    shared_memory = RssShmem
+
+A declared `paused` (torch_memory_saver: bytes the allocator still counts although a pause unmapped them)
+is no category: it is subtracted from allocated and reserved first. The categories then add up to
+NVML's device used (RSS on the host) by construction where every source was read at
+the same instant; what does not add up shows as a negative residual (declared more than allocated,
+NVML per-process under reserved), never clipped. `add_up` counts the negative bytes against the total.
+
+Values at a phase's end are its closing row: the `last` of its summary (per phase, not per sample);
+logs written before summaries fall back to that row of the samples. A GPU shared by several recorded
+processes (an actor and its engine server) is summed over them, each at its own latest phase boundary
+before that instant; their NVML per-process bytes come from the host sampler's process list.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from miles_profile import names
+from miles_profile.logdir.accounts import declared_at
+from miles_profile.report.stats import _iterations
+
+ACTIVATIONS, ALLOCATOR_CACHE, NON_PYTORCH, OTHER_PROCESSES = (
+    "activations", "allocator_cache", "non_pytorch", "other_processes")
+OTHER_ANONYMOUS, FILE_BACKED, SHARED_MEMORY, RSS_UNSPLIT = (
+    "other_anonymous", "file_backed", "shared_memory", "rss_unsplit")
+GPU_DERIVED = (ACTIVATIONS, ALLOCATOR_CACHE, NON_PYTORCH, OTHER_PROCESSES)
+HOST_DERIVED = (OTHER_ANONYMOUS, FILE_BACKED, SHARED_MEMORY, RSS_UNSPLIT)
+HOST = names.ACCOUNT_HOST
+
+# The report computes the ledger for runs of up to this many processes (its cost grows with phase
+# instances times the processes sharing a GPU; a fleet of hundreds is not covered yet).
+LEDGER_MAX_PROCESSES = 16
+
+COLUMNS = ["host", "pid", "id", "phase", "iteration", "depth", "t", "device", "label", "category", "source",
+           "bytes", "total"]
+
+
+def _process_states(run) -> dict[tuple[str, int], pd.DataFrame]:
+    """Per recording process, its series at each phase boundary: index t (the closing row's time),
+    one column per series. From the summaries; else from the samples' rows at the phase ends."""
+    states: dict[tuple[str, int], pd.DataFrame] = {}
+    summaries = run.phase_summaries
+    if len(summaries):
+        wide = summaries.pivot_table(index=["host", "pid", "t_last"], columns="series", values="last",
+                                     aggfunc="last")
+        for (host, pid), frame in wide.groupby(level=[0, 1], sort=False):
+            states[(str(host), int(pid))] = frame.droplevel([0, 1]).astype(float).sort_index()
+    samples = run.samples
+    if run.phases.empty or samples.empty:
+        return states
+    for (host, pid), ends in run.phases.groupby([run.phases["host"].fillna("").astype(str), "pid"]):
+        if (host, int(pid)) in states:
+            continue
+        rows = samples[samples["pid"] == pid]
+        if rows.empty:
+            continue
+        t = rows["t"].to_numpy(float)
+        at = np.searchsorted(t, np.sort(ends["end"].to_numpy(float)), "right") - 1
+        picked = rows.iloc[np.unique(at[at >= 0])].drop(columns=["phase", "pid"], errors="ignore")
+        states[(host, int(pid))] = picked.set_index("t").apply(pd.to_numeric, errors="coerce").astype(float)
+    return states
+
+
+def _row_at(state: pd.DataFrame | None, t: float) -> pd.Series | None:
+    if state is None or state.empty:
+        return None
+    k = int(np.searchsorted(state.index.to_numpy(float), t, "right")) - 1
+    return state.iloc[k] if k >= 0 else None
+
+
+def _value(row: pd.Series | None, column: str) -> float | None:
+    if row is None or column not in row.index:
+        return None
+    v = row[column]
+    return None if pd.isna(v) else float(v)
+
+
+def _uuid_by_index(run, process: dict) -> dict[int, str]:
+    """This process's CUDA index -> GPU UUID (its own view), else NVML's order, else `gpu<i>`."""
+    found = {int(d["index"]): str(d["uuid"]) for d in process.get("cuda_devices") or [] if d.get("uuid")}
+    if not found:
+        found = {int(d["index"]): str(d["uuid"]) for d in run.devices if d.get("uuid")}
+    return found
+
+
+def _gpu_indices(row: pd.Series | None) -> list[int]:
+    if row is None:
+        return []
+    return sorted({int(c[3:].split("_")[0]) for c in row.index if c.startswith("gpu") and "_" in c
+                   and c[3:].split("_")[0].isdigit()})
+
+
+class _Declared:
+    """Declared values of one process at any instant, from its `account` events."""
+
+    def __init__(self, accounts: pd.DataFrame):
+        self._by_process = {key: frame for key, frame in accounts.groupby(["host", "pid"], sort=False)}
+
+    def at(self, host: str, pid: int, t: float) -> dict[tuple[str, str], int]:
+        frame = self._by_process.get((host, pid))
+        return {} if frame is None else declared_at(frame, t)
+
+
+class _Procs:
+    """NVML bytes per process on a GPU at an instant, from the host sampler's process list."""
+
+    def __init__(self, run):
+        try:
+            procs = run.gpu_procs if run.hosts else pd.DataFrame(columns=["t", "host", "gpu_uuid", "pid", "bytes"])
+        except Exception:  # noqa: BLE001 - a log without host files: no per-process list
+            procs = pd.DataFrame(columns=["t", "host", "gpu_uuid", "pid", "bytes"])
+        self._frames = {(str(h), str(u)): (np.unique(f["t"].to_numpy(float)), f)
+                        for (h, u), f in procs.groupby(["host", "gpu_uuid"], sort=False, observed=True)}
+        self.listed = {(str(h), int(p)) for h, p in zip(procs["host"], procs["pid"])}
+
+    def at(self, host: str, uuid: str, pid: int, t: float) -> float | None:
+        found = self._frames.get((host, uuid))
+        if found is None or (host, pid) not in self.listed:
+            return None
+        times, frame = found
+        k = int(np.searchsorted(times, t, "right")) - 1
+        if k < 0:
+            return None
+        now = frame[(frame["t"] == times[k]) & (frame["pid"] == pid)]["bytes"]
+        return float(now.sum()) if len(now) else 0.0  # listed before, not now: it holds nothing here
+
+
+def _used_at(run, host: str, uuid: str, t: float) -> float | None:
+    found = run.gpu_used.get((host, uuid)) if run.hosts else None
+    if found is None:
+        return None
+    times, used = found
+    k = int(np.searchsorted(times, t, "right")) - 1
+    return float(used[k]) if k >= 0 and np.isfinite(used[k]) else None
+
+
+@dataclass
+class _Member:
+    """One recorded process on a GPU, at one instant."""
+    alloc: float | None
+    reserved: float | None
+    proc: float | None
+    declared: dict[str, int]
+
+
+def _gpu_rows(used: float | None, members: list[_Member]) -> list[tuple[str, str, float]]:
+    """(category, source, bytes) of one GPU at one instant."""
+    rows: dict[tuple[str, str], float] = {}
+    for m in members:
+        held = {c: v for c, v in m.declared.items() if c != names.PAUSED}
+        # paused regions stay in the allocator's counters though they left the device
+        paused = float(m.declared.get(names.PAUSED, 0))
+        alloc = None if m.alloc is None else m.alloc - paused
+        reserved = None if m.reserved is None else m.reserved - paused
+        for category, nbytes in held.items():
+            rows[(category, "declared")] = rows.get((category, "declared"), 0.0) + nbytes
+        declared = float(sum(held.values()))
+        if alloc is not None:
+            rows[(ACTIVATIONS, "derived")] = rows.get((ACTIVATIONS, "derived"), 0.0) + alloc - declared
+        if reserved is not None and alloc is not None:
+            rows[(ALLOCATOR_CACHE, "derived")] = rows.get((ALLOCATOR_CACHE, "derived"), 0.0) + reserved - alloc
+        if m.proc is not None:
+            below = reserved if reserved is not None else declared
+            rows[(NON_PYTORCH, "derived")] = rows.get((NON_PYTORCH, "derived"), 0.0) + m.proc - below
+    if used is not None:
+        # What the recorded processes hold by their best measure: NVML's per-process bytes, else the
+        # allocator's reserved bytes, else what they declared.
+        held = sum(m.proc if m.proc is not None else
+                   m.reserved - m.declared.get(names.PAUSED, 0) if m.reserved is not None else
+                   float(sum(v for c, v in m.declared.items() if c != names.PAUSED)) for m in members)
+        rows[(OTHER_PROCESSES, "derived")] = used - held
+    return [(c, s, v) for (c, s), v in rows.items()]
+
+
+def _host_rows(row: pd.Series | None, declared: dict[str, int]) -> tuple[list[tuple[str, str, float]], float | None]:
+    rss = _value(row, "rss")
+    rows = [(c, "declared", float(v)) for c, v in declared.items()]
+    anon, file, shmem = (_value(row, c) for c in ("rss_anon", "rss_file", "rss_shmem"))
+    if None not in (anon, file, shmem):
+        rows += [(OTHER_ANONYMOUS, "derived", anon - sum(declared.values())), (FILE_BACKED, "derived", file),
+                 (SHARED_MEMORY, "derived", shmem)]
+    elif rss is not None:  # a log written before the RSS split
+        rows.append((RSS_UNSPLIT, "derived", rss - sum(declared.values())))
+    return rows, rss
+
+
+@dataclass
+class _Context:
+    """What every phase end of a run is read against (built once per run)."""
+    run: object
+    states: dict[tuple[str, int], pd.DataFrame]
+    declared: _Declared
+    procs: _Procs
+    roles: dict[tuple[str, int], dict]
+    on_gpu: dict[tuple[str, str], list[tuple[str, int]]]  # (host, uuid) -> recorded processes on it
+
+    def uuids(self, key: tuple[str, int]) -> dict[int, str]:
+        return _uuid_by_index(self.run, self.roles.get(key, {}))
+
+
+def _context(run) -> _Context:
+    states = _process_states(run)
+    roles = {(str(p.get("host", "")), int(p.get("pid", -1))): p for p in run.processes}
+    on_gpu: dict[tuple[str, str], list[tuple[str, int]]] = {}
+    for key, state in states.items():
+        if roles.get(key, {}).get("role") == "exec_parent":  # the whole tree, seen from outside: not a member
+            continue
+        uuids = _uuid_by_index(run, roles.get(key, {}))
+        for i in _gpu_indices(state.iloc[-1] if len(state) else None):
+            if any(c in state.columns for c in (f"gpu{i}_alloc", f"gpu{i}_reserved", f"gpu{i}_proc")):
+                on_gpu.setdefault((key[0], uuids.get(i, f"gpu{i}")), []).append(key)
+    return _Context(run, states, _Declared(run.accounts), _Procs(run), roles, on_gpu)
+
+
+def _member(ctx: _Context, who: tuple[str, int], uuid: str, t: float) -> _Member:
+    """One recorded process on GPU `uuid` as it stood at t (its latest phase boundary at or before t)."""
+    row = _row_at(ctx.states.get(who), t)
+    uuids = ctx.uuids(who)
+    index = next((j for j, u in uuids.items() if u == uuid), None)
+    if index is None and uuid.startswith("gpu"):
+        index = int(uuid[3:])
+    declared = {c: v for (d, c), v in ctx.declared.at(who[0], who[1], t).items()
+                if d.startswith("cuda:") and uuids.get(int(d[5:]), f"gpu{d[5:]}") == uuid}
+    proc = _value(row, f"gpu{index}_proc")  # its own NVML bytes, where it sampled them
+    if proc is None:
+        proc = ctx.procs.at(who[0], uuid, who[1], t)
+    return _Member(_value(row, f"gpu{index}_alloc"), _value(row, f"gpu{index}_reserved"), proc, declared)
+
+
+def _phase_rows(ctx: _Context, host: str, pid: int, t: float) -> list[tuple]:
+    """(device, label, category, source, bytes, total) of one phase end: this process's RSS, then
+    every GPU it samples, with every recorded process on that GPU."""
+    own = _row_at(ctx.states.get((host, pid)), t)
+    host_declared = {c: v for (d, c), v in ctx.declared.at(host, pid, t).items() if d == HOST}
+    rows, rss = _host_rows(own, host_declared)
+    out = [(HOST, f"host RSS, pid {pid}", c, s, v, np.nan if rss is None else rss) for c, s, v in rows]
+    for i in _gpu_indices(own):
+        uuid = ctx.uuids((host, pid)).get(i, f"gpu{i}")
+        members = [_member(ctx, who, uuid, t) for who in ctx.on_gpu.get((host, uuid), [])]
+        used = _value(own, f"gpu{i}_used")
+        if used is None:
+            used = _used_at(ctx.run, host, uuid, t)
+        if not members and used is None:
+            continue
+        label = f"gpu{i} ({uuid[:12]})" if uuid.startswith("GPU-") else f"gpu{i}"
+        out += [(uuid, label, c, s, v, np.nan if used is None else used) for c, s, v in _gpu_rows(used, members)]
+    return out
+
+
+def ledger(run) -> pd.DataFrame:
+    """One row per (phase instance, device, category) at the phase's end: `device` is a GPU UUID (or
+    `gpu<i>` when the log has none) or "host" (this process's RSS); `label` says which for a person;
+    `source` is declared or derived; `total` is the reference the categories should add up to (NVML
+    device used; RSS on the host), NaN where it was not measured. Bytes are floats (negatives kept)."""
+    cache = run.__dict__.setdefault("_report_cache", {})  # the report and the comparison both ask
+    if "ledger" not in cache:
+        cache["ledger"] = _ledger(run)
+    return cache["ledger"]
+
+
+def _ledger(run) -> pd.DataFrame:
+    phases = run.phases
+    if phases.empty:
+        return pd.DataFrame(columns=COLUMNS)
+    ctx = _context(run)
+    hosts = phases["host"].fillna("").astype(str).to_numpy() if "host" in phases else np.array([""] * len(phases))
+    iterations = _iterations(phases.assign(pid=[f"{h}:{p}" for h, p in zip(hosts, phases["pid"])]))
+    out = []
+    for k, phase in enumerate(phases.itertuples(index=False)):
+        base = (hosts[k], int(phase.pid), int(phase.id) if phase.id == phase.id else -1, str(phase.name),
+                int(iterations[k]), int(phase.depth), float(phase.end))
+        out += [(*base, *row) for row in _phase_rows(ctx, hosts[k], int(phase.pid), float(phase.end))]
+    frame = pd.DataFrame(out, columns=COLUMNS)
+    frame["bytes"] = frame["bytes"].astype(float)
+    frame["total"] = frame["total"].astype(float)
+    return frame
+
+
+@dataclass
+class AddUp:
+    """How far the categories, negatives counted as errors, are from the reference at each boundary."""
+    worst_error: float | None  # relative: sum of |negative residuals| / total; None: nothing to judge
+    worst: dict | None  # the boundary with the worst error: phase, iteration, pid, device, t, total, negatives
+    boundaries: int  # boundaries judged (phase end x device with a measured total)
+    table: pd.DataFrame  # one row per boundary: host, pid, id, phase, iteration, device, t, total, sum, error
+
+    def passes(self, tolerance: float = 0.02) -> bool | None:
+        return None if self.worst_error is None else self.worst_error <= tolerance
+
+
+def add_up(frame: pd.DataFrame, device_kind: str = "gpu") -> AddUp:
+    """At each phase end and device (`gpu`: every GPU; `host`: every process's RSS), the categories
+    summed with every negative residual counted as missing memory: |sum of positives - total| / total.
+    By construction the signed sum equals the total when all sources were read in one row, so the error
+    is exactly what the sources disagree on (stale per-process NVML, pauses the allocator can't see,
+    declarations larger than the allocations)."""
+    if frame.empty:
+        return AddUp(None, None, 0, pd.DataFrame())
+    picked = frame[(frame["device"] == HOST) if device_kind == "host" else (frame["device"] != HOST)]
+    picked = picked[picked["total"].notna() & (picked["total"] > 0)]
+    if picked.empty:
+        return AddUp(None, None, 0, pd.DataFrame())
+    keys = ["host", "pid", "id", "phase", "iteration", "device", "t"]
+    picked = picked.assign(positive=picked["bytes"].clip(lower=0), negative=(-picked["bytes"]).clip(lower=0))
+    table = picked.groupby(keys, sort=False).agg(total=("total", "first"), signed=("bytes", "sum"),
+                                                 positive=("positive", "sum"), negative=("negative", "sum")).reset_index()
+    table["error"] = (table["positive"] - table["total"]).abs() / table["total"]
+    worst = table.loc[table["error"].idxmax()]
+    return AddUp(float(worst["error"]), {k: (v.item() if hasattr(v, "item") else v) for k, v in worst.items()},
+                 len(table), table)

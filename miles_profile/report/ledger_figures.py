@@ -1,0 +1,263 @@
+"""Figures of the ledger (report/ledger.py), shared by the HTML report and the dashboard.
+
+    ledger_area_figure(frame, t0) -> go.Figure     # stacked area per device over time (phase ends)
+    ledger_bar_figure(frame) -> go.Figure          # stacked bar per phase instance, per device
+    ledger_comparison_figure(frames, names) -> go.Figure  # stacked bars per phase and configuration
+
+A negative residual (declared more than allocated, NVML per-process under reserved) is never clipped:
+it is drawn below zero, hatched, and named "(negative)" in the legend.
+"""
+from __future__ import annotations
+
+import html
+from collections import Counter
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from miles_profile import names
+from miles_profile.report import ledger as L
+from miles_profile.report.series import GiB
+
+# Declared first (bottom of the stack), then what is derived from the measured series.
+CATEGORY_COLORS = {
+    names.WEIGHTS: "#1f77b4", names.GRADIENTS: "#ff7f0e", names.OPTIMIZER_STATE: "#2ca02c",
+    names.KV_CACHE: "#9467bd", names.CUDA_GRAPH_POOL: "#8c564b", names.PINNED_BUFFERS: "#e377c2",
+    names.OFFLOADED_STATE: "#17becf",
+    L.ACTIVATIONS: "#d62728", L.ALLOCATOR_CACHE: "#ff9896", L.NON_PYTORCH: "#bcbd22", L.OTHER_PROCESSES: "#7f7f7f",
+    L.OTHER_ANONYMOUS: "#c49c94", L.FILE_BACKED: "#c7c7c7", L.SHARED_MEMORY: "#dbdb8d", L.RSS_UNSPLIT: "#aec7e8",
+}
+CATEGORY_TEXT = {
+    names.OPTIMIZER_STATE: "optimizer state", names.KV_CACHE: "KV cache", names.CUDA_GRAPH_POOL: "CUDA graph pools",
+    names.PINNED_BUFFERS: "pinned buffers", names.OFFLOADED_STATE: "offloaded state",
+    L.ACTIVATIONS: "activations and temporaries", L.ALLOCATOR_CACHE: "allocator cache",
+    L.NON_PYTORCH: "non-PyTorch (context, NCCL, ...)", L.OTHER_PROCESSES: "other processes and driver",
+    L.OTHER_ANONYMOUS: "other anonymous", L.FILE_BACKED: "file-backed", L.SHARED_MEMORY: "shared memory",
+    L.RSS_UNSPLIT: "RSS (not split)",
+}
+_EXTRA_COLORS = ("#393b79", "#637939", "#8c6d31", "#843c39", "#7b4173")
+
+
+def category_order(categories) -> list[str]:
+    known = list(CATEGORY_COLORS)
+    return sorted(set(categories), key=lambda c: (known.index(c) if c in known else len(names.DECLARED_CATEGORIES) - 0.5, c))
+
+
+def category_color(category: str) -> str:
+    return CATEGORY_COLORS.get(category) or _EXTRA_COLORS[sum(map(ord, category)) % len(_EXTRA_COLORS)]
+
+
+def category_text(category: str) -> str:
+    return CATEGORY_TEXT.get(category, category.replace("_", " "))
+
+
+def _devices(frame: pd.DataFrame) -> list[str]:
+    """Device lanes: every GPU first, then each process's host RSS (labels are unique per lane)."""
+    labels = frame.drop_duplicates("label")[["label", "device"]]
+    gpus = sorted(labels[labels["device"] != L.HOST]["label"])
+    hosts = sorted(labels[labels["device"] == L.HOST]["label"])
+    return gpus + hosts
+
+
+def _lane_title(label: str) -> str:
+    return f"{label}: by category (GiB)" if label.startswith("host") else f"GPU {label}: by category (GiB)"
+
+
+def _wide(lane: pd.DataFrame, keys: list[str]) -> tuple[pd.DataFrame, pd.Series]:
+    """Bytes per category (columns) at each boundary (rows, in time order), and the reference total."""
+    lane = lane.drop_duplicates([*keys, "category"], keep="last")
+    wide = lane.pivot_table(index=keys, columns="category", values="bytes", aggfunc="sum", sort=False)
+    total = lane.groupby(keys, sort=False)["total"].first().reindex(wide.index)
+    order = np.argsort(lane.groupby(keys, sort=False)["t"].first().reindex(wide.index).to_numpy(), kind="stable")
+    return wide.iloc[order], total.iloc[order]
+
+
+class _Batch:
+    """Traces gathered with their subplot, added in one call: plotly validates and copies the figure
+    on every add_trace, which made the nine-run comparison take seconds."""
+
+    def __init__(self) -> None:
+        self.traces, self.rows, self.cols = [], [], []
+
+    def add(self, traces: list, row: int, col: int) -> None:
+        self.traces += traces
+        self.rows += [row] * len(traces)
+        self.cols += [col] * len(traces)
+
+    def into(self, fig: go.Figure) -> None:
+        if self.traces:
+            fig.add_traces(self.traces, rows=self.rows, cols=self.cols)
+
+
+def _numbered(labels: list[str]) -> list[str]:
+    total, seen, out = Counter(labels), Counter(), []
+    for label in labels:
+        seen[label] += 1
+        out.append(f"{label} #{seen[label]}" if total[label] > 1 else label)
+    return out
+
+
+def _bar_traces(x, wide: pd.DataFrame, total: pd.Series, show_legend: bool, seen: set, hover_x: str) -> list:
+    traces = []
+    for category in category_order(wide.columns):
+        y = wide[category].to_numpy(float)
+        for negative in (False, True):
+            if not ((y < 0) if negative else (y >= 0)).any():
+                continue
+            # zeros, not NaN, where the other sign or nothing was measured: a NaN breaks plotly's stacking
+            part = np.where(y < 0, y, 0.0) if negative else np.where(y >= 0, y, 0.0)
+            name = category_text(category) + (" (negative)" if negative else "")
+            traces.append(go.Bar(
+                x=x, y=part / GiB, name=name, legendgroup=name, showlegend=show_legend and name not in seen,
+                marker=dict(color=category_color(category), pattern=dict(shape="/" if negative else "")),
+                hovertemplate=f"{html.escape(name)}: %{{y:.3f}} GiB<br>{hover_x}<extra></extra>"))
+            seen.add(name)
+    if total.notna().any():
+        name = "measured total (NVML used / RSS)"
+        traces.append(go.Scatter(x=x, y=total.to_numpy(float) / GiB, mode="markers", name=name, legendgroup=name,
+                                 showlegend=show_legend and name not in seen,
+                                 marker=dict(symbol="line-ew-open", size=18, color="#111111", line=dict(width=2)),
+                                 hovertemplate=f"{name}: %{{y:.3f}} GiB<br>{hover_x}<extra></extra>"))
+        seen.add(name)
+    return traces
+
+
+def ledger_bar_figure(frame: pd.DataFrame, *, top_level_only: bool = True) -> go.Figure:
+    """One stacked bar per phase instance (its end), one row per device lane; a dash marks the
+    measured total the categories should reach."""
+    picked = frame[frame["depth"] == 0] if top_level_only and len(frame) else frame
+    lanes = _devices(picked) if len(picked) else []
+    height = 380 * max(1, len(lanes)) + 120
+    # about 170 px between lanes: the rotated phase labels of one lane above the next lane's title
+    fig = make_subplots(rows=max(1, len(lanes)), cols=1, vertical_spacing=min(0.3, 170 / height) if len(lanes) > 1 else 0.1,
+                        subplot_titles=[_lane_title(lane) for lane in lanes] or ["no ledger in this run"])
+    seen: set = set()
+    batch = _Batch()
+    for row, lane in enumerate(lanes, start=1):
+        wide, total = _wide(picked[picked["label"] == lane], ["host", "pid", "id", "phase", "iteration"])
+        x = [f"{'setup' if it < 0 else it}:{phase}" + (f" ({pid})" if picked["pid"].nunique() > 1 else "")
+             for (_, pid, _, phase, it) in wide.index]
+        x = _numbered(x)  # two setup update_weights stay two bars
+        batch.add(_bar_traces(x, wide, total, True, seen, "%{x}"), row, 1)
+        fig.update_yaxes(title_text="GiB", row=row, col=1)
+        fig.update_xaxes(tickangle=-45, row=row, col=1)
+    batch.into(fig)
+    fig.update_layout(barmode="relative", template="plotly_white", height=height,
+                      margin=dict(l=70, r=20, t=60, b=110), bargap=0.15,
+                      title="Where the bytes are at the end of each phase")
+    return fig
+
+
+def ledger_area_figure(frame: pd.DataFrame, t0: float) -> go.Figure:
+    """Stacked areas per device lane over time (seconds since t0), one step per phase boundary:
+    the ledger as it stood after each phase ended, until the next boundary."""
+    lanes = _devices(frame) if len(frame) else []
+    fig = make_subplots(rows=max(1, len(lanes)), cols=1, shared_xaxes=True, vertical_spacing=0.08,
+                        subplot_titles=[_lane_title(lane) for lane in lanes] or ["no ledger in this run"])
+    seen: set = set()
+    batch = _Batch()
+    for row, lane in enumerate(lanes, start=1):
+        part = frame[frame["label"] == lane]
+        wide, total = _wide(part, ["t"])
+        x = wide.index.to_numpy(float) - t0
+        for category in category_order(wide.columns):
+            y = wide[category].to_numpy(float)
+            name = category_text(category)
+            batch.add([go.Scatter(
+                x=x, y=np.where(y >= 0, y, 0) / GiB, mode="lines", stackgroup=f"lane{row}", line=dict(width=0.5, shape="hv"),
+                fillcolor=category_color(category), line_color=category_color(category), name=name, legendgroup=name,
+                showlegend=name not in seen, hovertemplate=f"{html.escape(name)}: %{{y:.3f}} GiB<extra></extra>")],
+                row, 1)
+            seen.add(name)
+            if (y < 0).any():
+                neg = f"{name} (negative)"
+                batch.add([go.Scatter(x=x, y=np.minimum(y, 0) / GiB, mode="lines", fill="tozeroy",
+                                      line=dict(width=1, shape="hv", color=category_color(category), dash="dot"),
+                                      fillpattern=dict(shape="/"), name=neg, legendgroup=neg,
+                                      showlegend=neg not in seen,
+                                      hovertemplate=f"{html.escape(neg)}: %{{y:.3f}} GiB<extra></extra>")], row, 1)
+                seen.add(neg)
+        if total.notna().any():
+            name = "measured total (NVML used / RSS)"
+            batch.add([go.Scatter(x=x, y=total.to_numpy(float) / GiB, mode="lines", name=name, legendgroup=name,
+                                  showlegend=name not in seen, line=dict(color="#111111", width=1.2, dash="dash",
+                                                                         shape="hv"),
+                                  hovertemplate=f"{name}: %{{y:.3f}} GiB<extra></extra>")], row, 1)
+            seen.add(name)
+        fig.update_yaxes(title_text="GiB", row=row, col=1)
+    batch.into(fig)
+    fig.update_xaxes(title_text="seconds since start", row=max(1, len(lanes)), col=1)
+    fig.update_layout(template="plotly_white", height=260 * max(1, len(lanes)) + 120, hovermode="x unified",
+                      margin=dict(l=70, r=20, t=60, b=50),
+                      title="Ledger over time: bytes by category after each phase boundary")
+    return fig
+
+
+def _worst_instances(frame: pd.DataFrame, pid: int) -> pd.DataFrame:
+    """Per phase name and lane kind (gpu/host), the top-level instance of `pid` whose measured total
+    was highest at its end (its worst iteration)."""
+    top = frame[(frame["depth"] == 0) & (frame["pid"] == pid)]
+    if top.empty:
+        return top
+    top = top.assign(kind=np.where(top["device"] == L.HOST, "host", "gpu"))
+    gpus = sorted(top.loc[top["kind"] == "gpu", "device"].unique())
+    top = top[(top["kind"] == "host") | (top["device"] == (gpus[0] if gpus else None))]  # the process's first GPU
+    keys = ["kind", "phase", "id"]
+    totals = top.groupby(keys, sort=False).agg(total=("total", "first"), positive=("bytes", lambda b: b[b > 0].sum()))
+    totals["score"] = totals["total"].fillna(totals["positive"])
+    best = totals.reset_index().sort_values("score", kind="stable").groupby(["kind", "phase"], sort=False).tail(1)
+    return top.merge(best[keys], on=keys)
+
+
+def ledger_comparison_figure(frames: list[pd.DataFrame], run_names: list[str], main_pids: list[int | None],
+                             phase_order: list[str]) -> go.Figure:
+    """Several runs as stacked bars per (phase, configuration): for each phase name, each run's
+    instance with the highest measured total at its end; the GPU of the main process, then its RSS.
+    One column of bars per phase (its width by its number of bars), configurations in a fixed order."""
+    picked = [(_worst_instances(f, pid) if pid is not None and len(f) else pd.DataFrame()) for f, pid in zip(frames, main_pids)]
+    picked = [p.assign(run=name) for p, name in zip(picked, run_names) if len(p)]
+    both = pd.concat(picked, ignore_index=True) if picked else pd.DataFrame(columns=["kind", "phase", "run"])
+    kinds = [k for k in ("gpu", "host") if (both["kind"] == k).any()]
+    phases = [p for p in phase_order if (both["phase"] == p).any()]
+    phases += sorted(set(both["phase"]) - set(phases))
+    widths = [both.loc[both["phase"] == p, "run"].nunique() + 0.6 for p in phases] or [1]
+    fig = make_subplots(rows=max(1, len(kinds)), cols=max(1, len(phases)), shared_yaxes=True,
+                        column_widths=widths, horizontal_spacing=0.006, vertical_spacing=0.2)
+    seen: set = set()
+    batch = _Batch()
+    rank = {n: k for k, n in enumerate(run_names)}
+    for row, kind in enumerate(kinds, start=1):
+        for col, phase in enumerate(phases, start=1):
+            part = both[(both["kind"] == kind) & (both["phase"] == phase)]
+            if part.empty:
+                continue
+            part = part.assign(run_rank=part["run"].map(rank)).sort_values("run_rank", kind="stable")
+            keys = ["run", "iteration"]
+            wide = part.pivot_table(index=keys, columns="category", values="bytes", aggfunc="sum", sort=False)
+            total = part.groupby(keys, sort=False)["total"].first().reindex(wide.index)
+            x = [r for r, _ in wide.index]
+            traces = _bar_traces(x, wide, total, True, seen, f"{html.escape(phase)}, %{{x}}")
+            for trace in traces:
+                trace.customdata = ["setup" if i < 0 else str(i) for _, i in wide.index]
+                trace.hovertemplate = trace.hovertemplate.replace("<extra>", " (iteration %{customdata})<extra>")
+            batch.add(traces, row, col)
+            # categories in narrow columns: a drag-zoom would only hide bars (and the dashboard re-applies an x zoom)
+            fig.update_xaxes(tickangle=-90, tickfont=dict(size=9), fixedrange=True, row=row, col=col)
+            if row == 1:
+                axis = fig.get_subplot(row, col)
+                domain = axis.xaxis.domain
+                fig.add_annotation(text=phase, x=(domain[0] + domain[1]) / 2, y=1.0, xref="paper",
+                                   yref="paper", yanchor="bottom", showarrow=False, textangle=-30,
+                                   font=dict(size=11))
+        what = "GPU memory" if kind == "gpu" else "host RSS"
+        fig.update_yaxes(title_text=f"{what} (GiB)", row=row, col=1)
+    batch.into(fig)
+    fig.update_layout(barmode="relative", template="plotly_white", height=480 * max(1, len(kinds)) + 260,
+                      margin=dict(l=70, r=20, t=140, b=170), bargap=0.12,
+                      legend=dict(orientation="h", yanchor="bottom", y=1.12, x=0),
+                      title=dict(text="Runs compared: what fills memory at the end of each phase (its worst "
+                                      "iteration), per configuration; GPU of the main process, then its RSS",
+                                 font=dict(size=14)))
+    return fig

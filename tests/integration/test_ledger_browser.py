@@ -1,0 +1,88 @@
+"""The ledger's stacked views in real headless Chromium: the report of a recorded trainer run, the
+comparison of the H200 sample logs, and the dashboard's ledger panel. Screenshots go to artifacts/."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dashboards.serve import dashboard_process
+from miles_profile.visualize import main
+from tests.conftest import REPO, python_env
+from test_visualize_browser import _open_offline
+
+pytestmark = pytest.mark.browser
+
+H200 = REPO / "sample_logs" / "h200"
+FULL_DATA = "(sel) => { const g = document.querySelector(sel + ' .js-plotly-plot') || document.querySelector(sel);" \
+            " return g._fullData.map(d => [d.type, d.name, Array.from(d.x || []).length]); }"
+
+
+@pytest.fixture(scope="module")
+def trainer_logs(tmp_path_factory) -> Path:
+    log_dir = tmp_path_factory.mktemp("ledger-browser")
+    subprocess.run([sys.executable, "-m", "miles_profile.record", "--log-dir", str(log_dir), "--", "--preset", "cpu",
+                    "--num-rollout", "2", "--offload-train", "--offload-rollout"],
+                   cwd=REPO, env=python_env(), check=True, capture_output=True, timeout=300)
+    return log_dir
+
+
+def test_report_shows_the_ledger_as_stacked_area_and_bars(browser, artifacts, trainer_logs, tmp_path):
+    out = tmp_path / "report.html"
+    assert main([str(trainer_logs), "-o", str(out), "--no-check"]) == 0
+    page, requests, errors = _open_offline(browser, out)
+    try:
+        assert not errors and not requests
+        page.wait_for_selector("#ledger-bars .main-svg")
+        bars = page.evaluate(FULL_DATA, "#ledger-bars")
+        names = {name for kind, name, _ in bars if kind == "bar"}
+        assert {"weights", "gradients", "optimizer state", "KV cache", "other anonymous", "file-backed"} <= names
+        assert all(n == 18 for kind, _, n in bars if kind == "bar")  # one bar per top-level phase of 2 rollouts
+        assert page.locator("#ledger-bars .barlayer .point path").count() >= 18 * 5  # drawn, not only in data
+        area = page.evaluate(FULL_DATA, "#ledger-area")
+        assert {"weights", "KV cache"} <= {name for _, name, _ in area}
+        assert page.locator("#ledger-area .scatterlayer .trace .fills path").count() >= 6  # stacked fills
+        assert "within 0.00% at worst" in page.locator("#ledger-add-up").inner_text()
+        page.locator("#ledger-area").screenshot(path=str(artifacts / "ledger-area.png"))
+        page.locator("#ledger-bars").screenshot(path=str(artifacts / "ledger-bars.png"))
+    finally:
+        page.close()
+
+
+def test_h200_comparison_is_stacked_bars_per_configuration(browser, artifacts, tmp_path):
+    out = tmp_path / "h200.html"
+    main([str(H200), "-o", str(out), "--no-check"])
+    page, requests, errors = _open_offline(browser, out, width=1700)
+    try:
+        assert not errors and not requests
+        page.wait_for_selector("#comparison-figure .main-svg")
+        traces = page.evaluate(FULL_DATA, "#comparison-figure")
+        assert not [t for t in traces if t[0] == "scatter" and t[1] != "measured total (NVML used / RSS)"]
+        configs = page.evaluate("() => { const g = document.getElementById('comparison-figure');"
+                                " return [...new Set(g._fullData.filter(d => d.type === 'bar').flatMap(d => Array.from(d.x)))]; }")
+        assert len(configs) == len(list(H200.iterdir())) == 9
+        assert page.locator("#comparison-figure .barlayer .point path").count() >= 9 * 10
+        page.locator("#comparison-figure").screenshot(path=str(artifacts / "ledger-comparison-h200.png"))
+    finally:
+        page.close()
+
+
+def test_dashboard_ledger_panel_draws_the_same_bars(browser, artifacts, trainer_logs):
+    with dashboard_process(trainer_logs) as url:
+        context = browser.new_context(viewport={"width": 1400, "height": 1000})
+        page = context.new_page()
+        try:
+            page.goto(url)
+            page.wait_for_function("() => { const g = document.querySelector('#ledger-graph .js-plotly-plot');"
+                                   " return g && g._fullData && g._fullData.some(d => d.name === 'KV cache'); }",
+                                   timeout=30_000)
+            assert page.locator("#ledger-graph .barlayer .point path").count() >= 18 * 5
+            assert "GPU" not in page.locator("#ledger-add-up").inner_text()  # a CPU run: the host ledger only
+            page.click("#ledger-view label:has-text('over time')")
+            page.wait_for_function("() => document.querySelector('#ledger-graph .js-plotly-plot')"
+                                   "._fullData.some(d => d.stackgroup)", timeout=20_000)
+            page.locator("#ledger-section").screenshot(path=str(artifacts / "dashboard-ledger.png"))
+        finally:
+            context.close()

@@ -1,0 +1,121 @@
+"""The ledger on real recordings: account() through a real recorder and its files, the host ledger of
+real allocations, and the trainer's own declarations on a CPU run (docs/ledger.md)."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import miles_profile as mp
+from miles_profile import recorder
+from miles_profile.report.ledger import add_up, ledger
+from tests.conftest import REPO, python_env
+
+MiB = 1024 ** 2
+
+
+def _account_lines(run_dir: Path) -> list[dict]:
+    lines = [json.loads(line) for f in run_dir.glob("*.events.jsonl") for line in f.read_text().splitlines()]
+    return [e for e in lines if e["kind"] == "account"]
+
+
+def test_account_without_a_recorder_does_nothing(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert recorder.active() is None
+    mp.account("weights", 123, "cuda:0")
+    mp.account_tensors("weights", [torch.ones(4)])
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_account_round_trip_writes_only_changes(tmp_path):
+    with mp.Recorder(tmp_path, interval_ms=50) as rec:
+        mp.account("weights", 100, "cuda:0")
+        mp.account("weights", 100, "cuda:0")  # unchanged: nothing written
+        mp.account("weights", 200, torch.device("cuda", 0))
+        mp.account("kv_cache", 7)  # host by default
+        mp.account("weights", 50, "cuda:0", owner="engine")  # another holder of the same category
+        base = torch.ones(1024)  # 4 KiB storage
+        mp.account_tensors("optimizer_state", [base, base[:10], base.view(32, 32), torch.ones(256)])
+        run_dir = rec.run_dir
+    assert len(_account_lines(run_dir)) == 5
+    accounts = mp.load(run_dir).accounts
+    assert accounts[["device", "category", "owner", "bytes"]].values.tolist() == [
+        ["cuda:0", "weights", "", 100], ["cuda:0", "weights", "", 200], ["host", "kv_cache", "", 7],
+        ["cuda:0", "weights", "engine", 50], ["host", "optimizer_state", "", 4096 + 1024]]  # each storage once
+
+
+def test_a_bad_byte_count_is_a_warning_not_an_exception_in_the_job(tmp_path):
+    with mp.Recorder(tmp_path, interval_ms=50) as rec:
+        mp.account("weights", "lots")  # no byte count
+        mp.account("weights", -5)
+        mp.account("weights", 10)
+        run_dir = rec.run_dir
+    assert [e["attrs"]["bytes"] for e in _account_lines(run_dir)] == [10]
+    meta = json.loads(next(run_dir.glob("*.meta.json")).read_text())
+    assert meta["dropped"]["events"] == 2 and "lots" in meta["write_error"]  # counted, named, not raised
+
+
+def test_host_ledger_of_real_allocations_adds_up_to_rss(tmp_path):
+    with mp.Recorder(tmp_path, interval_ms=20) as rec:
+        with mp.phase("hold"):
+            state = torch.ones(256 * MiB // 4)  # touched: resident, anonymous
+            mp.account_tensors("offloaded_state", [state])
+        with mp.phase("release"):
+            del state
+            mp.account("offloaded_state", 0)
+        with mp.phase("overstate"):
+            mp.account("offloaded_state", 64 * 1024 * MiB)  # a declaration that is not true
+        run_dir = rec.run_dir
+    frame = ledger(mp.load(run_dir))
+    host = frame[frame["device"] == "host"].set_index(["phase", "category"])["bytes"]
+    assert host[("hold", "offloaded_state")] == 256 * MiB
+    assert host[("hold", "other_anonymous")] >= 0
+    assert host[("release", "offloaded_state")] == 0
+    assert host[("overstate", "other_anonymous")] < -60 * 1024 * MiB  # shown negative, not clipped
+    honest = add_up(frame[frame["phase"] != "overstate"], "host")
+    assert honest.boundaries == 2 and honest.worst_error <= 0.02
+    assert add_up(frame, "host").worst["phase"] == "overstate"
+
+
+@pytest.fixture(scope="module")
+def trainer_run(tmp_path_factory) -> Path:
+    log_dir = tmp_path_factory.mktemp("ledger-trainer")
+    subprocess.run([sys.executable, "-m", "miles_profile.record", "--log-dir", str(log_dir), "--", "--preset", "cpu",
+                    "--num-rollout", "2", "--offload-train", "--offload-rollout"],
+                   cwd=REPO, env=python_env(), check=True, capture_output=True, timeout=300)
+    return next(log_dir.glob("run-*"))
+
+
+def test_trainer_declares_its_buffers_and_the_host_ledger_adds_up(trainer_run):
+    frame = ledger(mp.load(trainer_run))
+    top = frame[(frame["depth"] == 0) & (frame["device"] == "host")]
+    at = top.set_index(["phase", "iteration", "category"])["bytes"]
+    kv = at[("generate", 1, "kv_cache")]
+    assert kv > 100 * MiB and at[("offload_rollout", 1, "kv_cache")] == 0 and at[("onload_kv", 1, "kv_cache")] == kv
+    # the actor's weights stay; the engine's copy goes with the rollout offload and comes back
+    assert at[("offload_rollout", 1, "weights")] * 2 == at[("generate", 1, "weights")]
+    assert at[("train", 1, "optimizer_state")] == 2 * at[("train", 1, "gradients")]  # AdamW: two moments
+    assert (top[top["category"] == "other_anonymous"]["bytes"] >= 0).all()  # never declared more than resident
+    result = add_up(frame, "host")
+    assert result.boundaries >= 18 and result.worst_error <= 0.02
+    assert add_up(frame, "gpu").worst_error is None  # a CPU run has no GPU ledger
+
+
+H200 = REPO / "sample_logs" / "h200"
+
+
+def test_h200_one_process_logs_add_up_and_the_engine_server_log_names_its_stale_boundaries():
+    for run_dir in sorted(H200.glob("[1-8]-*")):
+        result = add_up(ledger(mp.load(run_dir)), "gpu")
+        assert result.boundaries >= 13 and result.worst_error == 0.0, run_dir.name  # one closing row: exact
+    frame = ledger(mp.load(H200 / "9-dist-engine-server"))
+    gpu = frame[frame["device"] != "host"]
+    assert set(gpu["pid"]) == {556, 615}  # the actor's and the engine's phase ends, one GPU
+    assert frame[frame["source"] == "declared"].empty  # recorded before account() existed
+    result = add_up(frame, "gpu")
+    assert result.boundaries == 147 and int((result.table["error"] > 0.02).sum()) == 7
+    assert result.worst["pid"] == 615 and result.worst["phase"] == "update_weights"

@@ -1,0 +1,115 @@
+"""The ledger as a pure function of a Run: each derived category is the residual of the next larger
+measure, a negative residual is kept (never clipped) and counted by add_up, old logs still work."""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from miles_profile.report.ledger import add_up, ledger
+from miles_profile.report.ledger_figures import ledger_area_figure, ledger_bar_figure, ledger_comparison_figure
+from test_report_fakes import GiB, MiB, PID, make_run
+
+T = np.round(np.arange(0.0, 4.0, 0.5), 6)
+UUID = "GPU-0000aaaa-1111"
+
+
+def _gpu_run(declared: list[tuple[float, str, str, int]], alloc=6 * GiB, name="gpu-run"):
+    """One process on one GPU: used 10, NVML per-process 9, reserved 8, allocated `alloc` GiB; RSS
+    3 GiB split 2 anon + 0.75 file + 0.25 shmem; phases generate [0.2, 1.2] and train [1.7, 3.2]."""
+    n = len(T)
+    run = make_run({"t": T, "rss": np.full(n, 3 * GiB), "rss_anon": np.full(n, 2 * GiB),
+                    "rss_file": np.full(n, 3 * GiB // 4), "rss_shmem": np.full(n, GiB // 4),
+                    "gpu0_used": np.full(n, 10 * GiB), "gpu0_proc": np.full(n, 9 * GiB),
+                    "gpu0_alloc": np.full(n, alloc), "gpu0_reserved": np.full(n, 8 * GiB)},
+                   [dict(name="generate", start=0.2, end=1.2, rollout_id=0),
+                    dict(name="train", start=1.7, end=3.2, rollout_id=0)],
+                   devices=[{"index": 0, "uuid": UUID, "name": "fake", "total": 80 * GiB}], name=name)
+    rows = [{"t": t, "kind": "account", "name": category, "pid": PID, "id": None, "parent": None,
+             "attrs": {"device": device, "bytes": nbytes}} for t, device, category, nbytes in declared]
+    run.events = pd.concat([run.events, pd.DataFrame(rows, columns=run.events.columns)]).sort_values("t").reset_index(drop=True)
+    return run
+
+
+def _at(frame, phase, device, category):
+    rows = frame[(frame["phase"] == phase) & (frame["device"] == device) & (frame["category"] == category)]
+    return None if rows.empty else float(rows["bytes"].iloc[0])
+
+
+def test_gpu_categories_are_residuals_that_add_up_to_nvml_used():
+    run = _gpu_run([(0.0, "cuda:0", "weights", 2 * GiB), (1.5, "cuda:0", "kv_cache", 3 * GiB)])
+    frame = ledger(run)
+    assert _at(frame, "generate", UUID, "weights") == 2 * GiB
+    assert _at(frame, "generate", UUID, "kv_cache") is None  # declared after generate ended
+    assert _at(frame, "train", UUID, "kv_cache") == 3 * GiB
+    assert _at(frame, "train", UUID, "activations") == (6 - 2 - 3) * GiB  # allocated - declared
+    assert _at(frame, "train", UUID, "allocator_cache") == 2 * GiB  # reserved - allocated
+    assert _at(frame, "train", UUID, "non_pytorch") == 1 * GiB  # NVML per-process - reserved
+    assert _at(frame, "train", UUID, "other_processes") == 1 * GiB  # NVML used - recorded processes
+    gpu = frame[(frame["device"] == UUID) & (frame["phase"] == "train")]
+    assert gpu["bytes"].sum() == gpu["total"].iloc[0] == 10 * GiB
+    result = add_up(frame, "gpu")
+    assert result.worst_error == 0.0 and result.boundaries == 2 and result.passes()
+
+
+def test_host_categories_split_rss_and_subtract_declared_host_memory():
+    run = _gpu_run([(0.0, "host", "offloaded_state", 512 * MiB)])
+    frame = ledger(run)
+    assert _at(frame, "train", "host", "offloaded_state") == 512 * MiB
+    assert _at(frame, "train", "host", "other_anonymous") == 2 * GiB - 512 * MiB
+    assert _at(frame, "train", "host", "file_backed") == 3 * GiB // 4
+    assert _at(frame, "train", "host", "shared_memory") == GiB // 4
+    assert add_up(frame, "host").worst_error == 0.0
+
+
+def test_declaring_more_than_allocated_is_a_negative_residual_and_fails_the_add_up():
+    run = _gpu_run([(0.0, "cuda:0", "weights", 7 * GiB)])  # 7 GiB declared, 6 allocated
+    frame = ledger(run)
+    assert _at(frame, "train", UUID, "activations") == -1 * GiB  # shown, not clipped to 0
+    result = add_up(frame, "gpu")
+    assert np.isclose(result.worst_error, 1 / 10) and not result.passes(0.02)
+    assert result.worst["negative"] == GiB
+    fig = ledger_bar_figure(frame)
+    assert "activations and temporaries (negative)" in {t.name for t in fig.data}
+
+
+def test_a_log_without_rss_split_or_declarations_still_has_a_ledger():
+    run = make_run({"t": T, "rss": np.full(len(T), 2 * GiB)}, [dict(name="train", start=0.2, end=1.2)])
+    frame = ledger(run)
+    assert set(frame["category"]) == {"rss_unsplit"} and set(frame["device"]) == {"host"}
+    assert add_up(frame, "gpu").worst_error is None  # no GPU: nothing to judge
+
+
+def test_figures_carry_every_category():
+    frame = ledger(_gpu_run([(0.0, "cuda:0", "weights", 2 * GiB), (0.0, "host", "pinned_buffers", GiB)]))
+    names = {t.name for t in ledger_bar_figure(frame).data}
+    assert {"weights", "activations and temporaries", "allocator cache", "non-PyTorch (context, NCCL, ...)",
+            "other processes and driver", "pinned buffers", "other anonymous", "file-backed"} <= names
+    area = ledger_area_figure(frame, 0.0)
+    assert {t.stackgroup for t in area.data if t.stackgroup} == {"lane1", "lane2"}  # a GPU lane and a host lane
+    weights = next(t for t in area.data if t.name == "weights")
+    assert np.allclose(np.asarray(weights.y, float), 2.0)  # GiB at both phase ends
+
+
+def test_comparison_is_one_stacked_bar_per_phase_and_configuration():
+    runs = [_gpu_run([(0.0, "cuda:0", "weights", k * GiB)], name=f"config-{k}") for k in (1, 2, 3)]
+    frames = [ledger(r) for r in runs]
+    fig = ledger_comparison_figure(frames, [r.name for r in runs], [PID] * 3, ["generate", "train"])
+    weights = [t for t in fig.data if t.name == "weights"]
+    assert len(weights) == 2  # one per phase column, in the GPU row only (declared on cuda:0)
+    xs = {tuple(t.x) for t in weights}
+    assert xs == {("config-1", "config-2", "config-3")}
+    assert sorted({tuple(np.asarray(t.y, float)) for t in weights}) == [(1.0, 2.0, 3.0)]
+    assert fig.layout.barmode == "relative"
+
+
+def test_paused_bytes_are_taken_out_of_the_allocator_counters_not_shown_as_memory():
+    # torch_memory_saver: 5 of the 6 GiB allocated are paused (unmapped); NVML per-process sees 4 GiB
+    run = _gpu_run([(0.0, "cuda:0", "paused", 5 * GiB), (0.0, "cuda:0", "weights", 0)])
+    run.samples["gpu0_proc"] = 4 * GiB
+    run.samples["gpu0_used"] = 5 * GiB
+    frame = ledger(run)
+    assert _at(frame, "train", UUID, "paused") is None
+    assert _at(frame, "train", UUID, "activations") == 1 * GiB  # 6 - 5 paused
+    assert _at(frame, "train", UUID, "allocator_cache") == 2 * GiB  # (8 - 5) - (6 - 5)
+    assert _at(frame, "train", UUID, "non_pytorch") == 1 * GiB  # 4 - (8 - 5)
+    assert add_up(frame, "gpu").worst_error == 0.0
