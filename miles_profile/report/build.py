@@ -168,7 +168,7 @@ def visualize(options: VisualizeOptions, echo: Callable[[str], None] = print) ->
     extras = [(options.png, lambda: export.write_png(_png_figure(reports[0]), options.png)),
               (options.trace, lambda: export.write_trace(runs, options.trace, max_points=options.max_points)),
               (options.csv, lambda: export.write_phase_csv(runs, options.csv)),
-              (options.json, lambda: export.write_json(reports, options.json))]
+              (options.json, lambda: export.write_json(reports, options.json, gates))]
     written, failed = [], []
     for path, write in extras:
         if path:

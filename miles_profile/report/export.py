@@ -120,12 +120,19 @@ def write_phase_csv(runs, path: str | Path) -> Path:
     return Path(path)
 
 
-def write_json(reports, path: str | Path) -> Path:
+def write_json(reports, path: str | Path, gates=()) -> Path:
+    """Checks and per-phase statistics of each run; with --baseline, each run's regression gate
+    (`status`, `summary`, every compared value) beside its run, so CI can read why it failed."""
     from dataclasses import asdict
     data = {"runs": [{
         "name": r.run.name, "path": str(r.run.path), "warnings": r.skipped,
         "checks": [_jsonable(asdict(c)) for c in r.checks],
         "phases": _jsonable(r.phases.astype(object).where(r.phases.notna(), None).to_dict("records")),
     } for r in reports]}
+    for run, gate in zip(data["runs"], gates):
+        run["baseline"] = {"baseline": gate.baseline, "status": gate.status, "summary": gate.summary,
+                           "thresholds": gate.thresholds.text, "matched_by": gate.matched_by,
+                           "not_compared": list(gate.not_compared),
+                           "compared": [{**_jsonable(asdict(c)), "growth": c.growth} for c in gate.compared]}
     Path(path).write_text(json.dumps(data, indent=1))
     return Path(path)

@@ -22,8 +22,13 @@ def visualize(*args, cwd=None) -> subprocess.CompletedProcess:
 def test_baseline_gate_exits_1_naming_phases_and_gpus_and_0_when_unchanged(tmp_path):
     raised = raise_phase(H200, tmp_path / "raised", "train")
     same = shutil.copytree(H200, tmp_path / "same")
-    failed = visualize(raised, "--baseline", H200, "-o", tmp_path / "r1.html")
+    failed = visualize(raised, "--baseline", H200, "-o", tmp_path / "r1.html", "--json", tmp_path / "r1.json")
     assert failed.returncode == 1, failed.stderr
+    gate = json.loads((tmp_path / "r1.json").read_text())["runs"][0]["baseline"]  # CI reads why
+    assert gate["status"] == "fail" and gate["thresholds"] == "5% and 256.0 MiB"
+    grown = [c for c in gate["compared"] if c["regressed"]]
+    assert grown and {c["phase"] for c in grown} == {"train"}
+    assert all(c["growth"] == c["current"] - c["baseline"] > 0 for c in grown)
     verdict = [line for line in failed.stdout.splitlines() if "baseline" in line and "FAIL" in line]
     assert len(verdict) == 1 and "phases train; GPUs vm:gpu0" in verdict[0]
     assert "regressed: train: GPU own (proc) peak of in_process rank 0 on vm:gpu0" in failed.stdout
