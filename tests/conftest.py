@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -47,6 +48,17 @@ def browser():
                   "--disable-component-update", "--disable-sync", "--no-first-run"])
         yield chromium
         chromium.close()
+
+
+@pytest.fixture(scope="session")
+def recorded_cpu_run(tmp_path_factory) -> Path:
+    """The log dir of one recorded CPU trainer run with both offloads, shared read-only by the tests that
+    only read it (recording it takes ~15 s)."""
+    log_dir = tmp_path_factory.mktemp("recorded-cpu-run")
+    subprocess.run([sys.executable, "-m", "miles_profile.record", "--log-dir", str(log_dir), "--", "--preset", "cpu",
+                    "--num-rollout", "2", "--offload-train", "--offload-rollout"],
+                   cwd=REPO, env=python_env(), check=True, capture_output=True, timeout=300)
+    return log_dir
 
 
 @pytest.fixture

@@ -196,7 +196,6 @@ def timeline_figure(run, *, max_points: int = 100_000, t_range: tuple[float, flo
         fig = go.Figure()
         fig.update_layout(title="no samples and no phases to plot")
         return fig
-    lane_rows = 1 if has_phases else 0
     n_lanes = run.phases[["pid", "depth"]].drop_duplicates().shape[0] if has_phases else 0
     lane_share = min(0.3, 0.06 + 0.04 * n_lanes) if has_phases else 0
     memory_share = (1 - lane_share) / max(1, len(groups))

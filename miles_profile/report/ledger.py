@@ -35,9 +35,12 @@ from miles_profile.report.stats import _iterations
 
 ACTIVATIONS, ALLOCATOR_CACHE, NON_PYTORCH, OTHER_PROCESSES = (
     "activations", "allocator_cache", "non_pytorch", "other_processes")
+# What a process that never declared anything has allocated: calling all of it activations would name a
+# model's weights and KV cache wrongly (every log recorded before account() existed).
+UNDECLARED = "allocated_undeclared"
 OTHER_ANONYMOUS, FILE_BACKED, SHARED_MEMORY, RSS_UNSPLIT = (
     "other_anonymous", "file_backed", "shared_memory", "rss_unsplit")
-GPU_DERIVED = (ACTIVATIONS, ALLOCATOR_CACHE, NON_PYTORCH, OTHER_PROCESSES)
+GPU_DERIVED = (ACTIVATIONS, UNDECLARED, ALLOCATOR_CACHE, NON_PYTORCH, OTHER_PROCESSES)
 HOST_DERIVED = (OTHER_ANONYMOUS, FILE_BACKED, SHARED_MEMORY, RSS_UNSPLIT)
 HOST = names.ACCOUNT_HOST
 
@@ -114,6 +117,10 @@ class _Declared:
         frame = self._by_process.get((host, pid))
         return {} if frame is None else declared_at(frame, t)
 
+    def declares(self, host: str, pid: int) -> bool:
+        """Whether the process declared anything at all (its residual is then activations)."""
+        return (host, pid) in self._by_process
+
 
 class _Procs:
     """NVML bytes per process on a GPU at an instant, from the host sampler's process list."""
@@ -155,6 +162,7 @@ class _Member:
     reserved: float | None
     proc: float | None
     declared: dict[str, int]
+    declares: bool = True  # False: a process without account() calls
 
 
 def _gpu_rows(used: float | None, members: list[_Member]) -> list[tuple[str, str, float]]:
@@ -170,7 +178,8 @@ def _gpu_rows(used: float | None, members: list[_Member]) -> list[tuple[str, str
             rows[(category, "declared")] = rows.get((category, "declared"), 0.0) + nbytes
         declared = float(sum(held.values()))
         if alloc is not None:
-            rows[(ACTIVATIONS, "derived")] = rows.get((ACTIVATIONS, "derived"), 0.0) + alloc - declared
+            residual = ACTIVATIONS if m.declares else UNDECLARED
+            rows[(residual, "derived")] = rows.get((residual, "derived"), 0.0) + alloc - declared
         if reserved is not None and alloc is not None:
             rows[(ALLOCATOR_CACHE, "derived")] = rows.get((ALLOCATOR_CACHE, "derived"), 0.0) + reserved - alloc
         if m.proc is not None:
@@ -238,7 +247,8 @@ def _member(ctx: _Context, who: tuple[str, int], uuid: str, t: float) -> _Member
     proc = _value(row, f"gpu{index}_proc")  # its own NVML bytes, where it sampled them
     if proc is None:
         proc = ctx.procs.at(who[0], uuid, who[1], t)
-    return _Member(_value(row, f"gpu{index}_alloc"), _value(row, f"gpu{index}_reserved"), proc, declared)
+    return _Member(_value(row, f"gpu{index}_alloc"), _value(row, f"gpu{index}_reserved"), proc, declared,
+                   ctx.declared.declares(*who))
 
 
 def _phase_rows(ctx: _Context, host: str, pid: int, t: float) -> list[tuple]:

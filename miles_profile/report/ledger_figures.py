@@ -26,13 +26,14 @@ CATEGORY_COLORS = {
     names.WEIGHTS: "#1f77b4", names.GRADIENTS: "#ff7f0e", names.OPTIMIZER_STATE: "#2ca02c",
     names.KV_CACHE: "#9467bd", names.CUDA_GRAPH_POOL: "#8c564b", names.PINNED_BUFFERS: "#e377c2",
     names.OFFLOADED_STATE: "#17becf",
-    L.ACTIVATIONS: "#d62728", L.ALLOCATOR_CACHE: "#ff9896", L.NON_PYTORCH: "#bcbd22", L.OTHER_PROCESSES: "#7f7f7f",
+    L.ACTIVATIONS: "#d62728", L.UNDECLARED: "#9edae5", L.ALLOCATOR_CACHE: "#ff9896", L.NON_PYTORCH: "#bcbd22", L.OTHER_PROCESSES: "#7f7f7f",
     L.OTHER_ANONYMOUS: "#c49c94", L.FILE_BACKED: "#c7c7c7", L.SHARED_MEMORY: "#dbdb8d", L.RSS_UNSPLIT: "#aec7e8",
 }
 CATEGORY_TEXT = {
     names.OPTIMIZER_STATE: "optimizer state", names.KV_CACHE: "KV cache", names.CUDA_GRAPH_POOL: "CUDA graph pools",
     names.PINNED_BUFFERS: "pinned buffers", names.OFFLOADED_STATE: "offloaded state",
-    L.ACTIVATIONS: "activations and temporaries", L.ALLOCATOR_CACHE: "allocator cache",
+    L.ACTIVATIONS: "activations and temporaries", L.UNDECLARED: "allocated (nothing declared)",
+    L.ALLOCATOR_CACHE: "allocator cache",
     L.NON_PYTORCH: "non-PyTorch (context, NCCL, ...)", L.OTHER_PROCESSES: "other processes and driver",
     L.OTHER_ANONYMOUS: "other anonymous", L.FILE_BACKED: "file-backed", L.SHARED_MEMORY: "shared memory",
     L.RSS_UNSPLIT: "RSS (not split)",

@@ -2,15 +2,13 @@
 comparison of the H200 sample logs, and the dashboard's ledger panel. Screenshots go to artifacts/."""
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from dashboards.serve import dashboard_process
 from miles_profile.visualize import main
-from tests.conftest import REPO, python_env
+from tests.conftest import REPO
 from test_visualize_browser import _open_offline
 
 pytestmark = pytest.mark.browser
@@ -21,12 +19,8 @@ FULL_DATA = "(sel) => { const g = document.querySelector(sel + ' .js-plotly-plot
 
 
 @pytest.fixture(scope="module")
-def trainer_logs(tmp_path_factory) -> Path:
-    log_dir = tmp_path_factory.mktemp("ledger-browser")
-    subprocess.run([sys.executable, "-m", "miles_profile.record", "--log-dir", str(log_dir), "--", "--preset", "cpu",
-                    "--num-rollout", "2", "--offload-train", "--offload-rollout"],
-                   cwd=REPO, env=python_env(), check=True, capture_output=True, timeout=300)
-    return log_dir
+def trainer_logs(recorded_cpu_run) -> Path:
+    return recorded_cpu_run
 
 
 def test_report_shows_the_ledger_as_stacked_area_and_bars(browser, artifacts, trainer_logs, tmp_path):

@@ -3,8 +3,6 @@ real allocations, and the trainer's own declarations on a CPU run (docs/ledger.m
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -13,7 +11,7 @@ import torch
 import miles_profile as mp
 from miles_profile import recorder
 from miles_profile.report.ledger import add_up, ledger
-from tests.conftest import REPO, python_env
+from tests.conftest import REPO
 
 MiB = 1024 ** 2
 
@@ -82,12 +80,8 @@ def test_host_ledger_of_real_allocations_adds_up_to_rss(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def trainer_run(tmp_path_factory) -> Path:
-    log_dir = tmp_path_factory.mktemp("ledger-trainer")
-    subprocess.run([sys.executable, "-m", "miles_profile.record", "--log-dir", str(log_dir), "--", "--preset", "cpu",
-                    "--num-rollout", "2", "--offload-train", "--offload-rollout"],
-                   cwd=REPO, env=python_env(), check=True, capture_output=True, timeout=300)
-    return next(log_dir.glob("run-*"))
+def trainer_run(recorded_cpu_run) -> Path:
+    return next(recorded_cpu_run.glob("run-*"))
 
 
 def test_trainer_declares_its_buffers_and_the_host_ledger_adds_up(trainer_run):

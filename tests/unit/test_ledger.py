@@ -51,6 +51,16 @@ def test_gpu_categories_are_residuals_that_add_up_to_nvml_used():
     assert result.worst_error == 0.0 and result.boundaries == 2 and result.passes()
 
 
+def test_a_process_that_declares_nothing_shows_its_allocation_as_undeclared_not_activations():
+    # Logs recorded before account() existed (the committed H200 logs): weights and KV cache are in there.
+    frame = ledger(_gpu_run([]))
+    assert _at(frame, "train", UUID, "activations") is None
+    assert _at(frame, "train", UUID, "allocated_undeclared") == 6 * GiB
+    assert _at(frame, "train", UUID, "allocator_cache") == 2 * GiB
+    assert add_up(frame, "gpu").worst_error == 0.0
+    assert "allocated (nothing declared)" in {t.name for t in ledger_bar_figure(frame).data}
+
+
 def test_host_categories_split_rss_and_subtract_declared_host_memory():
     run = _gpu_run([(0.0, "host", "offloaded_state", 512 * MiB)])
     frame = ledger(run)
