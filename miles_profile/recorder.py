@@ -289,10 +289,12 @@ class Recorder:
             meta.append({"name": "host", "active": False, "reason": "read by this host's host sampler"})
         if "nvml" in self._disable:
             meta.append({"name": "nvml", "active": False, "reason": "disabled"})
-        elif not host_role:
+        elif not host_role and self._child_pid is not None:
             meta.append({"name": "nvml", "active": False, "reason": "read by this host's host sampler"})
         else:
-            nvml, nvml_meta = open_nvml(lambda: process.pids)
+            # Without the host role: its own GPU at its own phase boundaries only (probes/nvml.py says why).
+            nvml, nvml_meta = (open_nvml(lambda: process.pids) if host_role else
+                               open_nvml(lambda: process.pids, interval_s=None, which=self._own_gpu))
             meta.append(nvml_meta)
             if nvml:
                 probes.append(nvml)
@@ -421,6 +423,11 @@ class Recorder:
         self._meta.update(found)
         if write:
             self._write_meta()
+
+    def _own_gpu(self) -> tuple[int, ...]:
+        """The CUDA index of this process's GPU once it has initialised CUDA (else none)."""
+        uuid = self._meta.get("gpu_uuid")
+        return tuple(d["index"] for d in self._meta.get("cuda_devices", ()) if uuid and d.get("uuid") == uuid)
 
     def _stack(self) -> list[int]:
         stack = getattr(self._local, "stack", None)

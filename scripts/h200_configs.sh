@@ -7,6 +7,7 @@
 # offload the training state to cpu (disk stays builtin), installing the wheel from .whl/ into /tmp/site
 # when the package is not importable. MEMORY_BACKEND=builtin forces the first set's backend (the trainer's
 # auto would pick torch_memory_saver wherever the package imports). Unset: each run's defaults.
+# ONLY="4-both 8-critic-both" records those configurations alone.
 set -uo pipefail
 out=${1:?usage: $0 OUT_DIR [PRESET] [NUM_ROLLOUT] [extra trainer args...]}
 preset=${2:-gpu}
@@ -34,6 +35,7 @@ if [ "$backend" = torch_memory_saver ] && ! python3 -c "import torch_memory_save
 fi
 status=0
 for name in $(printf '%s\n' "${!configs[@]}" | sort); do
+  [ -z "${ONLY:-}" ] || [[ " $ONLY " == *" $name "* ]] || continue
   flags=${configs[$name]}
   case $backend in
     torch_memory_saver)

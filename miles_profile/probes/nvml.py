@@ -8,7 +8,7 @@ from __future__ import annotations
 import ctypes
 import os
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 from miles_profile.probes import absent
 
@@ -78,16 +78,26 @@ class NvmlProbe:
     columns are empty in the rows between). NVML has no peak to lose, and on the H200 its queries were
     the costliest part of a sample: with them in every 20 ms row a launch-bound loop slowed by 5%,
     without them by 0.5-1.6% (bench/bench_sampler.py, docs/benchmarks.md). The true peaks come from
-    the allocator and /proc, which stay in every row."""
+    the allocator and /proc, which stay in every row.
+
+    A process that leaves host-wide reads to its host's sampler (host_sampler.py) still reads its own
+    GPU at its phase boundaries (`interval_s=None`, `which`): its NVML bytes then come from the same
+    instant as its allocator's, which the ledger's add-up needs (the host sampler's list was up to 100 ms
+    old, and a process that had just allocated GiBs showed them as negative memory outside PyTorch)."""
 
     name = "nvml"
     partial_reads = True  # the sampler passes full=False to periodic reads
     INTERVAL_S = 0.1
 
-    def __init__(self, pynvml, handles: list, pids: Callable[[], set[int]]):
+    def __init__(self, pynvml, handles: list, pids: Callable[[], set[int]], interval_s: float | None = INTERVAL_S,
+                 which: Callable[[], Iterable[int]] | None = None):
+        """`interval_s`: the least time between periodic reads; None reads at phase boundaries only.
+        `which`: the CUDA indices to read, asked at each read (the others stay empty); None: all."""
         self._nvml = pynvml
         self._handles = handles
         self._pids = pids
+        self._interval_s = interval_s
+        self._which = which
         try:
             self._direct: _GilHeldCalls | None = _GilHeldCalls(pynvml)
         except (AttributeError, OSError, TypeError):  # an nvidia-ml-py without these names
@@ -102,15 +112,20 @@ class NvmlProbe:
 
     def read(self, full: bool = True) -> list[int | None]:
         now = time.monotonic()
-        if not full and now < self._next_read:
+        if not full and (self._interval_s is None or now < self._next_read):
             return [None] * len(self.columns)
-        self._next_read = now + self.INTERVAL_S
-        pids, values, direct = self._pids(), [], self._direct
-        for handle in self._handles:
+        if self._interval_s is not None:
+            self._next_read = now + self._interval_s
+        pids, direct, handles = self._pids(), self._direct, self._handles
+        indices = range(len(handles)) if self._which is None else [i for i in self._which() if 0 <= i < len(handles)]
+        values: list[int | None] = [None] * len(self.columns)
+        for i in indices:
+            handle = handles[i]
             if direct is not None:
-                values += [direct.used(handle), direct.process_bytes(handle, pids)]
+                values[2 * i], values[2 * i + 1] = direct.used(handle), direct.process_bytes(handle, pids)
             else:
-                values += [int(self._nvml.nvmlDeviceGetMemoryInfo(handle).used), self._process_bytes(handle, pids)]
+                values[2 * i] = int(self._nvml.nvmlDeviceGetMemoryInfo(handle).used)
+                values[2 * i + 1] = self._process_bytes(handle, pids)
         return values
 
     def _process_bytes(self, handle, pids: set[int]) -> int | None:
@@ -124,7 +139,10 @@ class NvmlProbe:
 
     def describe(self) -> dict[str, Any]:
         return {"name": self.name, "active": True, "devices": self.devices,
-                "gil_held_calls": self._direct is not None}
+                "gil_held_calls": self._direct is not None,
+                "reads": "every phase boundary" + ("" if self._interval_s is None else
+                                                   f", and every {self._interval_s * 1000:g} ms in between")
+                         + ("" if self._which is None else ", of this process's own GPU")}
 
     def close(self) -> None:
         try:
@@ -133,7 +151,9 @@ class NvmlProbe:
             pass
 
 
-def open_nvml(pids: Callable[[], set[int]]) -> tuple[NvmlProbe | None, dict[str, Any]]:
+def open_nvml(pids: Callable[[], set[int]], interval_s: float | None = NvmlProbe.INTERVAL_S,
+              which: Callable[[], Iterable[int]] | None = None) -> tuple[NvmlProbe | None, dict[str, Any]]:
+    """The probe (see NvmlProbe for `interval_s` and `which`), or None and why not."""
     try:
         import pynvml
         pynvml.nvmlInit()
@@ -144,7 +164,7 @@ def open_nvml(pids: Callable[[], set[int]]) -> tuple[NvmlProbe | None, dict[str,
         if not handles:
             pynvml.nvmlShutdown()
             return None, absent("nvml", "no GPU visible")
-        probe = NvmlProbe(pynvml, handles, pids)
+        probe = NvmlProbe(pynvml, handles, pids, interval_s, which)
     except Exception as exc:
         return None, absent("nvml", f"{type(exc).__name__}: {exc}")
     return probe, probe.describe()

@@ -93,3 +93,23 @@ def test_gpu_probes_read_the_device_and_agree_with_pynvml():
     assert abs(used - pynvml.nvmlDeviceGetMemoryInfo(handle).used) < 64 * MiB
     assert proc is not None and proc >= 512 * MiB
     del block
+
+
+@pytest.mark.gpu
+def test_a_boundary_only_nvml_probe_reads_its_own_gpu_at_boundaries_alone():
+    """A process without the host role (probes/nvml.py): no periodic NVML read, and a boundary read
+    fills only the GPU it names, with this process's bytes at that instant."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    import os
+    block = torch.empty(256 * MiB, dtype=torch.uint8, device="cuda")
+    torch.cuda.synchronize()
+    nvml, meta = open_nvml(lambda: {os.getpid()}, interval_s=None, which=lambda: (0,))
+    assert "boundary" in meta["reads"]
+    assert all(v is None for v in nvml.read(full=False))
+    values = dict(zip(nvml.columns, nvml.read(full=True)))
+    assert values["gpu0_proc"] >= 256 * MiB and values["gpu0_used"] >= values["gpu0_proc"]
+    assert all(v is None for c, v in values.items() if not c.startswith("gpu0_"))
+    nothing, _ = open_nvml(lambda: {os.getpid()}, interval_s=None, which=tuple)  # CUDA not yet initialised
+    assert all(v is None for v in nothing.read(full=True))
+    del block
