@@ -389,6 +389,7 @@ class SaverOffloader:
         self.state = [s for s in state if s.tensor.device.type != "cpu"]
         self._owner = owner
         self.offloaded = False
+        self.backed_up = False  # the package's CPU backup exists once a pause made it
 
     @staticmethod
     def region(owner: object):
@@ -401,7 +402,7 @@ class SaverOffloader:
 
     def offload(self) -> None:
         memory_backend.pause(TRAIN_STATE)
-        self.offloaded = True
+        self.offloaded = self.backed_up = True
         torch.cuda.empty_cache()  # the training step's cached activations go too, as with builtin
 
     def onload(self) -> None:
@@ -409,8 +410,11 @@ class SaverOffloader:
         self.offloaded = False
 
     def host_bytes(self) -> dict[str, int]:
-        """The package's CPU backup holds the state while paused."""
-        return {OFFLOADED_STATE: self.expected_bytes() if self.offloaded else 0}
+        """The package's CPU backup holds the state while paused, and stays allocated after the resume
+        (torch_memory_saver #90: on the H200 the host's RssShmem kept all of it through every train
+        phase), so from the first pause on it is pinned host memory."""
+        held = self.expected_bytes() if self.backed_up else 0
+        return {OFFLOADED_STATE: held if self.offloaded else 0, PINNED_BUFFERS: 0 if self.offloaded else held}
 
     def host_copy(self, name: str) -> torch.Tensor | None:
         """The CPU backup of `name` while paused (a view into the package's buffer)."""

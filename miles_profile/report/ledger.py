@@ -10,6 +10,7 @@ series the recorder already writes, each the residual of the next larger measure
     GPU:  activations = allocated - declared          allocator_cache = reserved - allocated
           non_pytorch = NVML per-process - reserved    other_processes = NVML device used - recorded processes
     host: other_anonymous = RssAnon - declared host    file_backed = RssFile    shared_memory = RssShmem
+          (declared host bytes beyond RssAnon come out of RssShmem: pinned backups can be shared mappings)
 
 A declared `paused` (torch_memory_saver: bytes the allocator still counts although a pause unmapped them)
 is no category: it is subtracted from allocated and reserved first. The categories then add up to
@@ -200,8 +201,12 @@ def _host_rows(row: pd.Series | None, declared: dict[str, int]) -> tuple[list[tu
     rows = [(c, "declared", float(v)) for c, v in declared.items()]
     anon, file, shmem = (_value(row, c) for c in ("rss_anon", "rss_file", "rss_shmem"))
     if None not in (anon, file, shmem):
-        rows += [(OTHER_ANONYMOUS, "derived", anon - sum(declared.values())), (FILE_BACKED, "derived", file),
-                 (SHARED_MEMORY, "derived", shmem)]
+        # Declared host buffers are anonymous memory (malloc, torch's pinned host allocator) or shared
+        # mappings (torch_memory_saver's pinned CPU backup is RssShmem on the H200): taken out of the
+        # anonymous pages first, the rest out of the shared ones, where a shortfall stays negative.
+        in_anon = min(float(sum(declared.values())), max(anon, 0.0))
+        rows += [(OTHER_ANONYMOUS, "derived", anon - in_anon), (FILE_BACKED, "derived", file),
+                 (SHARED_MEMORY, "derived", shmem - (sum(declared.values()) - in_anon))]
     elif rss is not None:  # a log written before the RSS split
         rows.append((RSS_UNSPLIT, "derived", rss - sum(declared.values())))
     return rows, rss

@@ -19,6 +19,7 @@ import torch
 import miles_profile as mp
 from miles_profile.names import TORCH_MEMORY_SAVER
 from miles_profile.report.checks import Thresholds, check_offload_drop
+from miles_profile.report.ledger import add_up, ledger
 from trainer import memory_backend, train
 from trainer.actor import Actor, Batch
 from trainer.config import PRESETS, ModelConfig, model_config
@@ -273,6 +274,16 @@ def test_tms_trainer_runs_both_orders_and_offload_drop_passes_on_nvml():
             for f in result.findings:
                 print(f"    {f.status} {f.message} [{f.numbers.get('series')}]")
             assert result.status == "pass", result.summary
+            # The declarations (paused device bytes, the CPU backup that stays pinned after resume) make
+            # the ledger add up to NVML used and to RSS at every phase end.
+            frame = ledger(run)
+            for kind in ("gpu", "host"):
+                added = add_up(frame, kind)
+                print(f"  order {order}: ledger {kind} add-up over {added.boundaries} phase ends, "
+                      f"worst {added.worst_error:.2%} ({added.worst['phase']})")
+                assert added.passes(0.02), (kind, added.worst)
+            after = frame[(frame["device"] == "host") & (frame["phase"] == "train")]
+            assert (after.loc[after["category"] == "pinned_buffers", "bytes"] > 0).all()
 
 
 def test_gpu_preset_shapes():

@@ -71,6 +71,18 @@ def test_host_categories_split_rss_and_subtract_declared_host_memory():
     assert add_up(frame, "host").worst_error == 0.0
 
 
+def test_declared_host_bytes_beyond_the_anonymous_pages_come_out_of_shared_memory():
+    # torch_memory_saver's pinned CPU backup was RssShmem on the H200, not RssAnon
+    run = _gpu_run([(0.0, "host", "pinned_buffers", 2 * GiB + 128 * MiB)])  # 2 GiB anon, 0.25 GiB shmem
+    frame = ledger(run)
+    assert _at(frame, "train", "host", "other_anonymous") == 0
+    assert _at(frame, "train", "host", "shared_memory") == GiB // 4 - 128 * MiB
+    assert add_up(frame, "host").worst_error == 0.0
+    over = ledger(_gpu_run([(0.0, "host", "pinned_buffers", 3 * GiB)]))  # more than anon + shmem
+    assert _at(over, "train", "host", "shared_memory") == -(3 * GiB // 4)
+    assert not add_up(over, "host").passes(0.02)
+
+
 def test_declaring_more_than_allocated_is_a_negative_residual_and_fails_the_add_up():
     run = _gpu_run([(0.0, "cuda:0", "weights", 7 * GiB)])  # 7 GiB declared, 6 allocated
     frame = ledger(run)
