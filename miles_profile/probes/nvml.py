@@ -81,9 +81,11 @@ class NvmlProbe:
     the allocator and /proc, which stay in every row.
 
     A process that leaves host-wide reads to its host's sampler (host_sampler.py) still reads its own
-    GPU at its phase boundaries (`interval_s=None`, `which`): its NVML bytes then come from the same
-    instant as its allocator's, which the ledger's add-up needs (the host sampler's list was up to 100 ms
-    old, and a process that had just allocated GiBs showed them as negative memory outside PyTorch)."""
+    GPU at its phase boundaries (`interval_s=None`, `which`), into `gpu{i}_boundary_used` and
+    `gpu{i}_boundary_proc`: its NVML bytes then come from the same instant as its allocator's, which the
+    ledger's add-up needs (the host sampler's list was up to 100 ms old, and a process that had just
+    allocated GiBs showed them as negative memory outside PyTorch). Checks and timelines keep judging
+    the host sampler's 100 ms series, which these few values would only thin out."""
 
     name = "nvml"
     partial_reads = True  # the sampler passes full=False to periodic reads
@@ -107,7 +109,9 @@ class NvmlProbe:
              "total": int(pynvml.nvmlDeviceGetMemoryInfo(h).total)}
             for i, h in enumerate(handles)
         ]
-        self.columns = tuple(c for i in range(len(handles)) for c in (f"gpu{i}_used", f"gpu{i}_proc"))
+        # Boundary reads alone are no series to plot or judge between boundaries: their own names.
+        kinds = ("used", "proc") if interval_s is not None else ("boundary_used", "boundary_proc")
+        self.columns = tuple(f"gpu{i}_{kind}" for i in range(len(handles)) for kind in kinds)
         self._next_read = 0.0
 
     def read(self, full: bool = True) -> list[int | None]:

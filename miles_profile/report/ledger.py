@@ -21,7 +21,8 @@ NVML per-process under reserved), never clipped. `add_up` counts the negative by
 Values at a phase's end are its closing row: the `last` of its summary (per phase, not per sample);
 logs written before summaries fall back to that row of the samples. A GPU shared by several recorded
 processes (an actor and its engine server) is summed over them, each at its own latest phase boundary
-before that instant; their NVML per-process bytes come from the host sampler's process list.
+before that instant, with the NVML bytes it read itself at that boundary (`gpu{i}_boundary_*`), else
+the host sampler's process list.
 """
 from __future__ import annotations
 
@@ -91,6 +92,12 @@ def _value(row: pd.Series | None, column: str) -> float | None:
         return None
     v = row[column]
     return None if pd.isna(v) else float(v)
+
+
+def _nvml(row: pd.Series | None, index: int | None, kind: str) -> float | None:
+    """A process's own NVML read (`used` or `proc`) in its row: periodic, else at its boundaries alone."""
+    found = _value(row, f"gpu{index}_{kind}")
+    return found if found is not None else _value(row, f"gpu{index}_boundary_{kind}")
 
 
 def _uuid_by_index(run, process: dict) -> dict[int, str]:
@@ -235,7 +242,8 @@ def _context(run) -> _Context:
             continue
         uuids = _uuid_by_index(run, roles.get(key, {}))
         for i in _gpu_indices(state.iloc[-1] if len(state) else None):
-            if any(c in state.columns for c in (f"gpu{i}_alloc", f"gpu{i}_reserved", f"gpu{i}_proc")):
+            if any(c in state.columns for c in (f"gpu{i}_alloc", f"gpu{i}_reserved", f"gpu{i}_proc",
+                                                f"gpu{i}_boundary_proc")):
                 on_gpu.setdefault((key[0], uuids.get(i, f"gpu{i}")), []).append(key)
     return _Context(run, states, _Declared(run.accounts), _Procs(run), roles, on_gpu)
 
@@ -249,7 +257,7 @@ def _member(ctx: _Context, who: tuple[str, int], uuid: str, t: float) -> _Member
         index = int(uuid[3:])
     declared = {c: v for (d, c), v in ctx.declared.at(who[0], who[1], t).items()
                 if d.startswith("cuda:") and uuids.get(int(d[5:]), f"gpu{d[5:]}") == uuid}
-    proc = _value(row, f"gpu{index}_proc")  # its own NVML bytes, where it sampled them
+    proc = _nvml(row, index, "proc")  # its own NVML bytes, where it read them
     if proc is None:
         proc = ctx.procs.at(who[0], uuid, who[1], t)
     return _Member(_value(row, f"gpu{index}_alloc"), _value(row, f"gpu{index}_reserved"), proc, declared,
@@ -266,7 +274,7 @@ def _phase_rows(ctx: _Context, host: str, pid: int, t: float) -> list[tuple]:
     for i in _gpu_indices(own):
         uuid = ctx.uuids((host, pid)).get(i, f"gpu{i}")
         members = [_member(ctx, who, uuid, t) for who in ctx.on_gpu.get((host, uuid), [])]
-        used = _value(own, f"gpu{i}_used")
+        used = _nvml(own, i, "used")
         if used is None:
             used = _used_at(ctx.run, host, uuid, t)
         if not members and used is None:

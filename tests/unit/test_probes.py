@@ -108,7 +108,7 @@ def test_a_boundary_only_nvml_probe_reads_its_own_gpu_at_boundaries_alone():
     assert "boundary" in meta["reads"]
     assert all(v is None for v in nvml.read(full=False))
     values = dict(zip(nvml.columns, nvml.read(full=True)))
-    assert values["gpu0_proc"] >= 256 * MiB and values["gpu0_used"] >= values["gpu0_proc"]
+    assert values["gpu0_boundary_proc"] >= 256 * MiB and values["gpu0_boundary_used"] >= values["gpu0_boundary_proc"]
     assert all(v is None for c, v in values.items() if not c.startswith("gpu0_"))
     nothing, _ = open_nvml(lambda: {os.getpid()}, interval_s=None, which=tuple)  # CUDA not yet initialised
     assert all(v is None for v in nothing.read(full=True))
