@@ -33,7 +33,7 @@ def ledger_html(frame: pd.DataFrame, t0: float, suffix: str) -> str:
         return ""
     declared = (frame["source"] == "declared").any()
     note = ("" if declared else " This run declared nothing (no <code>miles_profile.account()</code> calls): "
-            "every byte the allocator holds shows as activations and temporaries.")
+            "every byte the allocator holds shows as allocated, nothing declared.")
     area = ledger_area_figure(frame, t0).to_html(full_html=False, include_plotlyjs=False,
                                                  div_id=f"ledger-area{suffix}", config=_CONFIG)
     bars = ledger_bar_figure(frame).to_html(full_html=False, include_plotlyjs=False,

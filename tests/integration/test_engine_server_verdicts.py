@@ -1,6 +1,6 @@
 """Verdicts on the real H200 run of one rank with its engine in a separate process sharing the GPU
-(sample_logs/h200/9-dist-engine-server: record process vm-509 with the host sampler, actor vm-556,
-engine server vm-615), and on copies of that log edited into the defects each rule must still catch:
+(sample_logs/h200/9-dist-engine-server: record process vm-569 with the host sampler, actor vm-616,
+engine server vm-679), and on copies of that log edited into the defects each rule must still catch:
 an engine that does not release its KV cache, an engine whose floor creeps up, a GPU that holds both
 footprints at once."""
 from __future__ import annotations
@@ -21,7 +21,7 @@ from miles_profile.report.phase_table import phase_table
 from tests.conftest import REPO, python_env
 
 LOG = REPO / "sample_logs" / "h200" / "9-dist-engine-server"
-ENGINE, ACTOR = 615, 556
+ENGINE, ACTOR = 679, 616
 GiB = 1024 ** 3
 
 
@@ -41,6 +41,12 @@ def _phases(pid: int, name: str) -> list[dict]:
         elif e["name"] == name and e["kind"] == "end":
             out.append(dict(start=begins[e["id"]]["t"], end=e["t"], attrs=begins[e["id"]]["attrs"]))
     return out
+
+
+def _kv_cache_bytes() -> int:
+    """The engine's KV pool size, from the event that announced it (the engine's first mark)."""
+    events = (json.loads(line) for line in (LOG / f"vm-{ENGINE}.events.jsonl").read_text().splitlines())
+    return next(e["attrs"]["kv_cache_bytes"] for e in events if "kv_cache_bytes" in e.get("attrs", {}))
 
 
 def _edit_csv(path, edit) -> None:
@@ -105,7 +111,7 @@ def test_visualize_h200_exits_0(tmp_path, capsys):
 # -- the defects, edited into copies of the real log -------------------------------------------
 def test_engine_that_keeps_its_kv_cache_fails_offload_drop(tmp_path):
     log = _copy(tmp_path)
-    kv = json.loads((LOG / f"vm-{ENGINE}.events.jsonl").read_text().splitlines()[0])["attrs"]["kv_cache_bytes"]
+    kv = _kv_cache_bytes()
 
     def keep(frame):  # the engine's allocator never gives the KV cache back
         t = frame["t"].to_numpy()
@@ -140,8 +146,8 @@ def test_leaking_engine_fails_leak(tmp_path):
 
 def test_gpu_holding_both_footprints_fails_serialized_peaks_per_gpu(tmp_path):
     log = _copy(tmp_path)
-    kv = json.loads((LOG / f"vm-{ENGINE}.events.jsonl").read_text().splitlines()[0])["attrs"]["kv_cache_bytes"]
-    column = next(c for c in pd.read_csv(LOG / "vm-509.host.csv", nrows=0).columns if c.startswith("gpu_used:"))
+    kv = _kv_cache_bytes()
+    column = next(c for c in pd.read_csv(LOG / "vm-569.host.csv", nrows=0).columns if c.startswith("gpu_used:"))
 
     def held(t):
         out = np.zeros(len(t), dtype=bool)
@@ -155,8 +161,8 @@ def test_gpu_holding_both_footprints_fails_serialized_peaks_per_gpu(tmp_path):
     def engine_row(frame):  # and NVML lists the engine with it
         rows = held(frame["t"].to_numpy()) & (frame["pid"] == ENGINE).to_numpy()
         frame.loc[rows, "bytes"] += kv
-    _edit_csv(log / "vm-509.host.csv", device)
-    _edit_csv(log / "vm-509.gpu_procs.csv", engine_row)
+    _edit_csv(log / "vm-569.host.csv", device)
+    _edit_csv(log / "vm-569.gpu_procs.csv", engine_row)
     result = _verdicts(log)["serialized_peaks_per_gpu"]
     assert result.status == "fail", result.summary
     (finding,) = result.findings

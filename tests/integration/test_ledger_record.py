@@ -104,14 +104,28 @@ def test_trainer_declares_its_buffers_and_the_host_ledger_adds_up(trainer_run):
 H200 = REPO / "sample_logs" / "h200"
 
 
-def test_h200_one_process_logs_add_up_and_the_engine_server_log_names_its_stale_boundaries():
-    for run_dir in sorted(H200.glob("[1-8]-*")):
-        result = add_up(ledger(mp.load(run_dir)), "gpu")
-        assert result.boundaries >= 13 and result.worst_error == 0.0, run_dir.name  # one closing row: exact
+def test_h200_logs_with_declarations_add_up_within_2_percent_on_one_gpu_and_a_shared_one():
+    """The logs recorded with the trainer's declarations (docs/ledger.md, "Results"): the one-process
+    configurations, with and without torch_memory_saver, and an actor and its engine server sharing
+    one GPU, each reading NVML at its own phase boundaries."""
+    runs = [*sorted(H200.glob("[1-8]-*")), H200.parent / "h200-tms" / "4-both", H200.parent / "h200-tms" / "8-critic-both"]
+    for run_dir in runs:
+        frame = ledger(mp.load(run_dir))
+        assert not frame[frame["source"] == "declared"].empty, run_dir.name
+        for kind in ("gpu", "host"):
+            result = add_up(frame, kind)
+            assert result.boundaries >= 13 and result.passes(0.02), (run_dir.name, kind, result.worst)
     frame = ledger(mp.load(H200 / "9-dist-engine-server"))
     gpu = frame[frame["device"] != "host"]
-    assert set(gpu["pid"]) == {556, 615}  # the actor's and the engine's phase ends, one GPU
-    assert frame[frame["source"] == "declared"].empty  # recorded before account() existed
+    roles = {p["pid"]: p["role"] for p in mp.load(H200 / "9-dist-engine-server").processes}
+    assert {roles[p] for p in gpu["pid"]} == {"actor", "engine"}  # both processes' phase ends, one GPU
+    assert gpu["device"].nunique() == 1
+    engine = gpu[gpu["pid"].map(roles) == "engine"]
+    assert engine.loc[engine["category"] == "kv_cache", "bytes"].max() > 10 * 1024 * MiB  # its declarations
     result = add_up(frame, "gpu")
-    assert result.boundaries == 147 and int((result.table["error"] > 0.02).sum()) == 7
-    assert result.worst["pid"] == 615 and result.worst["phase"] == "update_weights"
+    assert result.boundaries >= 100 and result.passes(0.02), result.worst
+    # A stale NVML read fails no add-up (a residual absorbs it); it shows as memory outside PyTorch that
+    # is not there. Each process's own boundary reads keep that to its CUDA context (0.6-1.5 GiB); the
+    # host sampler's list, up to 100 ms old, made it up to 14 GiB at 46 of these phase ends.
+    outside = gpu.loc[gpu["category"] == "non_pytorch", "bytes"]
+    assert outside.max() < 2 * 1024 * MiB and outside.min() > 0

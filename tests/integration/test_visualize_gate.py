@@ -33,11 +33,11 @@ def test_baseline_gate_exits_1_naming_phases_and_gpus_and_0_when_unchanged(tmp_p
     assert len(verdict) == 1 and "phases train; GPUs vm:gpu0" in verdict[0]
     assert "regressed: train: GPU own (proc) peak of in_process rank 0 on vm:gpu0" in failed.stdout
     html = (tmp_path / "r1.html").read_text()
-    assert 'id="baseline"' in html and "table class=\"data baseline\"" in html and html.count("+10.0%") == 4
+    assert 'id="baseline"' in html and "table class=\"data baseline\"" in html and html.count("+10.0%") == 6  # device used, own NVML, RSS: peak and floor
 
     passed = visualize(same, "--baseline", H200, "-o", tmp_path / "r2.html")
     assert passed.returncode == 0, passed.stdout + passed.stderr
-    assert "PASS  baseline  32 values within 5% and 256.0 MiB" in passed.stdout
+    assert "PASS  baseline  48 values within 5% and 256.0 MiB" in passed.stdout
     # a threshold above the 10% lets the raised run through
     loose = visualize(raised, "--baseline", H200, "--baseline-threshold", "11%,256MiB", "-o", tmp_path / "r3.html")
     assert loose.returncode == 0, loose.stdout
