@@ -46,6 +46,12 @@ def _phase_processes(run) -> set:
     return set(zip(hosts, run.phases["pid"].astype(int)))
 
 
+def drawn_processes(view: "FleetView") -> set[tuple[str, int]]:
+    """(host, pid) of every process on the lanes the view draws."""
+    shown = view.lanes[view.lanes["lane"].isin(view.picked)]
+    return {(str(host), int(pid)) for host, pids in zip(shown["host"], shown["pids"]) for pid in pids}
+
+
 def is_fleet(run) -> bool:
     """A run of more than one process with phases, or of several processes on more than one GPU.
     One-process runs never are: their report is what it always was."""

@@ -39,7 +39,7 @@ class RunReport:
     figure: go.Figure | None
     skipped: list[str] = field(default_factory=list)
     fleet: object | None = None  # fleet_report.FleetView for a run of many processes
-    ledger: pd.DataFrame | None = None  # report/ledger.py; None past LEDGER_MAX_PROCESSES processes
+    ledger: pd.DataFrame | None = None  # report/ledger.py; a fleet's: the processes of the lanes drawn
 
 
 def build_run_report(run, *, thresholds: checks_mod.Thresholds | None = None, check: bool = True,
@@ -74,11 +74,22 @@ def build_run_report(run, *, thresholds: checks_mod.Thresholds | None = None, ch
     step("checks")
     figure = None if view is not None else timeline_figure(run, max_points=max_points)
     step("timeline reduced")
-    from miles_profile.report.ledger import LEDGER_MAX_PROCESSES, ledger
     report = RunReport(run, results, phase_table(run), phase_table(run, by_iteration=True), figure, list(run.warnings),
-                       view, ledger(run) if len(run.processes) <= LEDGER_MAX_PROCESSES else None)
+                       view, _ledger_of(run, view))
     step("tables")
     return report
+
+
+def _ledger_of(run, view) -> pd.DataFrame:
+    """Every process's ledger; for a fleet, the GPUs of the lanes drawn (with every process on them;
+    their host memory is in the lanes' timelines: one ledger lane per process would be dozens)."""
+    from miles_profile.report.fleet_report import drawn_processes
+    from miles_profile.report.ledger import HOST, LEDGER_MAX_PROCESSES, ledger
+    if view is None or len(run.processes) <= LEDGER_MAX_PROCESSES:
+        return ledger(run)
+    frame = ledger(run, drawn_processes(view))
+    on_gpu = frame["device"] != HOST
+    return frame[on_gpu] if on_gpu.any() else frame
 
 
 # -- formatting --------------------------------------------------------------------------------

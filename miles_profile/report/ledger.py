@@ -27,6 +27,7 @@ the host sampler's process list.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Iterable
 
 import numpy as np
 import pandas as pd
@@ -46,19 +47,23 @@ GPU_DERIVED = (ACTIVATIONS, UNDECLARED, ALLOCATOR_CACHE, NON_PYTORCH, OTHER_PROC
 HOST_DERIVED = (OTHER_ANONYMOUS, FILE_BACKED, SHARED_MEMORY, RSS_UNSPLIT)
 HOST = names.ACCOUNT_HOST
 
-# The report computes the ledger for runs of up to this many processes (its cost grows with phase
-# instances times the processes sharing a GPU; a fleet of hundreds is not covered yet).
+# Up to this many processes the report accounts for all of them; past it (a fleet), for the processes
+# of the GPUs it draws (its cost grows with their phase instances, 1.3 s at 32 processes).
 LEDGER_MAX_PROCESSES = 16
 
 COLUMNS = ["host", "pid", "id", "phase", "iteration", "depth", "t", "device", "label", "category", "source",
            "bytes", "total"]
 
 
-def _process_states(run) -> dict[tuple[str, int], pd.DataFrame]:
-    """Per recording process, its series at each phase boundary: index t (the closing row's time),
-    one column per series. From the summaries; else from the samples' rows at the phase ends."""
+def _process_states(run, only: set[tuple[str, int]] | None = None) -> dict[tuple[str, int], pd.DataFrame]:
+    """Per recording process (those in `only`, else all), its series at each phase boundary: index t
+    (the closing row's time), one column per series. From the summaries; else from the samples' rows
+    at the phase ends."""
     states: dict[tuple[str, int], pd.DataFrame] = {}
     summaries = run.phase_summaries
+    if only is not None and len(summaries):
+        keys = pd.Series(list(zip(summaries["host"].astype(str), summaries["pid"].astype(int))), index=summaries.index)
+        summaries = summaries[keys.isin(only)]
     if len(summaries):
         wide = summaries.pivot_table(index=["host", "pid", "t_last"], columns="series", values="last",
                                      aggfunc="last")
@@ -68,7 +73,7 @@ def _process_states(run) -> dict[tuple[str, int], pd.DataFrame]:
     if run.phases.empty or samples.empty:
         return states
     for (host, pid), ends in run.phases.groupby([run.phases["host"].fillna("").astype(str), "pid"]):
-        if (host, int(pid)) in states:
+        if (host, int(pid)) in states or only is not None and (host, int(pid)) not in only:
             continue
         rows = samples[samples["pid"] == pid]
         if rows.empty:
@@ -101,8 +106,13 @@ def _nvml(row: pd.Series | None, index: int | None, kind: str) -> float | None:
 
 
 def _uuid_by_index(run, process: dict) -> dict[int, str]:
-    """This process's CUDA index -> GPU UUID (its own view), else NVML's order, else `gpu<i>`."""
+    """This process's CUDA index -> GPU UUID (its own view); else, for a process that names its GPU and
+    samples one, that one; else NVML's order; else `gpu<i>`."""
     found = {int(d["index"]): str(d["uuid"]) for d in process.get("cuda_devices") or [] if d.get("uuid")}
+    own = {int(c[3:].split("_")[0]) for c in process.get("columns") or ()
+           if c.startswith("gpu") and c[3:].split("_")[0].isdigit()}
+    if not found and process.get("gpu_uuid") and len(own) == 1:
+        found = {own.pop(): str(process["gpu_uuid"])}
     if not found:
         found = {int(d["index"]): str(d["uuid"]) for d in run.devices if d.get("uuid")}
     return found
@@ -131,13 +141,20 @@ class _Declared:
 
 
 class _Procs:
-    """NVML bytes per process on a GPU at an instant, from the host sampler's process list."""
+    """NVML bytes per process on a GPU at an instant, from the host sampler's process list (of `hosts`
+    only, when given: a fleet's lists are millions of rows)."""
 
-    def __init__(self, run):
+    def __init__(self, run, hosts: set[str] | None = None):
+        empty = pd.DataFrame(columns=["t", "host", "gpu_uuid", "pid", "bytes"])
         try:
-            procs = run.gpu_procs if run.hosts else pd.DataFrame(columns=["t", "host", "gpu_uuid", "pid", "bytes"])
+            if not run.hosts:
+                procs = empty
+            elif hosts is not None and hasattr(run, "gpu_procs_of"):
+                procs = run.gpu_procs_of(sorted(hosts))
+            else:
+                procs = run.gpu_procs
         except Exception:  # noqa: BLE001 - a log without host files: no per-process list
-            procs = pd.DataFrame(columns=["t", "host", "gpu_uuid", "pid", "bytes"])
+            procs = empty
         self._frames = {(str(h), str(u)): (np.unique(f["t"].to_numpy(float)), f)
                         for (h, u), f in procs.groupby(["host", "gpu_uuid"], sort=False, observed=True)}
         self.listed = {(str(h), int(p)) for h, p in zip(procs["host"], procs["pid"])}
@@ -233,8 +250,8 @@ class _Context:
         return _uuid_by_index(self.run, self.roles.get(key, {}))
 
 
-def _context(run) -> _Context:
-    states = _process_states(run)
+def _context(run, only: set[tuple[str, int]] | None = None) -> _Context:
+    states = _process_states(run, only)
     roles = {(str(p.get("host", "")), int(p.get("pid", -1))): p for p in run.processes}
     on_gpu: dict[tuple[str, str], list[tuple[str, int]]] = {}
     for key, state in states.items():
@@ -245,7 +262,8 @@ def _context(run) -> _Context:
             if any(c in state.columns for c in (f"gpu{i}_alloc", f"gpu{i}_reserved", f"gpu{i}_proc",
                                                 f"gpu{i}_boundary_proc")):
                 on_gpu.setdefault((key[0], uuids.get(i, f"gpu{i}")), []).append(key)
-    return _Context(run, states, _Declared(run.accounts), _Procs(run), roles, on_gpu)
+    return _Context(run, states, _Declared(run.accounts), _Procs(run, None if only is None else {h for h, _ in only}),
+                    roles, on_gpu)
 
 
 def _member(ctx: _Context, who: tuple[str, int], uuid: str, t: float) -> _Member:
@@ -284,26 +302,34 @@ def _phase_rows(ctx: _Context, host: str, pid: int, t: float) -> list[tuple]:
     return out
 
 
-def ledger(run) -> pd.DataFrame:
+def ledger(run, processes: Iterable[tuple[str, int]] | None = None) -> pd.DataFrame:
     """One row per (phase instance, device, category) at the phase's end: `device` is a GPU UUID (or
     `gpu<i>` when the log has none) or "host" (this process's RSS); `label` says which for a person;
     `source` is declared or derived; `total` is the reference the categories should add up to (NVML
-    device used; RSS on the host), NaN where it was not measured. Bytes are floats (negatives kept)."""
+    device used; RSS on the host), NaN where it was not measured. Bytes are floats (negatives kept).
+
+    `processes`: (host, pid) of the processes to account for, e.g. those of the GPUs a fleet view
+    draws (all processes sharing a GPU must be among them); None: every process. The cost grows with
+    their phase instances, not with the fleet."""
+    only = None if processes is None else frozenset((str(h), int(p)) for h, p in processes)
     cache = run.__dict__.setdefault("_report_cache", {})  # the report and the comparison both ask
-    if "ledger" not in cache:
-        cache["ledger"] = _ledger(run)
-    return cache["ledger"]
+    key = ("ledger", only)
+    if key not in cache:
+        cache[key] = _ledger(run, only)
+    return cache[key]
 
 
-def _ledger(run) -> pd.DataFrame:
+def _ledger(run, only: frozenset[tuple[str, int]] | None = None) -> pd.DataFrame:
     phases = run.phases
     if phases.empty:
         return pd.DataFrame(columns=COLUMNS)
-    ctx = _context(run)
+    ctx = _context(run, None if only is None else set(only))
     hosts = phases["host"].fillna("").astype(str).to_numpy() if "host" in phases else np.array([""] * len(phases))
     iterations = _iterations(phases.assign(pid=[f"{h}:{p}" for h, p in zip(hosts, phases["pid"])]))
     out = []
     for k, phase in enumerate(phases.itertuples(index=False)):
+        if only is not None and (hosts[k], int(phase.pid)) not in only:
+            continue
         base = (hosts[k], int(phase.pid), int(phase.id) if phase.id == phase.id else -1, str(phase.name),
                 int(iterations[k]), int(phase.depth), float(phase.end))
         out += [(*base, *row) for row in _phase_rows(ctx, hosts[k], int(phase.pid), float(phase.end))]

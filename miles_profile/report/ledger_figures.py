@@ -155,7 +155,9 @@ def ledger_area_figure(frame: pd.DataFrame, t0: float) -> go.Figure:
     """Stacked areas per device lane over time (seconds since t0), one step per phase boundary:
     the ledger as it stood after each phase ended, until the next boundary."""
     lanes = _devices(frame) if len(frame) else []
-    fig = make_subplots(rows=max(1, len(lanes)), cols=1, shared_xaxes=True, vertical_spacing=0.08,
+    # 60 px between lanes whatever their number (a fixed share of the height breaks past 13 lanes)
+    fig = make_subplots(rows=max(1, len(lanes)), cols=1, shared_xaxes=True,
+                        vertical_spacing=min(0.08, 60 / (260 * max(1, len(lanes)) + 120)),
                         subplot_titles=[_lane_title(lane) for lane in lanes] or ["no ledger in this run"])
     seen: set = set()
     batch = _Batch()

@@ -159,6 +159,22 @@ def test_used_from_host_samples_and_proc_from_gpu_procs(tmp_path):
     assert nvml["rss_peak"].isna().all()  # no samples read, no summaries: nothing invented
 
 
+def test_a_fleet_gets_the_ledger_of_the_gpus_it_draws(tmp_path):
+    """Past 16 processes the report accounts for the processes of the lanes drawn, not the fleet: one
+    ledger lane per drawn GPU, each with both of its processes, adding up to NVML used."""
+    from bench.bench_fleet_visualize import write_run
+    from miles_profile.report.ledger import add_up
+    run = mp.load(write_run(tmp_path, 32, minutes=2.0))
+    report = build_run_report(run, lanes="rank:0-2")
+    frame, view = report.ledger, report.fleet
+    drawn = view.lanes[view.lanes["lane"].isin(view.picked)]
+    assert len(drawn) == 3 and set(frame["device"]) == set(drawn["gpu_uuid"])
+    assert set(zip(frame["host"], frame["pid"])) == fleet_report.drawn_processes(view)
+    assert len(fleet_report.drawn_processes(view)) == 6 < len(run.processes)
+    result = add_up(frame, "gpu")
+    assert result.boundaries > 0 and result.passes(0.02)
+
+
 def test_one_process_runs_report_as_before(tmp_path, capsys):
     """sample_logs/h200: the one-process runs have no fleet section and their verdicts as they were; the
     one run of an actor and its engine server on the GPU (9-dist-engine-server) is judged per process and
