@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
-from dash import ALL, Input, Output, State, ctx, dcc, html
+from dash import ALL, Input, Output, State, ctx, dcc, html, no_update
 from dash.exceptions import PreventUpdate
 
 from dashboards.messages import describe, message
@@ -99,6 +99,7 @@ def layout() -> html.Section:
         dcc.Store(id="fleet-rendered"),
         dcc.Store(id="fleet-due"),
         dcc.Store(id="fleet-outlier-links"),
+        dcc.Store(id="fleet-gpu-lane"),  # the lane opened last: the ledger panel follows it
     ])
 
 
@@ -254,7 +255,7 @@ def register(app, state) -> None:
 
     @app.callback(
         Output("fleet-gpu-graph", "figure"), Output("fleet-gpu-graph", "style"),
-        Output("fleet-gpu-message", "children"),
+        Output("fleet-gpu-message", "children"), Output("fleet-gpu-lane", "data"),
         Input("fleet-heatmap", "clickData"), Input({"type": "fleet-outlier", "index": ALL}, "n_clicks"),
         State("fleet-outlier-links", "data"), State("runs-selected", "data"), prevent_initial_call=True)
     def open_gpu(cell, _clicks, links, run_id):
@@ -276,8 +277,8 @@ def register(app, state) -> None:
         except PreventUpdate:
             raise
         except Exception as exc:  # noqa: BLE001
-            return {}, _HIDDEN, message(describe(exc))
-        return figure, _SHOWN, None
+            return {}, _HIDDEN, message(describe(exc)), no_update
+        return figure, _SHOWN, None, {"run": run_id, "lane": lane}
 
     @app.callback(
         Output("fleet-lanes", "children"), Output("fleet-lanes-message", "children"),

@@ -1,5 +1,6 @@
 """Ledger panel: where the bytes are at each phase end, per GPU and per process's RSS (the report's
-stacked area and stacked bars, report/ledger_figures.py), and whether the categories add up."""
+stacked area and stacked bars, report/ledger_figures.py), and whether the categories add up. Past
+LEDGER_MAX_PROCESSES processes (a fleet) it shows the GPU opened last in the fleet panel."""
 from __future__ import annotations
 
 from dash import Input, Output, State, dcc, html
@@ -8,7 +9,8 @@ from dash.exceptions import PreventUpdate
 from dashboards.messages import describe, message
 from dashboards.panels.refresh import due
 from miles_profile.report.figures import run_start
-from miles_profile.report.ledger import LEDGER_MAX_PROCESSES, ledger
+from dashboards.panels.fleet import compute as fleet_compute
+from miles_profile.report.ledger import HOST, LEDGER_MAX_PROCESSES, ledger
 from miles_profile.report.ledger_figures import ledger_area_figure, ledger_bar_figure
 from miles_profile.report.ledger_html import add_up_text
 
@@ -29,29 +31,45 @@ def layout() -> html.Section:
     ])
 
 
-def compute(run):
-    """The run's ledger frame and the figures of it (per phase, not per sample)."""
-    frame = ledger(run)
+def compute(run, processes=None):
+    """The run's ledger frame and the figures of it (per phase, not per sample); with `processes`
+    ((host, pid) of one fleet lane), the ledger of that lane's GPU."""
+    frame = ledger(run, processes)
+    if processes is not None and (frame["device"] != HOST).any():
+        frame = frame[frame["device"] != HOST]  # as the report's fleet: host memory is in the lane's timeline
     return frame, ledger_bar_figure(frame), ledger_area_figure(frame, run_start(run)), add_up_text(frame)
+
+
+def _lane_processes(live_run, lane: str) -> set[tuple[str, int]]:
+    view = live_run.memo("fleet", fleet_compute)
+    rows = view.table[view.table["lane"] == lane] if view is not None else None
+    if rows is None or rows.empty:
+        raise PreventUpdate
+    return {(str(h), int(p)) for h, p in zip(rows["host"], rows["pid"])}
 
 
 def register(app, state) -> None:
     @app.callback(
         Output("ledger-graph", "figure"), Output("ledger-add-up", "children"), Output("ledger-rendered", "data"),
         Input("runs-selected", "data"), Input("page-poll", "n_intervals"), Input("ledger-view", "value"),
-        State("ledger-rendered", "data"))
-    def show_ledger(run_id, _tick, view, rendered):
+        Input("fleet-gpu-lane", "data"), State("ledger-rendered", "data"))
+    def show_ledger(run_id, _tick, view, opened, rendered):
         if run_id is None:
             return _EMPTY, None, None
         try:
             live_run = state.cache.get(run_id)
-            key = due(f"{run_id}\n{view}", live_run.version, rendered)
+            lane = opened.get("lane") if isinstance(opened, dict) and opened.get("run") == run_id else None
+            key = due(f"{run_id}\n{view}\n{lane}", live_run.version, rendered)
             if key is None:
                 raise PreventUpdate
-            if len(live_run.current.processes) > LEDGER_MAX_PROCESSES:  # as the report: not for a large fleet yet
-                return _EMPTY, message(f"The ledger is computed for runs of up to {LEDGER_MAX_PROCESSES} processes.",
-                                       "info"), key
-            frame, bars, area, text = live_run.memo("ledger", compute)
+            if len(live_run.current.processes) <= LEDGER_MAX_PROCESSES:
+                frame, bars, area, text = live_run.memo("ledger", compute)
+            elif lane is None:  # a fleet: the ledger of one GPU at a time, as its timeline
+                return _EMPTY, message(f"Past {LEDGER_MAX_PROCESSES} processes the ledger is drawn per GPU: click a "
+                                       "cell or an outlier of the fleet view.", "info"), key
+            else:
+                processes = _lane_processes(live_run, lane)
+                frame, bars, area, text = live_run.memo(f"ledger\n{lane}", lambda run: compute(run, processes))
         except PreventUpdate:
             raise
         except Exception as exc:  # noqa: BLE001 - a message in the page, never a traceback

@@ -167,3 +167,26 @@ def test_the_fleet_view_follows_a_run_being_recorded(browser, tmp_path):
         assert wanted not in first, first  # drawn before the run ended ...
         page.wait_for_function(f"() => {status}.includes({wanted!r})", timeout=30_000)  # ... and redrawn after
         context.close()
+
+
+def test_past_16_processes_the_ledger_follows_the_gpu_opened(browser, tmp_path):
+    """A 32-process GPU run in the real format (bench writer): the ledger panel asks for a GPU, and a
+    click on an outlier draws that GPU's ledger, its processes' bars, not the fleet's."""
+    from bench.bench_fleet_visualize import write_run
+    run_dir = write_run(tmp_path / "logs", 32, minutes=2.0)
+    view = fleet_panel.compute(mp.load(run_dir))
+    first = view.outliers[0]
+    uuid = view.table.loc[view.table["lane"] == first["lane"], "gpu_uuid"].iloc[0]
+    ledger_graph = "document.querySelector('#ledger-graph .js-plotly-plot')"
+    with dashboard_process(run_dir.parent) as url:
+        context = browser.new_context(viewport={"width": 1400, "height": 1000})
+        page = context.new_page()
+        page.goto(url)
+        page.wait_for_selector("#ledger-section :text('click a cell or an outlier')", timeout=60_000)
+        page.wait_for_selector(".fleet-outlier", timeout=60_000)
+        page.locator(".fleet-outlier").first.click()
+        page.wait_for_function(f"() => {ledger_graph} && {ledger_graph}.data && {ledger_graph}.data.length > 0",
+                               timeout=60_000)
+        titles = page.evaluate(f"() => ({ledger_graph}.layout.annotations || []).map(a => a.text)")
+        assert len(titles) == 1 and uuid[:12] in titles[0], titles  # one lane: the GPU opened
+        context.close()
