@@ -62,8 +62,9 @@ def _process_states(run, only: set[tuple[str, int]] | None = None) -> dict[tuple
     states: dict[tuple[str, int], pd.DataFrame] = {}
     summaries = run.phase_summaries
     if only is not None and len(summaries):
-        keys = pd.Series(list(zip(summaries["host"].astype(str), summaries["pid"].astype(int))), index=summaries.index)
-        summaries = summaries[keys.isin(only)]
+        keys = pd.MultiIndex.from_arrays([summaries["host"].astype(str).to_numpy(),
+                                          summaries["pid"].to_numpy(np.int64)])
+        summaries = summaries[keys.isin(list(only))]
     if len(summaries):
         wide = summaries.pivot_table(index=["host", "pid", "t_last"], columns="series", values="last",
                                      aggfunc="last")
@@ -142,24 +143,32 @@ class _Declared:
 
 class _Procs:
     """NVML bytes per process on a GPU at an instant, from the host sampler's process list (of `hosts`
-    only, when given: a fleet's lists are millions of rows)."""
+    only, when given: a fleet's lists are millions of rows). Read at the first question: a process
+    with its own NVML reads never asks."""
 
     def __init__(self, run, hosts: set[str] | None = None):
-        empty = pd.DataFrame(columns=["t", "host", "gpu_uuid", "pid", "bytes"])
+        self._run, self._hosts = run, hosts
+        self._frames: dict | None = None
+        self.listed: set[tuple[str, int]] = set()
+
+    def _read(self) -> dict:
+        run, empty = self._run, pd.DataFrame(columns=["t", "host", "gpu_uuid", "pid", "bytes"])
         try:
             if not run.hosts:
                 procs = empty
-            elif hosts is not None and hasattr(run, "gpu_procs_of"):
-                procs = run.gpu_procs_of(sorted(hosts))
+            elif self._hosts is not None and hasattr(run, "gpu_procs_of"):
+                procs = run.gpu_procs_of(sorted(self._hosts))
             else:
                 procs = run.gpu_procs
         except Exception:  # noqa: BLE001 - a log without host files: no per-process list
             procs = empty
-        self._frames = {(str(h), str(u)): (np.unique(f["t"].to_numpy(float)), f)
-                        for (h, u), f in procs.groupby(["host", "gpu_uuid"], sort=False, observed=True)}
         self.listed = {(str(h), int(p)) for h, p in zip(procs["host"], procs["pid"])}
+        return {(str(h), str(u)): (np.unique(f["t"].to_numpy(float)), f)
+                for (h, u), f in procs.groupby(["host", "gpu_uuid"], sort=False, observed=True)}
 
     def at(self, host: str, uuid: str, pid: int, t: float) -> float | None:
+        if self._frames is None:
+            self._frames = self._read()
         found = self._frames.get((host, uuid))
         if found is None or (host, pid) not in self.listed:
             return None
@@ -276,7 +285,9 @@ def _member(ctx: _Context, who: tuple[str, int], uuid: str, t: float) -> _Member
     declared = {c: v for (d, c), v in ctx.declared.at(who[0], who[1], t).items()
                 if d.startswith("cuda:") and uuids.get(int(d[5:]), f"gpu{d[5:]}") == uuid}
     proc = _nvml(row, index, "proc")  # its own NVML bytes, where it read them
-    if proc is None:
+    state = ctx.states.get(who)
+    reads_own = state is not None and any(c in state.columns for c in (f"gpu{index}_proc", f"gpu{index}_boundary_proc"))
+    if proc is None and not reads_own:  # the host sampler's list, for a process that reads no NVML itself
         proc = ctx.procs.at(who[0], uuid, who[1], t)
     return _Member(_value(row, f"gpu{index}_alloc"), _value(row, f"gpu{index}_reserved"), proc, declared,
                    ctx.declared.declares(*who))
@@ -326,10 +337,12 @@ def _ledger(run, only: frozenset[tuple[str, int]] | None = None) -> pd.DataFrame
     ctx = _context(run, None if only is None else set(only))
     hosts = phases["host"].fillna("").astype(str).to_numpy() if "host" in phases else np.array([""] * len(phases))
     iterations = _iterations(phases.assign(pid=[f"{h}:{p}" for h, p in zip(hosts, phases["pid"])]))
+    if only is not None:  # the iterations above need every phase; the rows, only these processes'
+        keep = np.flatnonzero(pd.MultiIndex.from_arrays([hosts, phases["pid"].to_numpy(np.int64)])
+                              .isin(list(only)))
+        phases, hosts, iterations = phases.iloc[keep], hosts[keep], np.asarray(iterations)[keep]
     out = []
     for k, phase in enumerate(phases.itertuples(index=False)):
-        if only is not None and (hosts[k], int(phase.pid)) not in only:
-            continue
         base = (hosts[k], int(phase.pid), int(phase.id) if phase.id == phase.id else -1, str(phase.name),
                 int(iterations[k]), int(phase.depth), float(phase.end))
         out += [(*base, *row) for row in _phase_rows(ctx, hosts[k], int(phase.pid), float(phase.end))]
