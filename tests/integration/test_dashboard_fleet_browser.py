@@ -170,8 +170,8 @@ def test_the_fleet_view_follows_a_run_being_recorded(browser, tmp_path):
 
 
 def test_past_16_processes_the_ledger_follows_the_gpu_opened(browser, tmp_path):
-    """A 32-process GPU run in the real format (bench writer): the ledger panel asks for a GPU, and a
-    click on an outlier draws that GPU's ledger, its processes' bars, not the fleet's."""
+    """A 32-process GPU run in the real format (bench writer): the ledger panel asks for a GPU; once an
+    outlier's GPU is open, its button draws that GPU's ledger, not the fleet's."""
     from bench.bench_fleet_visualize import write_run
     run_dir = write_run(tmp_path / "logs", 32, minutes=2.0)
     view = fleet_panel.compute(mp.load(run_dir))
@@ -182,9 +182,13 @@ def test_past_16_processes_the_ledger_follows_the_gpu_opened(browser, tmp_path):
         context = browser.new_context(viewport={"width": 1400, "height": 1000})
         page = context.new_page()
         page.goto(url)
-        page.wait_for_selector("#ledger-section :text('click a cell or an outlier')", timeout=60_000)
+        page.wait_for_selector("#ledger-section :text('open one in the fleet view')", timeout=60_000)
         page.wait_for_selector(".fleet-outlier", timeout=60_000)
         page.locator(".fleet-outlier").first.click()
+        page.wait_for_function(f"() => {GPU_GRAPH} && {GPU_GRAPH}.data && {GPU_GRAPH}.data.length > 0",
+                               timeout=15_000)
+        assert page.evaluate(f"() => !{ledger_graph} || !{ledger_graph}.data || !{ledger_graph}.data.length")
+        page.click("#ledger-draw")
         page.wait_for_function(f"() => {ledger_graph} && {ledger_graph}.data && {ledger_graph}.data.length > 0",
                                timeout=60_000)
         titles = page.evaluate(f"() => ({ledger_graph}.layout.annotations || []).map(a => a.text)")
