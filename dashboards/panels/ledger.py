@@ -1,6 +1,6 @@
 """Ledger panel: where the bytes are at each phase end, per GPU and per process's RSS (the report's
 stacked area and stacked bars, report/ledger_figures.py), and whether the categories add up. Past
-LEDGER_MAX_PROCESSES processes (a fleet) it shows the GPU opened last in the fleet panel."""
+LEDGER_MAX_PROCESSES processes (a fleet) it draws, on a button, the GPU opened in the fleet panel."""
 from __future__ import annotations
 
 from dash import Input, Output, State, dcc, html
@@ -10,7 +10,7 @@ from dashboards.messages import describe, message
 from dashboards.panels.refresh import due
 from miles_profile.report.figures import run_start
 from dashboards.panels.fleet import compute as fleet_compute
-from miles_profile.report.ledger import HOST, LEDGER_MAX_PROCESSES, ledger
+from miles_profile.report.ledger import LEDGER_MAX_PROCESSES, fleet_ledger, ledger
 from miles_profile.report.ledger_figures import ledger_area_figure, ledger_bar_figure
 from miles_profile.report.ledger_html import add_up_text
 
@@ -40,9 +40,7 @@ def layout() -> html.Section:
 def compute(run, processes=None):
     """The run's ledger frame and the figures of it (per phase, not per sample); with `processes`
     ((host, pid) of one fleet lane), the ledger of that lane's GPU."""
-    frame = ledger(run, processes)
-    if processes is not None and (frame["device"] != HOST).any():
-        frame = frame[frame["device"] != HOST]  # as the report's fleet: host memory is in the lane's timeline
+    frame = ledger(run) if processes is None else fleet_ledger(run, processes)
     return frame, ledger_bar_figure(frame), ledger_area_figure(frame, run_start(run)), add_up_text(frame)
 
 

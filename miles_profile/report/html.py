@@ -81,15 +81,12 @@ def build_run_report(run, *, thresholds: checks_mod.Thresholds | None = None, ch
 
 
 def _ledger_of(run, view) -> pd.DataFrame:
-    """Every process's ledger; for a fleet, the GPUs of the lanes drawn (with every process on them;
-    their host memory is in the lanes' timelines: one ledger lane per process would be dozens)."""
+    """Every process's ledger; for a fleet, the GPUs of the lanes drawn, with every process on them."""
     from miles_profile.report.fleet_report import drawn_processes
-    from miles_profile.report.ledger import HOST, LEDGER_MAX_PROCESSES, ledger
+    from miles_profile.report.ledger import LEDGER_MAX_PROCESSES, fleet_ledger, ledger
     if view is None or len(run.processes) <= LEDGER_MAX_PROCESSES:
         return ledger(run)
-    frame = ledger(run, drawn_processes(view))
-    on_gpu = frame["device"] != HOST
-    return frame[on_gpu] if on_gpu.any() else frame
+    return fleet_ledger(run, drawn_processes(view))
 
 
 # -- formatting --------------------------------------------------------------------------------

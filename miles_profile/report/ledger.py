@@ -330,6 +330,15 @@ def ledger(run, processes: Iterable[tuple[str, int]] | None = None) -> pd.DataFr
     return cache[key]
 
 
+def fleet_ledger(run, processes: Iterable[tuple[str, int]]) -> pd.DataFrame:
+    """The ledger of some processes' GPUs (a fleet's drawn lanes), without their host rows: those are
+    in the lanes' timelines, and one ledger lane per process would be dozens. Host rows stay for a run
+    without GPUs."""
+    frame = ledger(run, processes)
+    on_gpu = frame["device"] != HOST
+    return frame[on_gpu] if on_gpu.any() else frame
+
+
 def _ledger(run, only: frozenset[tuple[str, int]] | None = None) -> pd.DataFrame:
     phases = run.phases
     if phases.empty:
