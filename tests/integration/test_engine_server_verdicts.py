@@ -1,6 +1,6 @@
 """Verdicts on the real H200 run of one rank with its engine in a separate process sharing the GPU
-(sample_logs/h200/9-dist-engine-server: record process vm-569 with the host sampler, actor vm-616,
-engine server vm-679), and on copies of that log edited into the defects each rule must still catch:
+(sample_logs/h200/9-dist-engine-server: record process vm-1033 with the host sampler, actor vm-1076,
+engine server vm-1139), and on copies of that log edited into the defects each rule must still catch:
 an engine that does not release its KV cache, an engine whose floor creeps up, a GPU that holds both
 footprints at once."""
 from __future__ import annotations
@@ -21,7 +21,7 @@ from miles_profile.report.phase_table import phase_table
 from tests.conftest import REPO, python_env
 
 LOG = REPO / "sample_logs" / "h200" / "9-dist-engine-server"
-ENGINE, ACTOR = 679, 616
+ENGINE, ACTOR = 1139, 1076
 GiB = 1024 ** 3
 
 
@@ -147,7 +147,7 @@ def test_leaking_engine_fails_leak(tmp_path):
 def test_gpu_holding_both_footprints_fails_serialized_peaks_per_gpu(tmp_path):
     log = _copy(tmp_path)
     kv = _kv_cache_bytes()
-    column = next(c for c in pd.read_csv(LOG / "vm-569.host.csv", nrows=0).columns if c.startswith("gpu_used:"))
+    column = next(c for c in pd.read_csv(LOG / "vm-1033.host.csv", nrows=0).columns if c.startswith("gpu_used:"))
 
     def held(t):
         out = np.zeros(len(t), dtype=bool)
@@ -161,8 +161,8 @@ def test_gpu_holding_both_footprints_fails_serialized_peaks_per_gpu(tmp_path):
     def engine_row(frame):  # and NVML lists the engine with it
         rows = held(frame["t"].to_numpy()) & (frame["pid"] == ENGINE).to_numpy()
         frame.loc[rows, "bytes"] += kv
-    _edit_csv(log / "vm-569.host.csv", device)
-    _edit_csv(log / "vm-569.gpu_procs.csv", engine_row)
+    _edit_csv(log / "vm-1033.host.csv", device)
+    _edit_csv(log / "vm-1033.gpu_procs.csv", engine_row)
     result = _verdicts(log)["serialized_peaks_per_gpu"]
     assert result.status == "fail", result.summary
     (finding,) = result.findings
