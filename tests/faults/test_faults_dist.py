@@ -31,7 +31,7 @@ def _wait_for(root: Path, glob: str, pattern: str, procs: list[subprocess.Popen]
         if any(p.poll() is not None for p in procs):
             pytest.fail("a rank exited before the kill")
         time.sleep(0.2)
-    pytest.fail(f"{pattern!r} never appeared in {path_glob}")
+    pytest.fail(f"{pattern!r} never appeared in {root / glob}")
 
 
 def _engine_pids(text: str) -> list[int]:
