@@ -19,21 +19,22 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 # A short CPU training run with every offload flag (the recommended large-model configuration,
-# host RAM short: state to disk), recorded, then its report written and checked.
+# host RAM short: state to disk), recorded with the heap sampled (so the report judges the host
+# forecast), then its report written and checked.
 DEMO_ARGS ?= --preset cpu --num-rollout 2 --offload-train --offload-rollout \
 	--colocate-memory-peak-device gpu --offload-rollout-level kv_cache weight --optimizer-cpu-offload \
 	--offload-train-target disk --offload-train-disk-dir /tmp/miles_offload
 
 demo: setup
 	rm -rf $(DEMO_LOGS)
-	$(PY) -m miles_profile.record --log-dir $(DEMO_LOGS) -- $(DEMO_ARGS)
+	$(PY) -m miles_profile.record --heap --log-dir $(DEMO_LOGS) -- $(DEMO_ARGS)
 	$(PY) -m miles_profile.visualize $(DEMO_LOGS) -o $(DEMO_LOGS)/report.html
 
 test: setup
 	$(PY) -m pytest -q
 
 # Every benchmark, each printing ratios measured side by side (figures: docs/benchmarks.md,
-# docs/trainer.md, docs/report.md, docs/dashboard.md). Minutes; run on an idle machine.
+# docs/trainer.md, docs/report.md, docs/dashboard.md, docs/forecast.md). Minutes; run on an idle machine.
 bench: setup
 	$(PY) bench/bench_sampler.py
 	$(PY) bench/overhead_ab.py
@@ -47,6 +48,7 @@ bench: setup
 	$(PY) bench/bench_fleet.py
 	$(PY) bench/bench_fleet_visualize.py
 	$(PY) bench/bench_dashboard_fleet.py
+	$(PY) bench/heap_probe_cost.py --rounds 3
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis

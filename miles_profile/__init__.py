@@ -4,10 +4,12 @@ The recorder side imports only the standard library, psutil, nvidia-ml-py (and t
 uses it); `load` imports pandas on first use.
 """
 from miles_profile.errors import MilesProfileError
-from miles_profile.phases import account, account_tensors, annotate, mark, phase, watch_dir
+from miles_profile.phases import (account, account_tensors, annotate, heap_baseline, mark, phase, samples_heap,
+                                  watch_dir)
 from miles_profile.recorder import Recorder
 
-__all__ = ["MilesProfileError", "Recorder", "account", "account_tensors", "annotate", "load", "mark", "phase", "watch_dir"]
+__all__ = ["MilesProfileError", "Recorder", "account", "account_tensors", "annotate", "heap_baseline", "load", "mark",
+           "phase", "samples_heap", "watch_dir"]
 
 
 def load(*paths):

@@ -71,6 +71,8 @@ MARK_OOM = "oom"
 
 # Environment variable that hands a run directory to a child process (record --exec).
 RUN_DIR_ENV = "MILES_PROFILE_RUN_DIR"
+# "1": every recorder of the run also samples glibc's heap in use (`record --heap`, probes/heap.py).
+HEAP_ENV = "MILES_PROFILE_HEAP"
 
 # Process roles in a run's metas (docs/log-format.md).
 ROLE_ACTOR = "actor"

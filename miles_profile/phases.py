@@ -13,6 +13,7 @@ from typing import Any
 
 from miles_profile import names, recorder
 from miles_profile.errors import MilesProfileError
+from miles_profile.probes.heap import heap_in_use
 
 _env_run_dir = os.environ.get(names.RUN_DIR_ENV)
 _join_interval_ms = recorder.DEFAULT_INTERVAL_MS
@@ -126,6 +127,24 @@ def annotate(**fields: Any) -> None:
     rec = _recorder()
     if rec is not None:
         rec.annotate(fields)
+
+
+def samples_heap() -> bool:
+    """Whether this process is recorded with glibc's heap in use (`record --heap`, probes/heap.py), so
+    that `heap_baseline()` means something. Starts no recorder."""
+    rec = recorder._active
+    if rec is not None:
+        return rec.samples_heap
+    return bool(_env_run_dir) and os.environ.get(names.HEAP_ENV) == "1"
+
+
+def heap_baseline() -> None:
+    """Store the heap in use now as this process's `heap_baseline` annotation: the level the report
+    measures a host forecast from (report/forecast.py). Call it right before the program allocates what
+    its forecast counts. A no-op unless the heap is sampled."""
+    rec = _recorder()
+    if rec is not None and rec.samples_heap:
+        rec.annotate({"heap_baseline": heap_in_use()})
 
 
 def account(category: str, nbytes: int, device: Any = names.ACCOUNT_HOST, owner: str = "") -> None:

@@ -26,6 +26,7 @@ from miles_profile.logdir.writer import (
 )
 from miles_profile.phase_summary import PhaseSummaries, stamp
 from miles_profile.probes.disk import DiskProbe
+from miles_profile.probes.heap import open_heap
 from miles_profile.probes.host import HostProbe
 from miles_profile.probes.nvml import open_nvml
 from miles_profile.probes.process import OwnProcessProbe, ProcessTreeProbe
@@ -132,13 +133,14 @@ class Recorder:
     handed one by `record --exec`). `run_id`: the id that the directories of one run on several hosts
     share (default $MILES_PROFILE_RUN_ID, else the new directory's name). `host_sampling`: take part in
     electing this host's sampler (host_sampler.py); off, this process reads host memory and NVML itself.
+    `heap`: also sample glibc's heap in use (probes/heap.py; default: $MILES_PROFILE_HEAP is "1").
     """
 
     def __init__(self, log_dir: str | os.PathLike | None = None, *, run_dir: str | os.PathLike | None = None,
                  interval_ms: float = DEFAULT_INTERVAL_MS, watch_dirs: Iterable[str] = (),
                  child_pid: int | None = None, command: list[str] | None = None,
                  flush_interval_s: float = 0.5, disable: Iterable[str] = (), host_sampling: bool = True,
-                 run_id: str | None = None, run_meta: dict[str, Any] | None = None):
+                 run_id: str | None = None, run_meta: dict[str, Any] | None = None, heap: bool | None = None):
         interval_ms = check_interval_ms(interval_ms)
         self._run_meta = dict(run_meta or {})  # more run meta keys, for a run this recorder creates
         self._log_dir = Path(log_dir or DEFAULT_LOG_DIR)
@@ -152,6 +154,8 @@ class Recorder:
         if unknown:
             raise MilesProfileError(f"unknown probe {sorted(unknown)[0]!r}; optional probes: {', '.join(OPTIONAL_PROBES)}")
         self._disable = frozenset(disable)
+        self._heap = os.environ.get(names.HEAP_ENV) == "1" if heap is None else heap
+        self.samples_heap = False  # whether the heap probe opened (phases.heap_baseline)
         self._ids = itertools.count(1)
         self._open: dict[int, str] = {}  # open phases by id, in begin order
         self._phase_lock = threading.Lock()
@@ -305,6 +309,15 @@ class Recorder:
             meta.append(allocator_meta)
             if allocator:
                 probes.append(allocator)
+        if self._heap and self._child_pid is not None:
+            meta.append({"name": "heap", "active": False,
+                         "reason": "another process's heap can't be read from here (a recorded child reads its own)"})
+        elif self._heap:
+            heap, heap_meta = open_heap()
+            meta.append(heap_meta)
+            if heap:
+                probes.append(heap)
+                self.samples_heap = True
         probes.append(self._disk)
         meta.append(self._disk.describe())
         return probes, meta

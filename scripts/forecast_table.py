@@ -36,7 +36,7 @@ def table(path: str, cpu_count: int | None = None) -> tuple[list[str], pd.DataFr
     command = run.meta.get("command", [])
     flags = " ".join(command[command.index("--") + 1:]) if "--" in command else ""
     lines = [f"### {path}", "", f"`{flags}` ({source}; {plan['device']})", "",
-             "| process | phase | forecast GiB | measured GiB | error | host forecast GiB | RSS growth GiB | host error |",
+             "| process | phase | forecast GiB | measured GiB | error | host forecast GiB | host measured GiB | host error |",
              "|---|---|---:|---:|---:|---:|---:|---:|"]
     for (process, phase), rows in c.groupby(["process", "phase"], sort=False):
         cells = []
@@ -48,7 +48,8 @@ def table(path: str, cpu_count: int | None = None) -> tuple[list[str], pd.DataFr
             r = r.iloc[0]
             err = "–" if r["error"] != r["error"] else f"{r['error']:+.1%}"
             err += " **outside 5%**" if r["outside"] else ("" if r["judged"] else " (shown)")
-            cells += [f"{r['forecast'] / GiB:.3f}", f"{r['measured'] / GiB:.3f}", err]
+            measured = f"{r['measured'] / GiB:.3f}" + (f" ({r['basis']})" if device == "host" else "")
+            cells += [f"{r['forecast'] / GiB:.3f}", measured, err]
         lines.append(f"| {process} | {phase} | " + " | ".join(cells) + " |")
     w = worst(c)
     lines += ["", f"worst judged error: {w['phase']} on {w['device']} ({w['process']}) {w['error']:+.1%}"
@@ -57,11 +58,12 @@ def table(path: str, cpu_count: int | None = None) -> tuple[list[str], pd.DataFr
 
 
 def summary(comparisons: list[pd.DataFrame]) -> list[str]:
-    lines = ["| run | cuda phases judged | worst error | outside 5% |", "|---|---:|---:|---:|"]
+    lines = ["| run | phases judged | worst error | outside 5% |", "|---|---:|---:|---:|"]
     for c in comparisons:
         judged = c[c["judged"] & c["error"].notna()]
         w = worst(c)
-        text = "–" if w is None else f"{w['error']:+.2%} ({w['phase']}{'' if w['process'] == 'trainer' else ', engine'})"
+        text = "–" if w is None else (f"{w['error']:+.2%} ({w['phase']}{'' if w['device'] == 'cuda' else ' on host'}"
+                                       f"{'' if w['process'] == 'trainer' else ', engine'})")
         lines.append(f"| {c['run'].iloc[0]} | {len(judged)} | {text} | {int(judged['outside'].sum())} |")
     return lines + [""]
 
@@ -80,7 +82,7 @@ def main(argv: list[str]) -> int:
     print("\n".join(summary(comparisons) + sections))
     if comparisons:
         every = pd.concat(comparisons, ignore_index=True)
-        for basis, label in (("allocator", "CUDA allocator peaks"), ("rss_growth", "CPU runs' RSS growth")):
+        for basis, label in (("allocator", "CUDA allocator peaks"), ("heap", "glibc's heap in use (record --heap)")):
             rows = every[(every["basis"] == basis) & every["judged"] & every["error"].notna()]
             if not rows.empty:
                 w = rows.loc[rows["error"].abs().idxmax()]

@@ -29,6 +29,7 @@ from miles_profile.names import BUILTIN, TAGS, TORCH_MEMORY_SAVER
 from trainer import engine_http as api, memory_backend
 from trainer.config import ModelConfig
 from trainer.errors import EngineError
+from trainer.model import settle_torch
 from trainer.rollout_engine import RolloutEngine
 
 PARENT_POLL_S = 1.0
@@ -213,6 +214,9 @@ def serve(args: argparse.Namespace) -> None:
     device = torch.device(args.device)
     if device.type == "cuda" and device.index is not None:
         torch.cuda.set_device(device)
+    if mp.samples_heap():  # `record --heap`: the level the engine's host forecast is measured from
+        settle_torch(ModelConfig(**args.model_config))
+        mp.heap_baseline()
     engine = RolloutEngine(ModelConfig(**args.model_config), device, args.kv_cache_bytes, cuda_graph=args.cuda_graph,
                            memory_backend=args.memory_backend)
     mp.mark("engine_ready", weights_bytes=engine.weights_bytes, kv_cache_bytes=engine.kv.nbytes)  # starts its recorder

@@ -27,6 +27,7 @@ from trainer.args import RunConfig, parse_args
 from trainer.config import gib, model_config
 from trainer.engine_client import ROLE_ENV, RemoteEngine
 from trainer.errors import TrainerError
+from trainer.model import settle_torch
 from trainer.plan import forecast
 from trainer.progress import Progress
 from trainer.rollout_engine import RolloutEngine
@@ -141,6 +142,9 @@ def _run(cfg: RunConfig) -> list[tuple[float, TrainStats]]:
     torch.manual_seed(cfg.seed)
     rank = dist.from_env()
     mp.annotate(forecast=forecast(cfg).to_json())  # the report sets it beside what was measured
+    if mp.samples_heap():  # `record --heap`: the level the host forecast is measured from
+        settle_torch(model_config(cfg.preset, cfg.digits))
+        mp.heap_baseline()
     device = _device(cfg, rank)
     dist.init(rank, device)  # nothing without torchrun's environment
     try:

@@ -11,12 +11,16 @@ What "measured" is, per device (`basis`):
 - `allocator` (cuda): the highest true peak of torch's `memory_allocated` over the phase's instances
   (`gpu{i}_alloc_peak`), compared with the plan's allocator view (torch_memory_saver pauses stay
   counted there, as torch counts them);
-- `rss_growth` (host): the process's highest RSS in the phase minus its RSS at its first sample,
-  i.e. what the process grew by since the recorder started. That growth holds the trainer's tensors
-  and more (libraries loaded later, torch's lazy initialisation, glibc's retained heap: 0.1-0.16 GiB
-  on the cpu preset, 1 GiB with CUDA), so it is shown, never judged. The host forecast is checked
-  against glibc's count of heap bytes in use instead (scripts/forecast_cpu_heap.py, docs/forecast.md),
-  which the recorder does not sample.
+- `heap` (host, judged): on a CPU run (plan device `cpu`) whose process was recorded with `--heap` and
+  stored a `heap_baseline` annotation before allocating (mp.heap_baseline): the highest glibc heap in
+  use the recorder saw in the phase (`heap_used`, read at each sample and boundary; its peak is the
+  higher of two consecutive reads, so the level entering the phase counts, but it is no true peak)
+  minus that baseline. Not on a CUDA run: its offload buffers come from torch's pinned pool
+  (cudaHostAlloc), which malloc never sees;
+- `rss_growth` (host, shown): otherwise, the process's highest RSS in the phase minus its RSS at its
+  first sample, i.e. what the process grew by since the recorder started. That growth holds the
+  trainer's tensors and more (libraries loaded later, torch's lazy initialisation, glibc's retained
+  heap: 0.1-0.16 GiB on the cpu preset, 1 GiB with CUDA), so it is shown, never judged.
 Measured values come from the phase table (`phase_table.phase_table`: the end events' summaries,
 the samples only for phases without one), so the comparison costs per phase.
 """
@@ -73,22 +77,46 @@ def compare(run, plan: dict, pids: dict[str, int], tolerance: float = TOLERANCE)
     for process, pid in pids.items():
         mine = table[table["pid"] == pid]
         measured = mine.groupby("phase", sort=False).agg(alloc=("alloc_peak", "max"), rss=("rss_peak", "max"))
+        # A CUDA run's offload buffers come from torch's pinned pool (cudaHostAlloc): malloc never sees them.
+        heap = _heap_growth(run, pid, mine) if plan.get("device") == "cpu" else None
+        if heap is not None:
+            measured["heap"] = heap
         wanted = [p for p in plan["phases"] if p.get("process", "trainer") == process and p["phase"] in measured.index]
         rows += _rows(wanted, measured, _first_rss(run, pid), tolerance, process)
     return pd.DataFrame(rows, columns=COLUMNS)
+
+
+def _heap_growth(run, pid: int, phases: pd.DataFrame) -> pd.Series | None:
+    """Per phase name, the highest `heap_used` of its instances (their end-event summaries) minus the
+    process's `heap_baseline`; None when the process has no baseline or no heap summaries."""
+    meta = next((p for p in run.processes if int(p.get("pid", -1)) == pid), {})
+    annotations = meta.get("annotations")
+    baseline = annotations.get("heap_baseline") if isinstance(annotations, dict) else None
+    summaries = run.phase_summaries
+    if not isinstance(baseline, int) or isinstance(baseline, bool) or summaries.empty:
+        return None
+    heap = summaries[(summaries["series"] == "heap_used") & (summaries["pid"].astype(np.int64) == pid)]
+    if heap.empty:
+        return None
+    peaks = heap.set_index(heap["id"].astype(np.int64))["peak"].astype(float)
+    by_phase = pd.Series(peaks.reindex(phases["phase_id"].astype(np.int64)).to_numpy(), index=phases["phase"].to_numpy())
+    return by_phase.groupby(level=0, sort=False).max() - baseline
 
 
 def _rows(phases: list[dict], measured: pd.DataFrame, baseline: float | None, tolerance: float,
           process: str) -> list[dict]:
     rows = []
     for p in phases:
+        heap = measured.at[p["phase"], "heap"] if "heap" in measured else np.nan
         if p["device"] == "cuda":
             basis, forecast, value = "allocator", p["allocator"], measured.at[p["phase"], "alloc"]
+        elif pd.notna(heap):
+            basis, forecast, value = "heap", p["peak"], heap
         else:
             basis, forecast = "rss_growth", p["peak"]
             rss = measured.at[p["phase"], "rss"]
             value = rss - baseline if baseline is not None and pd.notna(rss) else np.nan
-        judged = basis == "allocator"  # RSS growth holds more than tensors: shown only
+        judged = basis != "rss_growth"  # RSS growth holds more than tensors: shown only
         error = (forecast - value) / value if pd.notna(value) and value > 0 else np.nan
         rows.append({"process": process, "phase": p["phase"], "device": p["device"], "basis": basis,
                      "forecast": int(forecast), "measured": value, "error": error,

@@ -41,15 +41,18 @@ def forecast_html(run, table_id: str = "forecast") -> str:
     bad = outside(comparison)
     judged = int(comparison["judged"].sum())
     listing = (f'<p class="pass-text">Every judged phase ({judged}) within {TOLERANCE:.0%} of its forecast.</p>'
-               if bad.empty and judged else '<p class="muted">No allocator here: nothing judged.</p>' if bad.empty else
+               if bad.empty and judged else
+               '<p class="muted">Nothing judged: no allocator here, and the heap was not sampled (record --heap).</p>'
+               if bad.empty else
                f'<div class="warn" id="{table_id}-outside"><b>Outside {TOLERANCE:.0%}</b><ul>' +
                "".join(f"<li>{html.escape(r['phase'])} on {_where(r)}: forecast {r['forecast'] / GiB:.3f} GiB, "
                        f"measured {r['measured'] / GiB:.3f} GiB ({r['error']:+.1%})</li>"
                        for r in bad.to_dict("records")) + "</ul></div>")
     return f"""<h3>Forecast vs measured</h3>
   <p class="muted small">The plan the trainer stored before allocating (python -m trainer.train --plan): cuda is
-  compared with the allocator's true peak; host is shown beside the process's RSS growth since its first sample, which
-  holds libraries and retained heap too, so it is not judged (docs/forecast.md checks it against the heap in use).</p>
+  compared with the allocator's true peak; host with glibc's heap in use above the level before the trainer allocated
+  (basis heap, recorded with record --heap; sampled, no true peak), else shown beside the process's RSS growth since its
+  first sample, which holds libraries and retained heap too, so it is not judged (docs/forecast.md).</p>
   {listing}
   <table id="{table_id}" class="data"><thead><tr><th>phase</th><th>device</th><th>basis</th><th>forecast GiB</th>
   <th>measured GiB</th><th>error</th></tr></thead><tbody>{"".join(rows)}</tbody></table>"""

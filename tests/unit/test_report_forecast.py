@@ -38,3 +38,24 @@ def test_malformed_plan_entries_are_dropped(tmp_path):
     assert found_pids == pids and len(found["phases"]) == len(plan["phases"]) - 4
     comparison = compare(mp.load(run_dir), found, found_pids)
     assert len(comparison) == 10 and set(comparison["device"]) == {"host"}
+
+
+def test_the_cpu_sample_log_is_judged_on_the_heap_and_a_cuda_plan_never_is(tmp_path):
+    """sample_logs/cpu was recorded with --heap: every host phase judged on glibc's heap, within 5%.
+    The same log with its plan marked cuda falls back to RSS growth, shown: a CUDA run's offload
+    buffers are pinned memory that malloc never sees."""
+    run = mp.load(REPO / "sample_logs/cpu")
+    pids, plan = stored_plan(run)
+    comparison = compare(run, plan, pids)
+    assert len(comparison) == 10 and (comparison["basis"] == "heap").all() and comparison["judged"].all()
+    assert (comparison["error"].abs() < 0.05).all()
+    run_dir = tmp_path / "run"
+    shutil.copytree(REPO / "sample_logs/cpu", run_dir)
+    meta_path = next(run_dir.glob("vm-*.meta.json"))
+    meta = json.loads(meta_path.read_text())
+    meta["annotations"]["forecast"]["device"] = "cuda"
+    meta_path.write_text(json.dumps(meta))
+    run = mp.load(run_dir)
+    pids, plan = stored_plan(run)
+    comparison = compare(run, plan, pids)
+    assert (comparison["basis"] == "rss_growth").all() and not comparison["judged"].any()

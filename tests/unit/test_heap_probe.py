@@ -1,0 +1,49 @@
+"""glibc's heap in use (probes/heap.py) on real allocations, and the recorder's opt-in."""
+from __future__ import annotations
+
+import torch
+
+import miles_profile as mp
+from miles_profile.probes.heap import HeapProbe, heap_in_use
+
+MiB = 1024**2
+
+
+def test_heap_in_use_follows_a_torch_tensor_and_its_free():
+    before = heap_in_use()
+    tensor = torch.ones(64 * MiB // 4)  # 64 MiB of float32, malloc'd by torch's CPU allocator
+    held = heap_in_use()
+    del tensor
+    after = heap_in_use()
+    assert 64 * MiB <= held - before < 65 * MiB
+    assert abs(after - before) < MiB
+
+
+def test_the_probes_peak_keeps_the_read_before_so_a_drop_still_shows_the_level_entering_it():
+    probe = HeapProbe()
+    tensor = torch.ones(32 * MiB // 4)
+    level, _ = probe.read()
+    del tensor
+    now, peak = probe.read()
+    assert level - now >= 32 * MiB and peak == level  # the interval's start counts
+    again, peak = probe.read()
+    assert peak == max(again, now)
+
+
+def test_the_recorder_samples_the_heap_only_when_asked(tmp_path, monkeypatch):
+    monkeypatch.delenv("MILES_PROFILE_HEAP", raising=False)
+    with mp.Recorder(tmp_path / "off", interval_ms=5) as off:
+        assert not off.samples_heap and not mp.samples_heap()
+    monkeypatch.setenv("MILES_PROFILE_HEAP", "1")  # what `record --heap` sets for every process of the run
+    with mp.Recorder(tmp_path / "on", interval_ms=5) as on:
+        assert on.samples_heap and mp.samples_heap()
+        mp.heap_baseline()
+        with mp.phase("train"):
+            tensor = torch.ones(16 * MiB // 4)
+        del tensor  # held at the phase's end: its closing row reads it (a spike in between can be missed)
+    run = mp.load(tmp_path / "on")
+    assert not [c for c in mp.load(tmp_path / "off").samples.columns if c.startswith("heap")]
+    baseline = run.processes[0]["annotations"]["heap_baseline"]
+    summary = run.phase_summaries.set_index("series").loc["heap_used"]
+    assert summary["peak"] - baseline >= 16 * MiB
+    assert {"heap_used", "heap_used_peak"} <= set(run.samples.columns)
