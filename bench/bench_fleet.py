@@ -30,7 +30,7 @@ GPUS = 8
 
 def measure(processes: int, minutes: float) -> dict:
     from miles_profile.report import fleet
-    from miles_profile.report.fleet_checks import run_fleet_checks
+    from miles_profile.verdicts.fleet_checks import run_fleet_checks
     from miles_profile.report.fleet_figures import fleet_heatmap
     from miles_profile.report.fleet_synthetic import GiB, MiB, iterations_for, synthetic_table
 

@@ -94,7 +94,7 @@ def pytest_runtest_call(item):
 def _judge(item, run_dir, limits: dict) -> None:
     from miles_profile.errors import MilesProfileError
     from miles_profile.logdir.reader import load_run
-    from miles_profile.report.memory_limit import judge_limits
+    from miles_profile.verdicts.memory_limit import judge_limits
     try:
         verdicts = judge_limits(load_run(run_dir), limits.get("gpu"), limits.get("host"), limits.get("phase"))
     except MilesProfileError as exc:  # e.g. an unknown phase family

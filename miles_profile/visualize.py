@@ -55,8 +55,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _thresholds(pairs: list[str]):
     """(Thresholds, FleetThresholds) with the NAME=VALUE overrides (a name both have sets both)."""
-    from miles_profile.report.checks import Thresholds
-    from miles_profile.report.fleet_checks import FleetThresholds
+    from miles_profile.verdicts.checks import Thresholds
+    from miles_profile.verdicts.fleet_checks import FleetThresholds
     found = [Thresholds(), FleetThresholds()]
     known = list(dict.fromkeys(Thresholds.names() + FleetThresholds.names()))
     for pair in pairs:
@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         from miles_profile.report.build import VisualizeOptions, visualize
-        from miles_profile.report.regression import RegressionThresholds
+        from miles_profile.verdicts.gate import RegressionThresholds
         thresholds, fleet_thresholds = _thresholds(args.threshold)
         options = VisualizeOptions(
             paths=[p for p in [*args.path, *args.compare] if p], output=args.output, png=args.png,

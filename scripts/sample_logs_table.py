@@ -22,7 +22,7 @@ import numpy as np  # noqa: E402
 import miles_profile as mp  # noqa: E402
 from miles_profile.logdir import find_runs  # noqa: E402
 from miles_profile.names import GENERATE, PHASES, TRAIN  # noqa: E402
-from miles_profile.report.checks import run_checks  # noqa: E402
+from miles_profile.verdicts.checks import run_checks  # noqa: E402
 
 GiB = 1024 ** 3
 START, END = "<!-- h200-table:start -->", "<!-- h200-table:end -->"

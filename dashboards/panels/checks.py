@@ -9,9 +9,9 @@ from dash.exceptions import PreventUpdate
 from dashboards.messages import describe, message
 from dashboards.panels.refresh import due
 from dashboards.runs import summarize
-from miles_profile.report.checks import CheckResult, run_checks
+from miles_profile.verdicts.checks import CheckResult, run_checks
 from miles_profile.report.figures import run_start
-from miles_profile.report.phase_filter import select_checks, selection_for
+from miles_profile.verdicts.selection import select_checks, selection_for
 
 _VERDICT_CLASS = {"pass": "badge-pass", "fail": "badge-fail"}
 

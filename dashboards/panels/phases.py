@@ -7,7 +7,7 @@ from dash.exceptions import PreventUpdate
 
 from dashboards.messages import describe, message
 from dashboards.panels.refresh import due
-from miles_profile.report.phase_filter import selection_for
+from miles_profile.verdicts.selection import selection_for
 from miles_profile.report.series import GiB
 from miles_profile.report.stats import phase_table, stat_metrics
 

@@ -119,7 +119,7 @@ def build_figure(run, run_id: str, window: tuple[float, float] | None, phases: s
     the phases in view) are the report's; only the page's layout is set here."""
     t0 = run_start(run)
     t_range = None if window is None else (window[0] - t0, window[1] - t0)
-    from miles_profile.report.phase_filter import select_run, selection_for
+    from miles_profile.verdicts.selection import select_run, selection_for
     shown = select_run(run, selection_for(run, phases))
     figure = timeline_figure(shown, max_points=MAX_POINTS, t_range=t_range, phase_peaks=False)
     # Beside a training run the page is narrow: the legend goes above the plots, not beside them.

@@ -19,7 +19,7 @@ from typing import Callable
 
 from miles_profile.errors import MilesProfileError
 from miles_profile.logdir.layout import RUN_META, find_runs
-from miles_profile.report.checks import Thresholds, overall_status
+from miles_profile.verdicts.checks import Thresholds, overall_status
 
 
 @dataclass
@@ -142,7 +142,7 @@ def visualize(options: VisualizeOptions, echo: Callable[[str], None] = print) ->
     from miles_profile.report.compare import comparison_html
     from miles_profile.report.html import build_run_report, write_html
 
-    from miles_profile.report.phase_filter import apply_selection, not_selected_note, selection_for
+    from miles_profile.verdicts.selection import apply_selection, not_selected_note, selection_for
 
     started = time.perf_counter()
     runs, notes = load_inputs(options.paths, lazy=len(options.paths) == 1)
@@ -210,7 +210,7 @@ def _load_baseline(path: str):
 
 
 def _gates(runs, baseline, selections, options: VisualizeOptions) -> list:
-    from miles_profile.report.regression import compare_runs
+    from miles_profile.verdicts.gate import compare_runs
     return [compare_runs(run, baseline, options.baseline_thresholds, selection, options.baseline_by_iteration,
                          current_name=str(run.path), baseline_name=str(baseline.path))
             for run, selection in zip(runs, selections)]

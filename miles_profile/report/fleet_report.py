@@ -25,8 +25,8 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from miles_profile.report import checks as checks_mod
-from miles_profile.report import engine_server, fleet, fleet_checks, fleet_figures
+from miles_profile.verdicts import checks as checks_mod, fleet_checks
+from miles_profile.report import engine_server, fleet, fleet_figures
 from miles_profile.report.phase_table import phase_table
 from miles_profile.report.reduce import reduce_series
 from miles_profile.report.series import series_arrays

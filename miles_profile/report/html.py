@@ -20,7 +20,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.offline import get_plotlyjs
 
-from miles_profile.report import checks as checks_mod
+from miles_profile.verdicts import checks as checks_mod
 from miles_profile.report.figures import run_start, timeline_figure
 from miles_profile.report.forecast_html import forecast_html
 from miles_profile.report.series import GiB

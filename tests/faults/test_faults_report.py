@@ -27,7 +27,7 @@ import pytest
 from conftest import REPO, python_env
 from dashboards.serve import dashboard_process
 from miles_profile.logdir.reader import load_run
-from miles_profile.report.checks import Thresholds, check_offload_drop, run_checks
+from miles_profile.verdicts.checks import Thresholds, check_offload_drop, run_checks
 from miles_profile.visualize import main
 
 sys.path.insert(0, str(REPO / "tests" / "unit"))

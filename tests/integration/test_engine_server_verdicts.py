@@ -16,7 +16,7 @@ import pytest
 
 import miles_profile as mp
 from miles_profile import visualize
-from miles_profile.report import fleet_checks, fleet_report
+from miles_profile.verdicts import fleet_checks, fleet_report
 from miles_profile.report.phase_table import phase_table
 from tests.conftest import REPO, python_env
 

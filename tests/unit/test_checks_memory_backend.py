@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from miles_profile.report.checks import Thresholds, check_offload_drop
+from miles_profile.verdicts.checks import Thresholds, check_offload_drop
 from test_report_fakes import GiB, PID, make_run, steps
 
 T = np.round(np.arange(0.0, 10.0, 0.1), 6)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from miles_profile.report.checks import (
+from miles_profile.verdicts.checks import (
     Thresholds, check_disk_offload_host_flat, check_headroom, check_host_weight_copies, check_leak,
     check_offload_drop, check_serialized_peaks, check_transition_spikes, overall_status, run_checks,
 )

@@ -4,8 +4,8 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from miles_profile.report.checks import CheckResult
-from miles_profile.report.fleet_checks import (
+from miles_profile.verdicts.checks import CheckResult
+from miles_profile.verdicts.fleet_checks import (
     FleetThresholds, check_floor_trend_leak, check_rank_imbalance, check_serialized_peaks_per_gpu,
     run_fleet_checks,
 )

@@ -6,7 +6,7 @@ import pytest
 
 from miles_profile.errors import MilesProfileError
 from miles_profile.logdir.reader import load_run
-from miles_profile.report.memory_limit import judge_limits
+from miles_profile.verdicts.memory_limit import judge_limits
 from tests.conftest import REPO
 
 GiB = 1024 ** 3

@@ -25,7 +25,7 @@ import pytest
 
 from miles_profile import names
 from miles_profile.importers.miles_dashboard import load_miles_dashboard
-from miles_profile.report.checks import run_checks
+from miles_profile.verdicts.checks import run_checks
 
 HOSTS = ("10.0.0.1", "10.0.0.2")
 GPUS = 4

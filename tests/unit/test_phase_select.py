@@ -8,8 +8,8 @@ from miles_profile import names
 from miles_profile.errors import MilesProfileError
 from miles_profile.logdir.reader import load_run
 from miles_profile.phase_select import FAMILIES, parse_phases
-from miles_profile.report.checks import CheckResult, Finding, run_checks
-from miles_profile.report.phase_filter import select_checks, select_run, selection_for
+from miles_profile.verdicts.checks import CheckResult, Finding, run_checks
+from miles_profile.verdicts.selection import select_checks, select_run, selection_for
 from tests.conftest import REPO
 
 

@@ -10,7 +10,7 @@ import pytest
 from miles_profile.errors import MilesProfileError
 from miles_profile.logdir.reader import load_run
 from miles_profile.phase_select import parse_phases
-from miles_profile.report.regression import (
+from miles_profile.verdicts.gate import (
     MEASURE_COLUMNS, RegressionThresholds, compare_runs, phase_measures,
 )
 from tests.conftest import REPO

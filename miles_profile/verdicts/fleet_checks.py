@@ -20,7 +20,7 @@ import pandas as pd
 
 from miles_profile import names
 from miles_profile.report import fleet
-from miles_profile.report.check_types import CheckResult, Finding, gib
+from miles_profile.verdicts.types import CheckResult, Finding, gib
 
 GiB = 1024 ** 3
 MiB = 1024 ** 2

@@ -1,0 +1,119 @@
+"""What every per-process check shares: the memory tracks of a run's processes, windows over them,
+which phases and iterations are finished, and the one rule that turns findings into a CheckResult."""
+from __future__ import annotations
+
+import numpy as np
+
+from miles_profile import names
+from miles_profile.report.series import DRIVER_KINDS, Track, device_track, host_track
+from miles_profile.report.stats import phase_instances
+from miles_profile.verdicts.types import CheckResult, Finding
+
+MiB = 1024 ** 2
+
+
+def span_of(findings: list[Finding]) -> tuple[float, float] | None:
+    spans = [f.span for f in findings if f.span]
+    return (min(s[0] for s in spans), max(s[1] for s in spans)) if spans else None
+
+
+def verdict(name: str, title: str, explanation: str, findings: list[Finding], series: str,
+             ok: str, bad: str) -> CheckResult:
+    failed = [f for f in findings if f.status == "fail"]
+    judged = [f for f in findings if f.status != "n/a"]
+    if not judged:
+        summary = findings[0].message if len(findings) == 1 else (
+            f"{len(findings)} not judged; first: {findings[0].message}" if findings else "nothing to check")
+        return CheckResult(name, title, "n/a", summary, explanation, span_of(findings), findings, series)
+    if failed:
+        summary = f"{len(failed)} of {len(judged)} {bad}; first: {failed[0].message}"
+        return CheckResult(name, title, "fail", summary, explanation, span_of(judged), findings, series)
+    summary = judged[0].message if len(judged) == 1 else f"{len(judged)} {ok}"
+    unjudged = [f for f in findings if f.status == "n/a"]
+    if unjudged:  # say so: a pass over some phases is not a pass over all of them
+        summary += f"; {len(unjudged)} not judged, first: {unjudged[0].message}"
+    return CheckResult(name, title, "pass", summary, explanation, span_of(judged), findings, series)
+
+
+def not_applicable(name: str, title: str, explanation: str, why: str) -> CheckResult:
+    return CheckResult(name, title, "n/a", why, explanation)
+
+
+class Tracks:
+    """Per process: its device track (None on a CPU-only run) and host track, computed once."""
+
+    def __init__(self, run):
+        self.run = run
+        self._cache: dict[tuple[str, int], Track | None] = {}
+        self.gpu = bool(run.gpu_indices)
+
+    def device(self, pid: int) -> Track | None:
+        key = ("device", pid)
+        if key not in self._cache:
+            self._cache[key] = device_track(self.run, pid)
+        return self._cache[key]
+
+    def host(self, pid: int) -> Track | None:
+        key = ("host", pid)
+        if key not in self._cache:
+            self._cache[key] = host_track(self.run, pid)
+        return self._cache[key]
+
+    def memory(self, pid: int) -> Track | None:
+        """Device memory, or host RSS on a run without GPU columns."""
+        return self.device(pid) if self.gpu else self.host(pid)
+
+    def driver(self, pid: int) -> Track | None:
+        """Device memory as the driver sees it (NVML per process, else NVML device used)."""
+        key = ("driver", pid)
+        if key not in self._cache:
+            self._cache[key] = device_track(self.run, pid, DRIVER_KINDS)
+        return self._cache[key]
+
+
+def window(track: Track, a: float, b: float) -> slice:
+    """Samples with a < t <= b (their peaks fall in that span)."""
+    return slice(int(np.searchsorted(track.t, a, "right")), int(np.searchsorted(track.t, b, "right")))
+
+
+def nanmax(x: np.ndarray) -> float:
+    return float(np.nanmax(x)) if len(x) and np.isfinite(x).any() else float("nan")
+
+
+def nanmin(x: np.ndarray) -> float:
+    return float(np.nanmin(x)) if len(x) and np.isfinite(x).any() else float("nan")
+
+
+def recording(run) -> bool:
+    """True while a recorder process has not written its `end_time` (the run is being written, or that
+    recorder died without a clean stop): either way its last iteration did not finish."""
+    return any("start_time" in p and "end_time" not in p for p in run.processes)
+
+
+def unfinished_iterations(run) -> set[int]:
+    """Iterations that hold an open phase, and the last iteration while the run is being recorded."""
+    inst = phase_instances(run)
+    if inst.empty:
+        return set()
+    iterations = inst["iteration"]
+    unfinished = {int(i) for i in iterations[inst["status"] == names.OPEN]}
+    if recording(run):
+        unfinished.add(int(iterations.max()))
+    return {i for i in unfinished if i >= 0}
+
+
+def still_open(row) -> bool:
+    """Whether a phase instance (a row of phase_instances, as a Series or a namedtuple) has not ended."""
+    return getattr(row, "status", None) == names.OPEN
+
+
+def open_finding(label: str, where: dict) -> Finding:
+    return Finding("n/a", f"{label}: still open, judged once it ends", **where)
+
+
+def tags_of(value) -> list[str]:
+    if isinstance(value, (list, tuple)):
+        return [str(v) for v in value]
+    return [str(value)] if isinstance(value, str) else []
+
+

@@ -1,0 +1,55 @@
+"""transition_spikes: no peak between two phases above both neighbours' peaks."""
+from __future__ import annotations
+
+import numpy as np
+
+from miles_profile.report.stats import phase_instances
+from miles_profile.verdicts.types import CheckResult, Finding, Thresholds, gib
+from miles_profile.verdicts.common import (
+    Tracks, nanmax, not_applicable, still_open, verdict,
+    window)
+
+
+def check_transition_spikes(run, th: Thresholds) -> CheckResult:
+    name, title = "transition_spikes", "No spikes between phases"
+    explanation = ("Between two consecutive phases the true peak may exceed the larger neighbour's peak by at most "
+                   f"{th.transition_tolerance_share:.0%} of it plus {gib(th.transition_abs_bytes)}: a spike there "
+                   "means two states coexisted during the hand-over.")
+    inst = phase_instances(run)
+    if len(inst) < 2:
+        return not_applicable(name, title, explanation, "fewer than two phases")
+    tracks = Tracks(run)
+    findings = []
+    for pid, group in inst[inst["depth"] == 0].sort_values("start").groupby("pid"):
+        track = tracks.memory(int(pid))
+        if track is None:
+            continue
+        rows = list(group.itertuples())
+        for a, b in zip(rows, rows[1:]):
+            if still_open(a) or still_open(b):
+                continue  # an open neighbour's peak is not known yet
+            gap = window(track, a.end, b.start)
+            if gap.stop <= gap.start:
+                continue  # no sample between the phases: nothing happened outside them
+            written = track.measured_times(peak=True)
+            if not len(written) or written[-1] < b.end:  # b's peak may be in the samples not written yet
+                findings.append(Finding("n/a", f"{a.name} → {b.name} (#{b.iteration}): not judged, the samples "
+                                               "end before the phase after it does", (a.end, b.start), b.name,
+                                        int(b.iteration)))
+                continue
+            spike = nanmax(track.peak[gap])
+            neighbours = np.fmax(nanmax(track.peak[window(track, a.start, a.end)]),
+                                 nanmax(track.peak[window(track, b.start, b.end)]))
+            if not (np.isfinite(spike) and np.isfinite(neighbours)):
+                continue
+            limit = neighbours * (1 + th.transition_tolerance_share) + th.transition_abs_bytes
+            status = "fail" if spike > limit else "pass"
+            findings.append(Finding(status, f"{a.name} → {b.name} (#{b.iteration}): peak {gib(spike)} between them, "
+                                            f"neighbours {gib(neighbours)}",
+                                    (a.end, b.start), b.name, int(b.iteration),
+                                    dict(spike=spike, neighbours=neighbours, limit=limit, series=track.label)))
+    if not findings:
+        return not_applicable(name, title, explanation, "no samples between consecutive phases")
+    return verdict(name, title, explanation, findings, "device memory" if tracks.gpu else "host RSS (no GPU columns)",
+                    "phase boundaries without a spike", "boundaries spiked")
+
