@@ -7,7 +7,7 @@ import numpy as np
 from miles_profile import names
 from miles_profile.report.series import DRIVER_KINDS, Track, device_track, host_track
 from miles_profile.report.stats import phase_instances
-from miles_profile.verdicts.types import CheckResult, Finding
+from miles_profile.verdicts.types import TOO_SMALL, CheckResult, Finding
 
 MiB = 1024 ** 2
 
@@ -18,21 +18,35 @@ def span_of(findings: list[Finding]) -> tuple[float, float] | None:
 
 
 def verdict(name: str, title: str, explanation: str, findings: list[Finding], series: str,
-             ok: str, bad: str) -> CheckResult:
+            ok: str, bad: str) -> CheckResult:
+    """A check's result from its findings: one failure fails it; else a pass passes it; else findings
+    too small to judge make it "too small to judge"; else n/a. Its resolution is the coarsest judged."""
     failed = [f for f in findings if f.status == "fail"]
-    judged = [f for f in findings if f.status != "n/a"]
+    judged = [f for f in findings if f.status in ("pass", "fail")]
+    small = [f for f in findings if f.status == TOO_SMALL]
+    resolutions = [f.resolution for f in findings if f.resolution is not None]
+    resolution = max(resolutions) if resolutions else None
+
+    def result(status, summary, span):
+        return CheckResult(name, title, status, summary, explanation, span, findings, series, resolution)
+
     if not judged:
+        if small:
+            first = small[0].message
+            return result(TOO_SMALL, first if len(small) == 1 else f"{len(small)} too small to judge; first: {first}",
+                          span_of(small))
         summary = findings[0].message if len(findings) == 1 else (
             f"{len(findings)} not judged; first: {findings[0].message}" if findings else "nothing to check")
-        return CheckResult(name, title, "n/a", summary, explanation, span_of(findings), findings, series)
+        return result("n/a", summary, span_of(findings))
     if failed:
-        summary = f"{len(failed)} of {len(judged)} {bad}; first: {failed[0].message}"
-        return CheckResult(name, title, "fail", summary, explanation, span_of(judged), findings, series)
+        return result("fail", f"{len(failed)} of {len(judged)} {bad}; first: {failed[0].message}", span_of(failed))
     summary = judged[0].message if len(judged) == 1 else f"{len(judged)} {ok}"
+    if small:
+        summary += f"; {len(small)} too small to judge"
     unjudged = [f for f in findings if f.status == "n/a"]
     if unjudged:  # say so: a pass over some phases is not a pass over all of them
         summary += f"; {len(unjudged)} not judged, first: {unjudged[0].message}"
-    return CheckResult(name, title, "pass", summary, explanation, span_of(judged), findings, series)
+    return result("pass", summary, span_of(judged))
 
 
 def not_applicable(name: str, title: str, explanation: str, why: str) -> CheckResult:

@@ -74,7 +74,8 @@ def _result(name, title, explanation, findings, judged, worst, series, ok, bad) 
     else:
         summary = f"{len(findings)} {ok} (judged {counted}){where}"
         status = "pass"
-    return FleetCheckResult(name, title, status, summary, explanation, span, findings, series, judged, worst)
+    return FleetCheckResult(name, title, status, summary, explanation, span, findings, series, judged=judged,
+                            worst=worst)
 
 
 def _na(name, title, explanation, why) -> FleetCheckResult:

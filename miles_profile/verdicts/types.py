@@ -9,7 +9,12 @@ import numpy as np
 
 from miles_profile.report.series import GiB
 
-Status = Literal["pass", "fail", "n/a"]
+Status = Literal["pass", "fail", "n/a", "too small to judge"]
+# A comparison whose quantity (an expected size, a margin, a growth) lies below what its series can
+# resolve (verdicts/resolution.py) is neither a pass nor a failure: it says so.
+TOO_SMALL: Status = "too small to judge"
+# Worst first: how statuses are ordered in every view, and how a check's status follows its findings'.
+STATUS_ORDER: dict[str, int] = {"fail": 0, "pass": 1, TOO_SMALL: 2, "n/a": 3}
 MiB = 1024 ** 2
 
 
@@ -58,6 +63,37 @@ class Finding:
     phase: str | None = None
     iteration: int | None = None
     numbers: dict[str, Any] = field(default_factory=dict)
+    # Why it failed (or what was found), as a stable id a test or a CI rule can match: one of CAUSES.
+    cause: str | None = None
+    # The series judged ("allocator allocated", "NVML per process", "host RSS", ...) and what it can
+    # resolve in bytes: below that a difference is noise (verdicts/resolution.py).
+    series: str | None = None
+    resolution: float | None = None
+
+
+# Every cause a finding may name. A check's module says which it uses; views print `message`, the
+# corpus benchmark (bench/verdicts.py) matches `cause`.
+CAUSES = {
+    # offload_drop
+    "still_referenced": "the declared tensors are still allocated: something keeps a reference to them",
+    "cached_not_returned": "freed, but the allocator kept the blocks cached: call torch.cuda.empty_cache()",
+    "freed_late": "freed only after the phase ended, within the next phase of the same process",
+    "never_freed": "the memory was never freed",
+    "paused_not_released": "a torch_memory_saver pause that did not return memory to the driver",
+    # leak and floor_trend_leak
+    "sustained_growth": "the per-iteration floor keeps rising after warm-up",
+    "one_time_step": "the floor stepped up once and stayed flat: allocator or glibc retention, not a leak",
+    # serialized_peaks
+    "both_footprints": "the training and rollout footprints were resident at once",
+    "residual": "more than one footprint is resident, but less than the other footprint: a residual",
+    # fleet
+    "rank_outlier": "one rank's peak lies far outside its peers' spread",
+    # headroom, spikes, host memory
+    "near_total": "the peak is near the device (or host) total",
+    "transition_spike": "two states coexisted during a hand-over between phases",
+    "host_staging": "a disk offload staged the state in host memory",
+    "host_weight_copy": "moving the weights made a second host copy",
+}
 
 
 @dataclass
@@ -70,13 +106,18 @@ class CheckResult:
     span: tuple[float, float] | None = None      # Unix seconds: what the check looked at
     findings: list[Finding] = field(default_factory=list)
     series: str = ""                             # which memory it judged
+    resolution: float | None = None              # bytes the judged series can resolve (the coarsest used)
 
 
 def gib(n: float) -> str:
     return "?" if n is None or not np.isfinite(n) else f"{n / GiB:.3f} GiB"
 
 
+def worst_status(statuses) -> Status:
+    """fail > pass > too small to judge > n/a: one failure fails; a pass over anything is a pass."""
+    statuses = list(statuses)
+    return min(statuses, key=lambda s: STATUS_ORDER.get(s, 9)) if statuses else "n/a"
+
+
 def overall_status(results: list[CheckResult]) -> Status:
-    if any(r.status == "fail" for r in results):
-        return "fail"
-    return "pass" if any(r.status == "pass" for r in results) else "n/a"
+    return worst_status(r.status for r in results)
