@@ -12,6 +12,7 @@ the report labels it as such.
 """
 from __future__ import annotations
 
+import io
 import re
 from pathlib import Path
 
@@ -20,6 +21,7 @@ import pandas as pd
 
 from miles_profile import names
 from miles_profile.errors import MilesProfileError
+from miles_profile.logdir.files import read_data  # NotRegularFile is a MilesProfileError
 from miles_profile.logdir.layout import FORMAT_VERSION
 from miles_profile.logdir.reader import Run, events_frame, phase_timeline, phases_from_events
 
@@ -32,8 +34,9 @@ GB = 10 ** 9  # the profiler's unit (decimal), not GiB
 
 
 def _read(path: Path) -> pd.DataFrame:
-    try:
-        frame = pd.read_csv(path, dtype=str, keep_default_na=False, skipinitialspace=True,
+    try:  # the guarded open: regular files only, holes skipped, at most DATA_MAX_BYTES
+        data, _ = read_data(path)
+        frame = pd.read_csv(io.BytesIO(data), dtype=str, keep_default_na=False, skipinitialspace=True,
                             on_bad_lines="skip", engine="python")
     except (OSError, UnicodeDecodeError, pd.errors.ParserError, pd.errors.EmptyDataError) as exc:
         raise MilesProfileError(f"{path}: unreadable CSV ({type(exc).__name__})") from None

@@ -43,7 +43,10 @@ import pandas as pd
 
 from miles_profile import names
 from miles_profile.errors import MilesProfileError
-from miles_profile.importers.miles_dashboard_streams import OPEN_T1, gpu_frame, phase_frame, proc_frame, topology
+from miles_profile.importers.miles_dashboard_streams import (
+    OPEN_T1, gpu_frame, phase_frame, proc_frame, stream_files, topology,
+)
+from miles_profile.logdir.files import read_small
 from miles_profile.logdir.host_reader import GPU_PROC_COLUMNS, GPU_SAMPLE_COLUMNS, HOST_COLUMNS
 from miles_profile.logdir.layout import FORMAT_VERSION
 from miles_profile.logdir.reader import EVENT_COLUMNS, PHASE_COLUMNS, Run
@@ -61,9 +64,9 @@ SOURCE = "Miles dashboard (--use-miles-dashboard)"
 
 
 def _meta(path: Path) -> dict[str, Any] | None:
-    try:
-        data = json.loads((path / "meta.json").read_text())
-    except (OSError, ValueError):
+    try:  # the guarded open: a FIFO or a 2 GiB sparse meta.json is refused at once
+        data = json.loads(read_small(path / "meta.json"))
+    except (MilesProfileError, OSError, ValueError, RecursionError):
         return None
     if not isinstance(data, dict) or "format_version" in data:
         return None
@@ -295,6 +298,18 @@ def _samples(gpu: pd.DataFrame, lane: np.ndarray, pids_of_lane: list[list[int]],
     return frame
 
 
+def _no_gpu_samples(root: Path, warnings: list[str]) -> str:
+    """Why a dashboard with phases has no memory: damaged gpu_util files, or no NVML for Miles' sampler."""
+    damage = [w for w in warnings if w.startswith("gpu_util")]
+    if damage:
+        return (f"{root}: the Miles dashboard's gpu_util stream holds no readable sample "
+                f"({'; '.join(damage[:3])}): no memory to report")
+    if stream_files(root, "gpu_util"):
+        return f"{root}: the Miles dashboard's gpu_util files hold no sample: no memory to report"
+    return (f"{root}: the Miles dashboard holds phases but no gpu_util samples "
+            "(NVML was unavailable to Miles' GPU sampler): no memory to report")
+
+
 def load_miles_dashboard(path: str | Path) -> Run:
     given = Path(path)
     root = find_miles_dashboard(given)
@@ -307,9 +322,8 @@ def load_miles_dashboard(path: str | Path) -> Run:
     snapshots = topology(root, warnings)
     if gpu.empty and ph.empty:
         raise MilesProfileError(f"{root}: the Miles dashboard holds no gpu_util samples and no phases")
-    if gpu.empty:  # Miles' sampler found no NVML: phases without one memory value
-        raise MilesProfileError(f"{root}: the Miles dashboard holds phases but no gpu_util samples "
-                                "(NVML was unavailable to Miles' GPU sampler): no memory to report")
+    if gpu.empty:
+        raise MilesProfileError(_no_gpu_samples(root, warnings))
     uuids = {(w["node"], w["gpu"]): w["uuid"] for s in snapshots for w in s["workers"] if w["uuid"]}
     stamps = [*gpu["ts"].iloc[[0, -1]]] if len(gpu) else []
     stamps += [float(ph["t0"].min()), float(ph.loc[ph["t1"] != OPEN_T1, "t1"].max())] if len(ph) else []

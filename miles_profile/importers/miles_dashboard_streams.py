@@ -20,6 +20,8 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.json as pajson
 
+from miles_profile.logdir.files import NotRegularFile, read_data
+
 OPEN_T1 = -1.0  # PhaseEvent.OPEN_T1: the interval was still open when written
 GPU_SCHEMA = pa.schema([("ts", pa.float64()), ("node", pa.string()), ("gpu", pa.int64()), ("mem_mb", pa.int64())])
 # GpuProcessSample, in a later store.py than the commit read for the rest (gpu_sampler.py at 3e08b1bf
@@ -32,18 +34,21 @@ PHASE_SCHEMA = pa.schema([("name", pa.string()), ("t0", pa.float64()), ("t1", pa
 
 def stream_files(root: Path, stream: str) -> list[Path]:
     # Links are not followed: the dashboard serves what is under its root only (dashboards/paths.py).
+    # A FIFO or device is listed: _complete_lines refuses it with a warning (never opens it blocking).
     legacy = root / f"{stream}.jsonl"
     folder = root / stream
     parts = sorted(folder.glob("*.jsonl")) if folder.is_dir() and not folder.is_symlink() else []
-    return [p for p in ([legacy] if legacy.is_file() else []) + parts if not p.is_symlink()]
+    return [p for p in ([legacy] if legacy.exists() else []) + parts if not p.is_symlink()]
 
 
 def _complete_lines(path: Path, stream: str, warnings: list[str]) -> bytes:
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        warnings.append(f"{stream}/{path.name}: unreadable ({exc.strerror or exc}), skipped")
+    try:  # regular files only, holes skipped, at most DATA_MAX_BYTES (logdir/files.py)
+        data, cut = read_data(path)
+    except NotRegularFile as exc:
+        warnings.append(f"{stream}/{exc}, skipped")
         return b""
+    if cut:
+        warnings.append(f"{stream}/{path.name}: only its first {len(data):,} data bytes were read")
     end = data.rfind(b"\n")
     if end + 1 < len(data):
         warnings.append(f"{stream}/{path.name}: dropped a truncated last line")
@@ -56,7 +61,7 @@ def _lines_slowly(data: bytes, schema: pa.Schema) -> tuple[pd.DataFrame, int]:
     for line in data.splitlines():
         try:
             row = json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: thousands of nested brackets
             row = None
         if isinstance(row, dict):
             rows.append(row)
@@ -102,7 +107,10 @@ def gpu_frame(root: Path, warnings: list[str]) -> pd.DataFrame:
     good = frame[["ts", "gpu", "mem_mb", "node"]].notna().all(axis=1)
     if (~good).any():
         warnings.append(f"gpu_util: skipped {int((~good).sum())} samples without ts, node, gpu or mem_mb")
-    frame = frame[good].astype({"ts": "float64", "gpu": "int64", "mem_mb": "int64", "node": str})
+    negative = good & (frame["mem_mb"] < 0)  # NVML used >> 20 is never negative: damage, not a value
+    if negative.any():
+        warnings.append(f"gpu_util: skipped {int(negative.sum())} samples with a negative mem_mb")
+    frame = frame[good & ~negative].astype({"ts": "float64", "gpu": "int64", "mem_mb": "int64", "node": str})
     return frame.sort_values("ts", kind="stable").reset_index(drop=True)
 
 
@@ -155,7 +163,7 @@ def topology(root: Path, warnings: list[str]) -> list[dict]:
                         workers.append({"addr": str(engine["addr"]), "engine_rank": int(engine.get("engine_rank", -1)),
                                         "node": str(node), "gpu": int(gpu), "uuid": uuid})
                 snapshots.append({"t0": float(row["ts"]), "workers": workers})
-            except (AttributeError, KeyError, TypeError, ValueError):
+            except (AttributeError, KeyError, TypeError, ValueError, RecursionError):
                 if line.strip():
                     warnings.append("topology: skipped a malformed snapshot")
     snapshots.sort(key=lambda s: s["t0"])

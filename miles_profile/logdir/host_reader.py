@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -23,7 +24,8 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.csv as pacsv
 
-from miles_profile.logdir.layout import GPU_PROCS_SUFFIX, HOST_META_SUFFIX, HOST_SAMPLES_SUFFIX
+from miles_profile.logdir.files import NotRegularFile, read_data, read_small
+from miles_profile.logdir.layout import FORMAT_VERSION, GPU_PROCS_SUFFIX, HOST_META_SUFFIX, HOST_SAMPLES_SUFFIX
 
 HOST_COLUMNS = ["t", "host", "host_available", "host_total", "cgroup_usage", "cgroup_limit"]
 GPU_SAMPLE_COLUMNS = ["t", "host", "gpu_uuid", "used"]
@@ -31,25 +33,53 @@ GPU_PROC_COLUMNS = ["t", "host", "gpu_uuid", "pid", "bytes"]
 _USED_PREFIX = "gpu_used:"
 
 
-def host_meta(dirs: Iterable[Path]) -> list[dict[str, Any]]:
-    found = []
+def host_meta(dirs: Iterable[Path], warnings: list[str] | None = None) -> list[dict[str, Any]]:
+    """Every readable host meta of `dirs`. Its `stem` is always its file's name: a name written in a
+    file is never a path (`"stem": "../../x"` would read outside the run)."""
+    found, problems = [], []
     for run_dir in dirs:
         for path in sorted(Path(run_dir).glob(f"*{HOST_META_SUFFIX}")):
-            try:
-                meta = json.loads(path.read_text())
-            except (OSError, ValueError):
-                continue
-            if isinstance(meta, dict):
-                meta["stem"] = meta.get("stem") or path.name[: -len(HOST_META_SUFFIX)]
+            meta = _one_host_meta(path, problems)
+            if meta is not None:
+                meta["stem"] = path.name[: -len(HOST_META_SUFFIX)]
                 meta["dir"] = str(run_dir)
                 found.append(meta)
+    if warnings is not None:
+        warnings.extend(p for p in problems if p not in warnings)  # read again per view: said once
     return found
+
+
+def _one_host_meta(path: Path, problems: list[str]) -> dict[str, Any] | None:
+    """A host meta through the guarded open (a FIFO or /dev/zero link is refused, not waited on)."""
+    try:
+        meta = json.loads(read_small(path))
+    except NotRegularFile as exc:
+        problems.append(f"{exc}; that host's samples are not shown")
+        return None
+    except (ValueError, RecursionError):
+        problems.append(f"{path.name}: unreadable host meta; that host's samples are not shown")
+        return None
+    if not isinstance(meta, dict):
+        problems.append(f"{path.name}: host meta is not a JSON object; that host's samples are not shown")
+        return None
+    version = meta.get("format_version")
+    if type(version) is not int or version != FORMAT_VERSION:
+        problems.append(f"{path.name}: host log format version {version!r}, this miles-profile reads "
+                        f"{FORMAT_VERSION}; that host's samples are not shown")
+        return None
+    return meta
 
 
 def _read_csv(path: Path, warnings: list[str]) -> pd.DataFrame | None:
     """One host CSV (wide or long): pyarrow's parser (a 64-host run has millions of process rows),
     pandas' cell by cell where a field is garbage."""
-    data = path.read_bytes()
+    try:  # regular files only, holes skipped, at most DATA_MAX_BYTES
+        data, cut = read_data(path)
+    except NotRegularFile as exc:
+        warnings.append(str(exc))
+        return None
+    if cut:
+        warnings.append(f"{path.name}: over {len(data):,} data bytes; only its beginning was read")
     end = data.rfind(b"\n")
     if end < 0:
         return None
@@ -89,12 +119,12 @@ def host_frames(dirs: Iterable[Path], warnings: list[str], *, samples: bool = Tr
     `only_hosts`: only these hosts' files (the per-process rows of a 64-host run are millions)."""
     hosts, gpus, proc_frames = [], [], []
     wanted = None if only_hosts is None else {str(h) for h in only_hosts}
-    for meta_ in host_meta(dirs):
-        stem, host = meta_["stem"], str(meta_.get("host", meta_["stem"].rsplit("-", 1)[0]))
+    for meta_ in host_meta(dirs, warnings):
+        stem, host = meta_["stem"], _host_of(meta_)
         if wanted is not None and host not in wanted:
             continue
         path = Path(meta_["dir"]) / f"{stem}{HOST_SAMPLES_SUFFIX}"
-        wide = _read_csv(path, warnings) if samples and path.is_file() else None
+        wide = _read_csv(path, warnings) if samples and _exists(path) else None
         if wide is not None and len(wide):
             wide.insert(1, "host", host)
             hosts.append(wide.reindex(columns=HOST_COLUMNS))
@@ -105,7 +135,7 @@ def host_frames(dirs: Iterable[Path], warnings: list[str], *, samples: bool = Tr
                 long.insert(1, "host", host)
                 gpus.append(long)
         proc_path = path.with_name(f"{stem}{GPU_PROCS_SUFFIX}")
-        frame = _read_csv(proc_path, warnings) if procs and proc_path.is_file() else None
+        frame = _read_csv(proc_path, warnings) if procs and _exists(proc_path) else None
         if frame is not None and len(frame):
             frame.insert(1, "host", host)
             proc_frames.append(frame.reindex(columns=GPU_PROC_COLUMNS))
@@ -118,10 +148,10 @@ def gpu_used_arrays(dirs: Iterable[Path], warnings: list[str]) -> dict[tuple[str
     what a per-phase pass over every GPU needs, without the long frame (64 hosts x 8 GPUs at 100 ms
     for 30 minutes is 9 million rows as `gpu_samples`)."""
     parts: dict[tuple[str, str], list] = {}
-    for meta_ in host_meta(dirs):
-        stem, host = meta_["stem"], str(meta_.get("host", meta_["stem"].rsplit("-", 1)[0]))
+    for meta_ in host_meta(dirs, warnings):
+        stem, host = meta_["stem"], _host_of(meta_)
         path = Path(meta_["dir"]) / f"{stem}{HOST_SAMPLES_SUFFIX}"
-        wide = _read_csv(path, warnings) if path.is_file() else None
+        wide = _read_csv(path, warnings) if _exists(path) else None
         if wide is None or not len(wide):
             continue
         t = wide["t"].to_numpy(dtype=float)
@@ -136,6 +166,16 @@ def gpu_used_arrays(dirs: Iterable[Path], warnings: list[str]) -> dict[tuple[str
         order = np.argsort(t, kind="stable")
         out[key] = (t[order], used[order])
     return out
+
+
+def _host_of(meta: dict[str, Any]) -> str:
+    host = meta.get("host")
+    return host if isinstance(host, str) and host else meta["stem"].rsplit("-", 1)[0]
+
+
+def _exists(path: Path) -> bool:
+    """Present at all (a FIFO too: _read_csv refuses it with a warning instead of skipping it unsaid)."""
+    return os.path.lexists(path)
 
 
 def _concat(frames: list[pd.DataFrame], columns: list[str]) -> pd.DataFrame:

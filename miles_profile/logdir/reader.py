@@ -97,7 +97,7 @@ class Run:
     def hosts(self) -> list[dict[str, Any]]:
         """The host samplers' meta (host, pid, gpus with uuid/name/total, probes), one per holder."""
         from miles_profile.logdir.host_reader import host_meta
-        return host_meta(self.directories)
+        return host_meta(self.directories, self.warnings)
 
     @cached_property
     def phase_summaries(self) -> pd.DataFrame:
@@ -138,7 +138,7 @@ def _read_json(path: Path, what: str) -> dict[str, Any]:
         data = json.loads(read_small(path))
     except NotRegularFile:
         raise
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, RecursionError) as exc:
         raise MilesProfileError(f"{path}: unreadable {what} ({exc.__class__.__name__})") from None
     if not isinstance(data, dict):
         raise MilesProfileError(f"{path}: {what} is not a JSON object")
@@ -156,9 +156,9 @@ def _run_id(run_dir: Path, meta: dict[str, Any]) -> str:
 
 def run_id_of(run_dir: Path) -> str:
     """The run id in a run directory's meta (unreadable meta: the directory itself, the load says why)."""
-    try:
-        meta = json.loads((Path(run_dir) / RUN_META).read_text())
-    except (OSError, ValueError):
+    try:  # the guarded open: a FIFO meta.json would block, a sparse 2 GiB one cost gigabytes
+        meta = json.loads(read_small(Path(run_dir) / RUN_META))
+    except (MilesProfileError, OSError, ValueError, RecursionError):
         meta = {}
     return _run_id(Path(run_dir), meta if isinstance(meta, dict) else {})
 
