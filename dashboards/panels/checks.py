@@ -1,4 +1,6 @@
-"""Checks panel: each check's verdict and numbers; a click on a failed check zooms the timeline to its span."""
+"""Checks panel: the verdict engine's checks (verdicts/engine.judge: on a run of many processes the
+per-process checks aggregated and the fleet checks, as visualize judges them), failures first; a click
+on a failed check zooms the timeline to its span."""
 from __future__ import annotations
 
 import time
@@ -9,11 +11,11 @@ from dash.exceptions import PreventUpdate
 from dashboards.messages import describe, message
 from dashboards.panels.refresh import due
 from dashboards.runs import summarize
-from miles_profile.verdicts.checks import CheckResult, run_checks
 from miles_profile.report.figures import run_start
-from miles_profile.verdicts.selection import select_checks, selection_for
+from miles_profile.verdicts.engine import judge
+from miles_profile.verdicts.types import STATUS_ORDER, TOO_SMALL, CheckResult
 
-_VERDICT_CLASS = {"pass": "badge-pass", "fail": "badge-fail"}
+_VERDICT_CLASS = {"pass": "badge-pass", "fail": "badge-fail", TOO_SMALL: "badge-small"}
 
 
 def layout() -> html.Section:
@@ -27,9 +29,10 @@ def layout() -> html.Section:
 
 
 def _item(index: int, check: CheckResult, t0: float) -> html.Div | html.Button:
-    verdict = html.Span(check.status, className=f"badge {_VERDICT_CLASS.get(check.status, 'badge-na')}")
+    verdict = html.Span(check.status, className=f"badge {_VERDICT_CLASS.get(check.status, 'badge-na')}",
+                        **{"data-status": check.status})
     where = f"{check.span[0] - t0:.2f}–{check.span[1] - t0:.2f} s" if check.span else ""
-    body = [html.Div([verdict, html.Span(check.title, className="checks-name"),
+    body = [html.Div([verdict, html.Span(check.title, className="checks-name", **{"data-check": check.name}),
                       html.Span(where, className="checks-span")], className="checks-line"),
             html.Div(check.summary, className="checks-summary")]
     if check.status == "fail" and check.span is not None:
@@ -39,11 +42,10 @@ def _item(index: int, check: CheckResult, t0: float) -> html.Div | html.Button:
 
 
 def compute(run, phases: str | None = None) -> tuple[list[CheckResult], float]:
-    """The report's checks, failures first, and the run's time origin (for the spans shown). `phases`:
-    --phase (None: the run's recorded default); findings of other phases are left out, as visualize does."""
-    order = {"fail": 0, "pass": 1}
-    results = select_checks(run_checks(run), selection_for(run, phases))
-    return sorted(results, key=lambda r: order.get(r.status, 2)), run_start(run)
+    """The engine's checks of the run, failures first, and the run's time origin (for the spans shown).
+    `phases`: --phase (None: the run's recorded default); a selection matching no phase is an error."""
+    results = judge(run, selection=phases).checks
+    return sorted(results, key=lambda r: STATUS_ORDER.get(r.status, 9)), run_start(run)
 
 
 def register(app, state) -> None:

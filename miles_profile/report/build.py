@@ -5,7 +5,8 @@ Public API:
     VisualizeOptions(paths, output=None, png=None, trace=None, json=None, csv=None, check=True,
                      thresholds=Thresholds(), max_points=100_000)
     load_inputs(paths) -> (runs, notes)      # run dirs, dirs of runs, Miles CPU-profiler CSVs, Miles dashboard dirs
-    visualize(options, echo=print) -> int    # exit code: 0 pass/n-a, 1 a check failed, 2 bad input
+    visualize(options, echo=print) -> int    # exit code: the verdicts' (engine.exit_code_of): 0, or 1 when a
+        # check or gate failed; 2 bad input (a --phase or --baseline that matches nothing included)
         # (raises MilesProfileError, exit 2, when an extra export failed: after the report and verdicts)
     default_output(paths) -> Path
 """
@@ -19,7 +20,7 @@ from typing import Callable
 
 from miles_profile.errors import MilesProfileError
 from miles_profile.logdir.layout import RUN_META, find_runs
-from miles_profile.verdicts.checks import Thresholds, overall_status
+from miles_profile.verdicts.checks import Thresholds
 
 
 @dataclass
@@ -125,15 +126,21 @@ def default_output(paths: list[str]) -> Path:
     return first / "report.html"
 
 
-def _verdict_table(reports) -> list[str]:
+def _verdict_lines(reports) -> list[str]:
+    """What the terminal says: each run's checks and gates, one word per status (engine.STATUS_LABEL)."""
+    from miles_profile.verdicts.engine import STATUS_LABEL
     lines = []
     for report in reports:
-        lines.append(f"{report.run.name}:")
-        if not report.checks:
+        verdict = report.verdict
+        lines.append(f"{verdict.run_name}: {STATUS_LABEL[verdict.status]}")
+        if not verdict.checked:
             lines.append("  checks not run (--no-check)")
-        width = max((len(r.name) for r in report.checks), default=0)
-        for r in report.checks:
-            lines.append(f"  {r.status.upper():4}  {r.name:{width}}  {r.summary}")
+        width = max((len(r.name) for r in verdict.checks), default=0)
+        for r in verdict.checks:
+            lines.append(f"  {STATUS_LABEL[r.status]:5} {r.name:{width}}  {r.summary}")
+        for gate in verdict.gates:
+            lines.append(f"{gate.current} against the baseline {gate.baseline}:")
+            lines += gate.lines()
     return lines
 
 
@@ -141,34 +148,37 @@ def visualize(options: VisualizeOptions, echo: Callable[[str], None] = print) ->
     from miles_profile.report import export
     from miles_profile.report.compare import comparison_html
     from miles_profile.report.html import build_run_report, write_html
-
-    from miles_profile.verdicts.selection import apply_selection, not_selected_note, selection_for
+    from miles_profile.verdicts.engine import exit_code_of
+    from miles_profile.verdicts.selection import apply_selection, selection_for
 
     started = time.perf_counter()
     runs, notes = load_inputs(options.paths, lazy=len(options.paths) == 1)
-    selections = [selection_for(run, options.phases) for run in runs]  # a bad --phase: exit 2 before any work
+    # a bad --phase, or one matching none of a run's phases: exit 2 before any work
+    selections = [selection_for(run, options.phases) for run in runs]
     baseline = _load_baseline(options.baseline) if options.baseline else None
     reports = []
     with _progress(len(runs) * 4, "reporting") as bar:
         for run, selection in zip(runs, selections):
             report = build_run_report(run, thresholds=options.thresholds, check=options.check,
                                       max_points=options.max_points, progress=bar, lanes=options.lanes,
-                                      fleet_thresholds=options.fleet_thresholds)
-            report, not_selected = apply_selection(report, selection, options.max_points)
-            if not_selected:
-                notes.append(not_selected_note(run, selection, not_selected))
+                                      fleet_thresholds=options.fleet_thresholds, selection=selection,
+                                      baseline=baseline, baseline_thresholds=options.baseline_thresholds,
+                                      baseline_by_iteration=options.baseline_by_iteration)
+            report, _ = apply_selection(report, selection, options.max_points)
+            notes += report.verdict.notes
             reports.append(report)
     runs = [r.run for r in reports]  # with the samples the reports read
-    gates = _gates(runs, baseline, selections, options) if baseline is not None else []
+    verdicts = [r.verdict for r in reports]
     comparison = comparison_html(runs, max_points=options.max_points) if len(runs) > 1 else None
     output = Path(options.output) if options.output else default_output(options.paths)
     from miles_profile.report.gate_html import regression_html
+    gates = [g for v in verdicts for g in v.gates]
     _write(output, lambda: write_html(output, reports, comparison=comparison, notes=tuple(notes),
                                       extra=regression_html(gates)))
     extras = [(options.png, lambda: export.write_png(_png_figure(reports[0]), options.png)),
               (options.trace, lambda: export.write_trace(runs, options.trace, max_points=options.max_points)),
               (options.csv, lambda: export.write_phase_csv(runs, options.csv)),
-              (options.json, lambda: export.write_json(reports, options.json, gates))]
+              (options.json, lambda: export.write_json(reports, options.json))]
     written, failed = [], []
     for path, write in extras:
         if path:
@@ -185,20 +195,15 @@ def visualize(options: VisualizeOptions, echo: Callable[[str], None] = print) ->
     echo(f"report written to {output} ({output.stat().st_size / 1e6:.1f} MB, {time.perf_counter() - started:.1f} s)")
     for extra in written:
         echo(f"also wrote {extra}")
-    for line in _verdict_table(reports):
+    for line in _verdict_lines(reports):
         echo(line)
-    for gate in gates:
-        echo(f"{gate.current} against the baseline {gate.baseline}:")
-        for line in gate.lines():
-            echo(line)
     from miles_profile.report.forecast_html import forecast_lines
     for report in reports:
         for line in forecast_lines(report.run):
             echo(f"{report.run.name}: {line}")
     if failed:  # exit 2 even though the HTML exists: a CI step reading the missing file must not go on
         raise MilesProfileError(f"{'; '.join(failed)} (the report {output} was written)")
-    statuses = [overall_status(r.checks) for r in reports if r.checks] + [g.status for g in gates]
-    return 1 if "fail" in statuses else 0
+    return exit_code_of(verdicts)
 
 
 def _load_baseline(path: str):
@@ -207,13 +212,6 @@ def _load_baseline(path: str):
     if len(runs) > 1:
         raise MilesProfileError(f"--baseline {path} holds {len(runs)} runs; pass one run directory")
     return runs[0]
-
-
-def _gates(runs, baseline, selections, options: VisualizeOptions) -> list:
-    from miles_profile.verdicts.gate import compare_runs
-    return [compare_runs(run, baseline, options.baseline_thresholds, selection, options.baseline_by_iteration,
-                         current_name=str(run.path), baseline_name=str(baseline.path))
-            for run, selection in zip(runs, selections)]
 
 
 def _png_figure(report):

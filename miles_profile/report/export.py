@@ -6,7 +6,7 @@ Public API:
     trace_events(run, *, max_points=100_000) -> list[dict]
     write_trace(runs, path, *, max_points=100_000)  # {"traceEvents": [...]}: open in ui.perfetto.dev
     phase_csv_frame(runs) -> DataFrame; write_phase_csv(runs, path)
-    write_json(reports, path)
+    write_json(reports, path)                       # the engine's verdicts (RunVerdict.to_dict) + phases
 """
 from __future__ import annotations
 
@@ -120,19 +120,21 @@ def write_phase_csv(runs, path: str | Path) -> Path:
     return Path(path)
 
 
-def write_json(reports, path: str | Path, gates=()) -> Path:
-    """Checks and per-phase statistics of each run; with --baseline, each run's regression gate
-    (`status`, `summary`, every compared value) beside its run, so CI can read why it failed."""
-    from dataclasses import asdict
-    data = {"runs": [{
-        "name": r.run.name, "path": str(r.run.path), "warnings": r.skipped,
-        "checks": [_jsonable(asdict(c)) for c in r.checks],
-        "phases": _jsonable(r.phases.astype(object).where(r.phases.notna(), None).to_dict("records")),
-    } for r in reports]}
-    for run, gate in zip(data["runs"], gates):
-        run["baseline"] = {"baseline": gate.baseline, "status": gate.status, "summary": gate.summary,
-                           "thresholds": gate.thresholds.text, "matched_by": gate.matched_by,
-                           "not_compared": list(gate.not_compared),
-                           "compared": [{**_jsonable(asdict(c)), "growth": c.growth} for c in gate.compared]}
+def write_json(reports, path: str | Path) -> Path:
+    """Each run's verdict as the engine gives it (RunVerdict.to_dict: `status`, `exit_code`, `checks`,
+    `gates`), its warnings and per-phase statistics; at the top the overall `status` and `exit_code`
+    (those of visualize). With --baseline, `baseline` repeats the run's gate (`status`, `summary`, every
+    compared value) where CI scripts read it."""
+    from miles_profile.verdicts.engine import exit_code_of, overall_of
+    verdicts = [r.verdict for r in reports]
+    runs = []
+    for report, verdict in zip(reports, verdicts):
+        run = {**verdict.to_dict(), "name": report.run.name, "path": str(report.run.path),
+               "warnings": report.skipped,
+               "phases": _jsonable(report.phases.astype(object).where(report.phases.notna(), None).to_dict("records"))}
+        if run["gates"]:
+            run["baseline"] = run["gates"][0]
+        runs.append(run)
+    data = {"status": overall_of(verdicts), "exit_code": exit_code_of(verdicts), "runs": runs}
     Path(path).write_text(json.dumps(data, indent=1))
     return Path(path)

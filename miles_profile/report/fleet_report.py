@@ -3,15 +3,13 @@ processes, the per-GPU timelines and the report's Fleet section.
 
     is_fleet(run) -> bool                      # more than one process with phases, or processes on >1 GPU
     FULL_READ_MAX_PROCESSES = 64               # up to this many, every process's samples are read
-    FleetView(run, table, matrix, outliers, lanes, picked, checks, figures)
+    FleetView(run, table, matrix, outliers, lanes, picked, figures)
     build_fleet(run, spec="worst:8", max_points=100_000) -> FleetView
         reads the samples of the processes in the picked lanes only (when the run was loaded without
         samples: load_run(sample_pids=set())); the heatmap, outliers and fleet checks read the
         PhaseTable (phase summaries), never the samples.
-    per_process_checks(run, thresholds) -> list[CheckResult]
-        checks.py's checks run on each actor/in_process/engine process whose samples are read (an actor's view
-        carries its engine server's meta and samples), aggregated per check:
-        fail if any process fails, with how many were judged and the worst one.
+    judged_processes(run), _process_run(...)   # which processes the per-process checks judge, and
+        each one's view of the run (verdicts/per_process.py aggregates the checks over them)
     fleet_html(view, t0) -> str
 
 Up to 8 lanes are drawn whatever the spec; past that the fleet view plus the lanes of `--lanes`.
@@ -25,7 +23,6 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from miles_profile.verdicts import checks as checks_mod, fleet_checks
 from miles_profile.report import engine_server, fleet, fleet_figures
 from miles_profile.report.phase_table import phase_table
 from miles_profile.report.reduce import reduce_series
@@ -71,16 +68,16 @@ class FleetView:
     outliers: fleet.Outliers
     lanes: pd.DataFrame             # every lane (fleet.lanes)
     picked: list[str]               # lane ids drawn, display order
-    checks: list[checks_mod.CheckResult] = field(default_factory=list)
     figures: list[tuple[dict, go.Figure]] = field(default_factory=list)
     spec: str = DEFAULT_LANES
 
 
-def build_fleet(run, spec: str | None = None, *, max_points: int = 100_000, check: bool = True,
-                thresholds: fleet_checks.FleetThresholds | None = None) -> FleetView:
+def build_fleet(run, spec: str | None = None, *, max_points: int = 100_000) -> FleetView:
+    """The fleet's tables and drawn lanes; its checks are the verdict engine's (verdicts/engine.py), which
+    takes this view's table and matrix so that nothing is computed twice."""
     table = fleet.normalize(phase_table(run))
     if table.empty:
-        return FleetView(run, table, None, None, pd.DataFrame(), [], [], [], spec or "")
+        return FleetView(run, table, None, None, pd.DataFrame(), [], [], spec or "")
     matrix = fleet.gpu_matrix(table)
     all_lanes = matrix.lanes
     if spec is None and len(all_lanes) <= MAX_LANES_DRAWN:
@@ -92,9 +89,8 @@ def build_fleet(run, spec: str | None = None, *, max_points: int = 100_000, chec
         from miles_profile.logdir.reader import with_samples
         pids = {int(p) for ps in shown["pids"] for p in ps}
         run = with_samples(run, pids)
-    results = fleet_checks.run_fleet_checks(table, thresholds, matrix) if check else []
     view = FleetView(run, table, matrix, fleet.rank_outliers(table, matrix=matrix), all_lanes, picked,
-                     list(results), spec=spec or DEFAULT_LANES)
+                     spec=spec or DEFAULT_LANES)
     view.figures = [(lane, lane_figure(run, table, lane, max_points=max(2000, max_points // max(1, len(shown)))))
                     for lane in shown.to_dict("records")]
     return view
@@ -236,77 +232,8 @@ def judged_processes(run) -> list[tuple[str, int, dict]]:
     return [(str(p.get("host") or ""), int(p["pid"]), p) for p in chosen if int(p["pid"]) in have]
 
 
-def _label(meta: dict) -> str:
-    return f"{meta.get('role') or 'process'} rank {meta.get('rank', '?')} (pid {meta.get('pid')}, {meta.get('host')})"
-
-
-def per_process_checks(run, thresholds: checks_mod.Thresholds | None = None) -> list[checks_mod.CheckResult]:
-    judged = judged_processes(run)
-    total = len({k for k in _phase_processes(run)})
-    rows_of = run.samples.groupby("pid").indices if len(run.samples) else {}
-    per_check: dict[str, list] = {}
-    for host, pid, meta in judged:
-        sub = _process_run(run, host, pid, rows_of)
-        for result in checks_mod.run_checks(sub, thresholds):
-            per_check.setdefault(result.name, []).append((meta, result))
-    if not per_check:  # nothing read (no samples): the checks say why, as on one process
-        return checks_mod.run_checks(run, thresholds)
-    return [_aggregate(items, len(judged), total) for items in per_check.values()]
-
-
-_ORDER = {"fail": 0, "pass": 1, "n/a": 2}
-# How close a finding came to failing, from the numbers checks.py records: (value, limit) pairs where
-# more is worse, and the offload drop where less dropped is worse.
-_RATIOS = (("growth", "limit"), ("spike", "limit"), ("resident", "limit"), ("rise", "allowed"),
-           ("growth", "weights_bytes"), ("share", None))
-
-
-def _severity(finding: checks_mod.Finding) -> float:
-    n = finding.numbers
-    if "needed" in n and "dropped_inside" in n:
-        return float(n["needed"]) / max(float(n["dropped_inside"]), 1.0)
-    for value, limit in _RATIOS:
-        if value in n:
-            v = float(n[value]) if limit is None else float(n[value]) / max(float(n.get(limit) or 0), 1.0)
-            if np.isfinite(v):
-                return v
-    return -np.inf
-
-
-def _worst_key(item) -> tuple:
-    result = item[1]
-    judged = [f for f in result.findings if f.status != "n/a"]
-    return (_ORDER[result.status], -sum(f.status == "fail" for f in judged),
-            -max((_severity(f) for f in judged), default=-np.inf))
-
-
-def _aggregate(items: list, n_judged: int, n_total: int) -> checks_mod.CheckResult:
-    first = items[0][1]
-    worst_meta, worst = min(items, key=_worst_key)
-    statuses = [r.status for _, r in items]
-    status = "fail" if "fail" in statuses else ("pass" if "pass" in statuses else "n/a")
-    roles = pd.Series([m.get("role") or "process" for m, _ in items]).value_counts()
-    counted = ", ".join(f"{v} {k}" for k, v in roles.items())
-    failing = statuses.count("fail")
-    head = f"judged {n_judged} processes, {failing} fail" if failing else f"judged {n_judged} processes"
-    unread = f"; {n_total - n_judged} more not judged here (samples not read: outside the lanes shown)" \
-        if n_total > n_judged else ""
-    if status == "n/a":
-        summary = f"not judged in any of {n_judged} processes ({counted}){unread}; {_label(worst_meta)}: {worst.summary}"
-    else:
-        summary = f"{head} ({counted}){unread}; worst {_label(worst_meta)}: {worst.summary}"
-    findings = []
-    for meta, result in items:
-        for f in result.findings:
-            findings.append(checks_mod.Finding(f.status, f"{_label(meta)}: {f.message}", f.span, f.phase,
-                                               f.iteration, {**f.numbers, "pid": meta.get("pid"),
-                                                             "host": meta.get("host")}))
-    spans = [r.span for _, r in items if r.span]
-    span = (min(s[0] for s in spans), max(s[1] for s in spans)) if spans else None
-    return fleet_checks.FleetCheckResult(
-        first.name, first.title, status, summary, first.explanation, span, findings, worst.series,
-        {"processes": n_judged}, {"label": _label(worst_meta), "pid": worst_meta.get("pid"),
-                                  "host": worst_meta.get("host"), "message": worst.summary})
+# per_process_checks (and its aggregation) lives in the verdict engine's package; kept importable here.
+from miles_profile.verdicts.per_process import _label, per_process_checks  # noqa: E402,F401
 
 
 # -- HTML ---------------------------------------------------------------------------------------

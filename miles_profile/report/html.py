@@ -2,10 +2,14 @@
 
 Public API:
 
-    RunReport(run, checks, instances, phases, phases_by_iteration, figure, skipped)
-    build_run_report(run, *, thresholds=None, check=True, max_points=100_000) -> RunReport
+    RunReport(run, verdict, phases, phases_by_iteration, figure, skipped)   # .checks: verdict.checks
+    build_run_report(run, *, thresholds=None, check=True, max_points=100_000, selection=None,
+                     baseline=None, ...) -> RunReport      # its verdict from verdicts/engine.judge, once
     render_html(reports, *, comparison=None, notes=()) -> str
     write_html(path, reports, *, comparison=None, notes=()) -> Path
+
+The report renders the verdict and judges nothing: the header's overall verdict is the exit code's
+(checks and --baseline gates of every run), each run's badge its RunVerdict's status.
 """
 from __future__ import annotations
 
@@ -21,6 +25,8 @@ import plotly.graph_objects as go
 from plotly.offline import get_plotlyjs
 
 from miles_profile.verdicts import checks as checks_mod
+from miles_profile.verdicts.engine import RunVerdict, judge, overall_of
+from miles_profile.verdicts.types import TOO_SMALL
 from miles_profile.report.figures import run_start, timeline_figure
 from miles_profile.report.forecast_html import forecast_html
 from miles_profile.report.series import GiB
@@ -33,7 +39,7 @@ _CONFIG = {"displaylogo": False, "responsive": True, "scrollZoom": False}
 @dataclass
 class RunReport:
     run: object
-    checks: list[checks_mod.CheckResult]
+    verdict: RunVerdict
     phases: pd.DataFrame
     phases_by_iteration: pd.DataFrame
     figure: go.Figure | None
@@ -41,14 +47,20 @@ class RunReport:
     fleet: object | None = None  # fleet_report.FleetView for a run of many processes
     ledger: pd.DataFrame | None = None  # report/ledger.py; a fleet's: the processes of the lanes drawn
 
+    @property
+    def checks(self) -> list[checks_mod.CheckResult]:
+        return self.verdict.checks
+
 
 def build_run_report(run, *, thresholds: checks_mod.Thresholds | None = None, check: bool = True,
                      max_points: int = 100_000, progress=None, lanes: str | None = None,
-                     fleet_thresholds=None) -> RunReport:
-    """Statistics, checks and the timeline of one run. `progress`: a tqdm bar advanced by 4 steps.
-    A run of many processes (fleet_report.is_fleet) gets the fleet view instead of the one timeline,
-    its per-process checks judge every actor/engine process and the fleet checks are added; `lanes`
-    picks its per-GPU timelines (fleet.select_lanes; default: all up to 8, else worst:8)."""
+                     fleet_thresholds=None, selection=None, baseline=None, baseline_thresholds=None,
+                     baseline_by_iteration: bool = False) -> RunReport:
+    """Statistics, the verdict and the timeline of one run. `progress`: a tqdm bar advanced by 4 steps.
+    A run of many processes (fleet_report.is_fleet) gets the fleet view instead of the one timeline
+    (`lanes` picks its per-GPU timelines: fleet.select_lanes; default: all up to 8, else worst:8), and
+    the engine judges it per process plus the fleet checks on the view's tables. `selection`,
+    `baseline*`: verdicts/engine.judge's."""
     from miles_profile.report import fleet_report
 
     def step(what: str) -> None:
@@ -58,23 +70,21 @@ def build_run_report(run, *, thresholds: checks_mod.Thresholds | None = None, ch
 
     view = None
     if fleet_report.is_fleet(run):
-        view = fleet_report.build_fleet(run, lanes, max_points=max_points, check=check, thresholds=fleet_thresholds)
+        view = fleet_report.build_fleet(run, lanes, max_points=max_points)
         run = view.run
     elif run.samples.empty and getattr(run, "sample_pids", None) is not None:
         from miles_profile.logdir.reader import with_samples
         run = with_samples(run)
     phase_instances(run)
     step("phase statistics")
-    if not check:
-        results = []
-    elif view is not None:
-        results = fleet_report.per_process_checks(run, thresholds) + list(view.checks)
-    else:
-        results = checks_mod.run_checks(run, thresholds)
+    verdict = judge(run, thresholds=thresholds, fleet_thresholds=fleet_thresholds, selection=selection,
+                    baseline=baseline, baseline_thresholds=baseline_thresholds,
+                    baseline_by_iteration=baseline_by_iteration, check=check,
+                    fleet=None if view is None or view.matrix is None else (view.table, view.matrix))
     step("checks")
     figure = None if view is not None else timeline_figure(run, max_points=max_points)
     step("timeline reduced")
-    report = RunReport(run, results, phase_table(run), phase_table(run, by_iteration=True), figure, list(run.warnings),
+    report = RunReport(run, verdict, phase_table(run), phase_table(run, by_iteration=True), figure, list(run.warnings),
                        view, _ledger_of(run, view))
     step("tables")
     return report
@@ -138,7 +148,9 @@ def _color(name: str) -> str:
     return phase_color(str(name))
 
 
-_BADGE = {"pass": ("pass", "PASS"), "fail": ("fail", "FAIL"), "n/a": ("na", "n/a")}
+# One badge per status, the same words as the CLI's (engine.STATUS_LABEL) but "too small" spelled out.
+_BADGE = {"pass": ("pass", "PASS"), "fail": ("fail", "FAIL"), "n/a": ("na", "n/a"),
+          TOO_SMALL: ("small", "TOO SMALL")}
 
 
 def _checks_html(results: list[checks_mod.CheckResult], t0: float, table_id: str) -> str:
@@ -156,7 +168,7 @@ def _checks_html(results: list[checks_mod.CheckResult], t0: float, table_id: str
             more = f"<li>… {len(judged) - 200} more</li>" if len(judged) > 200 else ""
             details = f"<details><summary>{len(judged)} findings</summary><ul>{items}{more}</ul></details>"
         rows.append(
-            f'<tr class="check-{cls}" data-check="{_e(r.name)}"><td><b>{_e(r.title)}</b>'
+            f'<tr class="check-{cls}" data-check="{_e(r.name)}" data-status="{_e(r.status)}"><td><b>{_e(r.title)}</b>'
             f'<div class="muted small">{_e(r.name)}</div></td>'
             f'<td><span class="badge {cls}">{text}</span></td>'
             f"<td>{_e(r.summary)}{details}</td><td class=\"nowrap\">{_e(span)}</td>"
@@ -194,8 +206,7 @@ def _facts_html(run) -> str:
 def _run_section(report: RunReport, k: int, single: bool) -> str:
     run = report.run
     t0 = run_start(run)
-    verdict = checks_mod.overall_status(report.checks) if report.checks else "n/a"
-    cls, text = _BADGE[verdict]
+    cls, text = _BADGE[report.verdict.status]
     skipped = ""
     if report.skipped:
         skipped = ('<div class="warn"><b>Read with repairs</b> — these parts of the log were skipped or fixed:<ul>' +
@@ -248,8 +259,8 @@ table.checks{width:100%} table.checks td:nth-child(3){width:38%}
 table.data td.num{text-align:right;font-variant-numeric:tabular-nums;font-family:ui-monospace,Menlo,monospace;font-size:12px}
 td.peak{font-weight:600}
 .badge{display:inline-block;padding:1px 8px;border-radius:10px;font-size:12px;font-weight:700;color:#fff;vertical-align:middle}
-.badge.pass{background:#2e8540}.badge.fail{background:#c62828}.badge.na{background:#8a93a3}
-tr.check-fail{background:#fff4f4} .fail-text{color:#b71c1c} .pass-text{color:#2e7d32} .na-text{color:#6b7385}
+.badge.pass{background:#2e8540}.badge.fail{background:#c62828}.badge.na{background:#8a93a3}.badge.small{background:#b07d12}
+tr.check-fail{background:#fff4f4} .fail-text{color:#b71c1c} .pass-text{color:#2e7d32} .na-text{color:#6b7385} .small-text{color:#8a6100}
 .swatch{display:inline-block;width:10px;height:10px;border-radius:2px;margin-right:6px}
 .figure{background:#fff;border:1px solid #dde1e7;padding:4px}
 .warn{background:#fff8e1;border:1px solid #f3d27a;padding:8px 12px;margin:10px 0}
@@ -264,8 +275,7 @@ def render_html(reports: list[RunReport], *, comparison: str | None = None, note
     """`extra`: HTML sections placed before the comparison (e.g. the baseline gate, gate_html.py)."""
     single = len(reports) == 1
     title = f"miles-profile: {reports[0].run.name}" if single else f"miles-profile: {len(reports)} runs compared"
-    verdicts = [checks_mod.overall_status(r.checks) for r in reports if r.checks]
-    overall = "fail" if "fail" in verdicts else ("pass" if "pass" in verdicts else "n/a")
+    overall = overall_of([r.verdict for r in reports])  # checks and gates: what the exit code says
     cls, text = _BADGE[overall]
     note_html = "".join(f'<div class="warn">{_e(n)}</div>' for n in notes)
     nav = ""
@@ -282,7 +292,8 @@ def render_html(reports: list[RunReport], *, comparison: str | None = None, note
 </head><body><main>
 <h1>{_e(title)}</h1>
 <div class="muted small">memory report written {generated} by python -m miles_profile.visualize · GiB = 1024³ bytes</div>
-<p class="verdict">Overall: <span class="badge {cls}" id="overall">{text}</span></p>
+<p class="verdict">Overall: <span class="badge {cls}" id="overall" data-status="{_e(overall)}">{text}</span>
+<span class="muted small" id="overall-exit">exit code {1 if overall == "fail" else 0}</span></p>
 {note_html}{nav}{extra}{comparison_html}{body}
 <script type="application/json" id="report-data">{_report_data(reports, overall)}</script>
 {_zoom_script(reports)}
@@ -291,7 +302,8 @@ def render_html(reports: list[RunReport], *, comparison: str | None = None, note
 
 
 def _report_data(reports: list[RunReport], overall: str) -> str:
-    data = {"runs": [r.run.name for r in reports], "overall": overall}
+    data = {"runs": [r.run.name for r in reports], "overall": overall,
+            "exit_code": 1 if overall == "fail" else 0, "statuses": [r.verdict.status for r in reports]}
     fleets = [r.fleet for r in reports if r.fleet is not None]
     if fleets:
         from miles_profile.report.fleet_report import report_data

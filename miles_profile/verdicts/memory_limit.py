@@ -1,6 +1,7 @@
 """Judge one recorded test against memory limits (the pytest plugin's verdict, pytest_plugin.py).
 
     judge_limits(run, gpu=None, host=None, phase=None) -> list[LimitVerdict]
+    limit_results(run, gpu=None, host=None, phase=None) -> list[CheckResult]   # the same, as verdicts
 
 What is measured, in the test's own process (the run holds that one process):
 
@@ -30,6 +31,7 @@ import pandas as pd
 
 from miles_profile.phase_select import parse_phases
 from miles_profile.sizes import format_size, parse_size
+from miles_profile.verdicts.types import CheckResult, Finding
 
 _GPU = re.compile(r"^gpu(\d+)_(alloc|proc)$")
 
@@ -140,3 +142,19 @@ def judge_limits(run, gpu=None, host=None, phase=None) -> list[LimitVerdict]:
         measured, label = max(above)
         verdicts.append(LimitVerdict(kind, "fail" if measured > limit else "pass", limit, int(measured), label, where))
     return verdicts
+
+
+def limit_results(run, gpu=None, host=None, phase=None) -> list[CheckResult]:
+    """Each limit's verdict in the engine's vocabulary (verdicts/engine.py renders it as any other check):
+    "not checkable" is status "n/a"; a phase the test never opened fails."""
+    return [_as_result(v) for v in judge_limits(run, gpu, host, phase)]
+
+
+def _as_result(v: LimitVerdict) -> CheckResult:
+    status = "n/a" if v.status == "not checkable" else v.status
+    numbers = {"limit": v.limit, "measured": v.measured, "where": v.where}
+    finding = Finding(status, v.message, numbers=numbers, series=v.series)
+    explanation = (f"the {v.kind} memory the test adds above its start, in {v.where}, must stay within "
+                   f"{format_size(v.limit)}")
+    return CheckResult(f"memory_limit_{v.kind}", f"Memory limit ({v.kind})", status, v.message, explanation,
+                       findings=[finding], series=v.series)

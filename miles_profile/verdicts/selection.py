@@ -4,7 +4,7 @@ its check results and its report.
     selection_for(run, text) -> PhaseSelection | None    # `text`, else the run's recorded default
     select_run(run, selection) -> Run                    # phases/events of the others left out
     select_checks(results, selection) -> list[CheckResult]
-    apply_selection(report, selection, max_points) -> (RunReport, not_selected)
+    apply_selection(report, selection, max_points) -> (RunReport, not_selected)   # tables and bands
 
 The checks are run on the whole run and their findings filtered afterwards, never run on a run with
 phases cut out: a check that looks between phases (transition spikes) or across iterations (leak)
@@ -17,15 +17,29 @@ from dataclasses import replace
 
 from miles_profile import names
 from miles_profile.logdir.layout import PHASE_SELECTION_KEY
+from miles_profile.errors import MilesProfileError
 from miles_profile.phase_select import PhaseSelection, parse_phases
+from miles_profile.verdicts.types import TOO_SMALL
 
 
 def selection_for(run, text: str | None) -> PhaseSelection | None:
     """The selection `text` gives (phase names this run recorded are accepted too), else the one its
-    recording asked for (`record --phase`), else None (everything)."""
-    text = text if text is not None else (run.meta.get(PHASE_SELECTION_KEY) if isinstance(run.meta, dict) else None)
-    recorded = run.phases["name"].astype(str).unique().tolist() if len(run.phases) else []
-    return parse_phases(text, extra_names=recorded)
+    recording asked for (`record --phase`), else None (everything). A `text` that matches none of the
+    phases the run recorded is an error (MilesProfileError, exit 2): a gate that judges nothing would
+    pass forever. (The recorded default is not held to that: a run just started has no phase yet.)"""
+    recorded = recorded_phases(run)
+    if text is None:
+        default = run.meta.get(PHASE_SELECTION_KEY) if isinstance(run.meta, dict) else None
+        return parse_phases(default, extra_names=recorded)
+    selection = parse_phases(text, extra_names=recorded)
+    if selection is not None and not selection.split(recorded)[0]:
+        raise MilesProfileError(f"{run.name}: --phase {selection.text} matches none of the phases this run "
+                                f"recorded ({', '.join(recorded) or 'none'})")
+    return selection
+
+
+def recorded_phases(run) -> list[str]:
+    return run.phases["name"].astype(str).unique().tolist() if len(run.phases) else []
 
 
 def select_run(run, selection: PhaseSelection | None):
@@ -51,24 +65,26 @@ def _select_findings(result, selection: PhaseSelection):
         return result
     note = f"{dropped} finding(s) in phases not selected (--phase {selection.text})"
     failed = [f for f in kept if f.status == "fail"]
-    judged = [f for f in kept if f.status != "n/a"]
+    judged = [f for f in kept if f.status in ("pass", "fail")]
+    small = [f for f in kept if f.status == TOO_SMALL]
     if failed:
         status, summary = "fail", f"{len(failed)} of {len(judged)} failed; first: {failed[0].message}; {note}"
     elif judged:
         status, summary = "pass", f"{len(judged)} pass in the selected phases; {note}"
+    elif small:
+        status, summary = TOO_SMALL, f"{len(small)} too small to judge; first: {small[0].message}; {note}"
     else:
         status, summary = "n/a", f"nothing judged in the selected phases; {note}"
     return replace(result, status=status, summary=summary, findings=kept)
 
 
 def apply_selection(report, selection: PhaseSelection | None, max_points: int = 100_000):
-    """The report with its checks, per-phase tables and timeline phase bands limited to `selection`;
-    and the names of the recorded phases it left out."""
+    """The report with its per-phase tables and timeline phase bands limited to `selection`; and the
+    names of the recorded phases it left out. (Its checks are the engine's, selected there.)"""
     if selection is None:
         return report, []
     run = report.run
-    _, not_selected = selection.split(run.phases["name"].astype(str)) if len(run.phases) else ([], [])
-    report.checks = select_checks(report.checks, selection)
+    _, not_selected = selection.split(recorded_phases(run))
     for attr in ("phases", "phases_by_iteration"):
         table = getattr(report, attr)
         if len(table) and "name" in table:

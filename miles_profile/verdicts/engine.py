@@ -1,0 +1,150 @@
+"""The one verdict engine: a run's checks, fleet checks, --phase selection and --baseline gate, judged
+ONCE into a `RunVerdict` that every view only renders (visualize's lines and exit code, the HTML header
+and checks table, --json, the dashboard's checks panel, the pytest marker).
+
+    judge(run, *, thresholds=None, fleet_thresholds=None, selection=None, baseline=None,
+          baseline_thresholds=None, baseline_by_iteration=False, fleet=None, check=True) -> RunVerdict
+    judge_test_limits(run, gpu=None, host=None, phase=None) -> RunVerdict     # the pytest marker's
+    RunVerdict.status / .exit_code / .to_dict()
+    overall_of(verdicts) -> Status; exit_code_of(verdicts) -> int             # several runs
+    STATUS_LABEL[status] -> "PASS" | "FAIL" | "N/A" | "SMALL"                 # one word per status on screen
+
+The rule every view shares: a RunVerdict's status is the worst of its checks' and gates' statuses
+(fail > pass > too small to judge > n/a), and its exit code is 1 exactly when that status is "fail".
+
+Gates never silently pass: a --phase selection that matches none of the run's phases, and a baseline
+that shares no compared value with the run, raise MilesProfileError (exit 2) instead of judging nothing.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from miles_profile.phase_select import PhaseSelection
+from miles_profile.verdicts.types import TOO_SMALL, CheckResult, Status, worst_status
+
+STATUS_LABEL: dict[str, str] = {"pass": "PASS", "fail": "FAIL", "n/a": "N/A", TOO_SMALL: "SMALL"}
+
+
+@dataclass
+class RunVerdict:
+    """Everything judged about one run. `gates`: gate.RegressionResult per --baseline; `notes`: what the
+    selection left out; `checked`: False under --no-check (no check ran: the status is n/a)."""
+    run_name: str
+    checks: list[CheckResult]
+    gates: list = field(default_factory=list)
+    run_path: str = ""
+    notes: list[str] = field(default_factory=list)
+    checked: bool = True
+
+    @property
+    def status(self) -> Status:
+        return worst_status([c.status for c in self.checks] + [g.status for g in self.gates])
+
+    @property
+    def exit_code(self) -> int:
+        return 1 if self.status == "fail" else 0
+
+    def failures(self) -> list[tuple[str, str]]:
+        """(name, summary) of every failed check and gate, checks first."""
+        return ([(c.name, c.summary) for c in self.checks if c.status == "fail"] +
+                [("baseline", g.summary) for g in self.gates if g.status == "fail"])
+
+    def to_dict(self) -> dict:
+        return {"name": self.run_name, "path": self.run_path, "status": self.status, "exit_code": self.exit_code,
+                "checked": self.checked, "checks": [_plain(asdict(c)) for c in self.checks],
+                "gates": [gate_dict(g) for g in self.gates], "notes": list(self.notes)}
+
+
+def overall_of(verdicts: list[RunVerdict]) -> Status:
+    return worst_status(v.status for v in verdicts)
+
+
+def exit_code_of(verdicts: list[RunVerdict]) -> int:
+    return 1 if overall_of(verdicts) == "fail" else 0
+
+
+def gate_dict(gate) -> dict:
+    """A baseline gate as --json writes it: status, summary and every compared value."""
+    return {"name": "baseline", "baseline": gate.baseline, "status": gate.status, "summary": gate.summary,
+            "thresholds": gate.thresholds.text, "matched_by": gate.matched_by,
+            "not_compared": list(gate.not_compared), "not_selected": list(gate.not_selected),
+            "compared": [{**_plain(asdict(c)), "growth": c.growth} for c in gate.compared]}
+
+
+# -- judging ------------------------------------------------------------------------------------
+def judge(run, *, thresholds=None, fleet_thresholds=None, selection: str | PhaseSelection | None = None,
+          baseline=None, baseline_thresholds=None, baseline_by_iteration: bool = False, fleet=None,
+          check: bool = True) -> RunVerdict:
+    """Judge `run` once. `selection`: --phase text or a PhaseSelection (None: the run's recorded
+    default); `baseline`: a loaded run to gate against; `fleet`: (normalized phase table, GpuMatrix)
+    when the caller already built them (the report's fleet view), else computed here for a fleet run.
+    A run of many processes is judged per process (aggregated per check) plus the fleet checks."""
+    chosen = resolve_selection(run, selection)
+    checks = _checks(run, thresholds, fleet_thresholds, fleet) if check else []
+    notes = []
+    if chosen is not None:
+        from miles_profile.verdicts.selection import not_selected_note, recorded_phases, select_checks
+        checks = select_checks(checks, chosen)
+        left_out = chosen.split(recorded_phases(run))[1]
+        if left_out:
+            notes.append(not_selected_note(run, chosen, left_out))
+    gates = []
+    if baseline is not None:
+        from miles_profile.verdicts.gate import compare_runs
+        gates.append(compare_runs(run, baseline, baseline_thresholds, chosen, baseline_by_iteration,
+                                  current_name=str(run.path), baseline_name=str(getattr(baseline, "path", "baseline"))))
+    return RunVerdict(run.name, checks, gates, str(run.path), notes, check)
+
+
+def resolve_selection(run, selection: str | PhaseSelection | None) -> PhaseSelection | None:
+    """The selection as a PhaseSelection; one given (text or object) must match a recorded phase."""
+    from miles_profile.verdicts.selection import selection_for
+    if isinstance(selection, PhaseSelection):
+        return selection_for(run, selection.text)
+    return selection_for(run, selection)
+
+
+def _checks(run, thresholds, fleet_thresholds, fleet) -> list[CheckResult]:
+    from miles_profile.report.fleet_report import is_fleet
+    from miles_profile.verdicts.checks import run_checks
+    if not is_fleet(run):
+        if run.samples.empty and getattr(run, "sample_pids", None) is not None:  # loaded lazily
+            from miles_profile.logdir.reader import with_samples
+            run = with_samples(run)
+        return run_checks(run, thresholds)
+    from miles_profile.verdicts.fleet_checks import run_fleet_checks
+    from miles_profile.verdicts.per_process import per_process_checks
+    table, matrix = fleet if fleet is not None else _fleet_tables(run)
+    fleet_results = run_fleet_checks(table, fleet_thresholds, matrix) if len(table) else []
+    return per_process_checks(run, thresholds) + list(fleet_results)
+
+
+def _fleet_tables(run):
+    from miles_profile.report import fleet
+    from miles_profile.report.phase_table import phase_table
+    table = fleet.normalize(phase_table(run))
+    return table, (fleet.gpu_matrix(table) if len(table) else None)
+
+
+def judge_test_limits(run, gpu=None, host=None, phase=None) -> RunVerdict:
+    """The pytest marker's verdict: each memory limit as a CheckResult (verdicts/memory_limit.py)."""
+    from miles_profile.verdicts.memory_limit import limit_results
+    return RunVerdict(run.name, limit_results(run, gpu, host, phase), run_path=str(run.path))
+
+
+def _plain(value):
+    """JSON-ready: numpy scalars to Python, non-finite floats to None, tuples to lists."""
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, np.integer):
+        return int(value)
+    if isinstance(value, (float, np.floating)):
+        return float(value) if math.isfinite(value) else None
+    if isinstance(value, (str, int, bool)) or value is None:
+        return value
+    return str(value)

@@ -1,0 +1,93 @@
+"""The per-process checks of a run of many processes: checks.py's checks run on each actor/in_process/engine
+process whose samples are read (an actor's view carries its engine server's meta and samples), aggregated
+per check: it fails if any process fails, and names how many were judged and the worst one.
+
+    per_process_checks(run, thresholds=None) -> list[FleetCheckResult]
+
+(Moved here from report/fleet_report.py so that the verdict engine, engine.py, owns every judgement;
+fleet_report keeps how a process's view of the run is cut out: judged_processes, _process_run.)
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pandas as pd
+
+from miles_profile.verdicts import checks as checks_mod, fleet_checks
+from miles_profile.verdicts.types import STATUS_ORDER, worst_status
+
+# How close a finding came to failing, from the numbers the checks record: (value, limit) pairs where
+# more is worse, and the offload drop where less dropped is worse.
+_RATIOS = (("growth", "limit"), ("spike", "limit"), ("resident", "limit"), ("rise", "allowed"),
+           ("growth", "weights_bytes"), ("share", None))
+
+
+def _label(meta: dict) -> str:
+    return f"{meta.get('role') or 'process'} rank {meta.get('rank', '?')} (pid {meta.get('pid')}, {meta.get('host')})"
+
+
+def per_process_checks(run, thresholds: checks_mod.Thresholds | None = None) -> list[checks_mod.CheckResult]:
+    from miles_profile.report.fleet_report import _phase_processes, _process_run, judged_processes
+    judged = judged_processes(run)
+    total = len(_phase_processes(run))
+    rows_of = run.samples.groupby("pid").indices if len(run.samples) else {}
+    per_check: dict[str, list] = {}
+    for host, pid, meta in judged:
+        sub = _process_run(run, host, pid, rows_of)
+        for result in checks_mod.run_checks(sub, thresholds):
+            per_check.setdefault(result.name, []).append((meta, result))
+    if not per_check:  # nothing read (no samples): the checks say why, as on one process
+        return checks_mod.run_checks(run, thresholds)
+    return [_aggregate(items, len(judged), total) for items in per_check.values()]
+
+
+def _severity(finding: checks_mod.Finding) -> float:
+    n = finding.numbers
+    if "needed" in n and "dropped_inside" in n:
+        return float(n["needed"]) / max(float(n["dropped_inside"]), 1.0)
+    for value, limit in _RATIOS:
+        if value in n:
+            try:
+                v = float(n[value]) if limit is None else float(n[value]) / max(float(n.get(limit) or 0), 1.0)
+            except (TypeError, ValueError):
+                continue
+            if np.isfinite(v):
+                return v
+    return -np.inf
+
+
+def _worst_key(item) -> tuple:
+    result = item[1]
+    judged = [f for f in result.findings if f.status in ("pass", "fail")]
+    return (STATUS_ORDER.get(result.status, 9), -sum(f.status == "fail" for f in judged),
+            -max((_severity(f) for f in judged), default=-np.inf))
+
+
+def _aggregate(items: list, n_judged: int, n_total: int) -> checks_mod.CheckResult:
+    first = items[0][1]
+    worst_meta, worst = min(items, key=_worst_key)
+    statuses = [r.status for _, r in items]
+    status = worst_status(statuses)  # one failing process fails it; too small to judge is kept as such
+    roles = pd.Series([m.get("role") or "process" for m, _ in items]).value_counts()
+    counted = ", ".join(f"{v} {k}" for k, v in roles.items())
+    failing = statuses.count("fail")
+    head = f"judged {n_judged} processes, {failing} fail" if failing else f"judged {n_judged} processes"
+    unread = f"; {n_total - n_judged} more not judged here (samples not read: outside the lanes shown)" \
+        if n_total > n_judged else ""
+    if status == "n/a":
+        summary = f"not judged in any of {n_judged} processes ({counted}){unread}; {_label(worst_meta)}: {worst.summary}"
+    else:
+        summary = f"{head} ({counted}){unread}; worst {_label(worst_meta)}: {worst.summary}"
+    # Each finding keeps its cause, series and resolution; it gains the process it was found in.
+    findings = [replace(f, message=f"{_label(meta)}: {f.message}",
+                        numbers={**f.numbers, "pid": meta.get("pid"), "host": meta.get("host")})
+                for meta, result in items for f in result.findings]
+    spans = [r.span for _, r in items if r.span]
+    span = (min(s[0] for s in spans), max(s[1] for s in spans)) if spans else None
+    resolutions = [r.resolution for _, r in items if r.resolution is not None]
+    return fleet_checks.FleetCheckResult(
+        first.name, first.title, status, summary, first.explanation, span, findings, worst.series,
+        max(resolutions) if resolutions else None, judged={"processes": n_judged},
+        worst={"label": _label(worst_meta), "pid": worst_meta.get("pid"), "host": worst_meta.get("host"),
+               "message": worst.summary})
