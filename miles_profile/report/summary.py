@@ -1,0 +1,142 @@
+"""The first screen of every view: the overall verdict, where the peak is, whether every offload worked,
+and the failing checks first. Built from the run and its one verdict (verdicts/engine.py), never by
+judging anything again. Pure (no plotly): the CLI, the HTML report, --json and the dashboard render it.
+
+    summarize(run, checks, status) -> Summary
+    Summary.lines() -> list[str]       # the terminal block
+    Summary.to_dict() -> dict          # --json
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from miles_profile import names
+from miles_profile.report.peak import Peak, highest_peak, iteration_text
+from miles_profile.report.series import GiB
+from miles_profile.verdicts.types import TOO_SMALL, CheckResult, Finding
+
+OFFLOAD_CHECK = "offload_drop"
+
+
+@dataclass
+class OffloadKind:
+    """Every instance of one offload phase name, as offload_drop judged them."""
+    name: str
+    count: int
+    failed: int
+    too_small: int
+    not_judged: int
+    declared: float | None          # median declared bytes (expected_bytes)
+    freed: float | None             # median bytes measured gone, on the series judged
+    worst: Finding | None           # a failed instance first, else the one that freed the least of its declared
+
+    def text(self) -> str:
+        parts = [f"{self.name} ×{self.count}:"]
+        if self.declared is not None:
+            freed = "?" if self.freed is None else f"{self.freed / GiB:.2f}"
+            parts.append(f"freed {freed} of {self.declared / GiB:.2f} GiB declared (median)")
+        status = []
+        if self.failed:
+            status.append(f"{self.failed} FAILED")
+        if self.too_small:
+            status.append(f"{self.too_small} too small to judge")
+        if self.not_judged:
+            status.append(f"{self.not_judged} not judged")
+        parts.append(("; " if self.declared is not None else "") + (", ".join(status) if status else "all passed"))
+        if self.worst is not None and self.failed:
+            parts.append(f"— worst: {self.worst.message}")
+        return " ".join(parts)
+
+
+@dataclass
+class Summary:
+    status: str
+    peak: Peak | None
+    offloads: list[OffloadKind] = field(default_factory=list)
+    failing: list[tuple[CheckResult, Finding | None]] = field(default_factory=list)
+
+    def lines(self) -> list[str]:
+        out = [f"verdict: {self.status.upper()}"]
+        out.append(self.peak.text() if self.peak else "peak: no memory samples")
+        for kind in self.offloads:
+            out.append(f"offload {kind.text()}")
+        if not self.offloads:
+            out.append("offloads: none in this run")
+        for check, finding in self.failing:
+            out.append(f"FAIL {check.name}: {finding.message if finding else check.summary}")
+        return out
+
+    def to_dict(self) -> dict:
+        peak = None
+        if self.peak is not None:
+            p = self.peak
+            peak = {"bytes": int(p.bytes), "where": p.where, "series": p.series, "column": p.column, "pid": p.pid,
+                    "t": p.t, "total": p.total, "share": p.share, "headroom_bytes": p.headroom,
+                    "phase": p.phase, "iteration": p.iteration, "iteration_text": iteration_text(p.iteration)
+                    if p.phase else None, "span": list(p.span) if p.span else None, "outside": p.outside or None,
+                    "text": p.text()}
+        return {
+            "status": self.status, "peak": peak,
+            "offloads": [{"name": k.name, "count": k.count, "failed": k.failed, "too_small": k.too_small,
+                          "not_judged": k.not_judged, "declared_bytes": k.declared, "freed_bytes": k.freed,
+                          "worst": None if k.worst is None else {
+                              "message": k.worst.message, "span": list(k.worst.span) if k.worst.span else None,
+                              "cause": k.worst.cause},
+                          "text": k.text()} for k in self.offloads],
+            "failing": [{"check": c.name, "title": c.title, "message": f.message if f else c.summary,
+                         "cause": f.cause if f else None,
+                         "span": list((f.span if f and f.span else c.span) or []) or None}
+                        for c, f in self.failing],
+        }
+
+
+def summarize(run, checks: list[CheckResult], status: str) -> Summary:
+    failing = [(c, _first_failure(c)) for c in checks if c.status == "fail"]
+    return Summary(status, highest_peak(run), _offload_kinds(checks), failing)
+
+
+def _first_failure(check: CheckResult) -> Finding | None:
+    return next((f for f in check.findings if f.status == "fail"), None)
+
+
+# Numbers offload_drop may record for the bytes measured gone, preferred first.
+_FREED_KEYS = ("freed", "dropped_alloc", "dropped_driver", "dropped_inside")
+_DECLARED_KEYS = ("declared", "expected_bytes")
+
+
+def _number(finding: Finding, keys) -> float | None:
+    for key in keys:
+        value = finding.numbers.get(key)
+        if isinstance(value, (int, float)) and np.isfinite(value):
+            return float(value)
+    return None
+
+
+def _offload_kinds(checks: list[CheckResult]) -> list[OffloadKind]:
+    check = next((c for c in checks if c.name == OFFLOAD_CHECK), None)
+    if check is None:
+        return []
+    by_name: dict[str, list[Finding]] = {}
+    for finding in check.findings:
+        if finding.phase and finding.phase.startswith(names.OFFLOAD_PREFIX):
+            by_name.setdefault(finding.phase, []).append(finding)
+    return [_kind(name, found) for name, found in by_name.items()]
+
+
+def _kind(name: str, found: list[Finding]) -> OffloadKind:
+    declared = [d for d in (_number(f, _DECLARED_KEYS) for f in found) if d is not None]
+    freed = [d for d in (_number(f, _FREED_KEYS) for f in found if f.status != "n/a") if d is not None]
+    failed = [f for f in found if f.status == "fail"]
+
+    def freed_share(f: Finding) -> float:
+        d, g = _number(f, _DECLARED_KEYS), _number(f, _FREED_KEYS)
+        return g / d if d and g is not None else np.inf
+
+    judged = [f for f in found if f.status in ("pass", "fail")]
+    worst = failed[0] if failed else (min(judged, key=freed_share) if judged else None)
+    return OffloadKind(name, len(found), len(failed), sum(f.status == TOO_SMALL for f in found),
+                       sum(f.status == "n/a" for f in found),
+                       float(np.median(declared)) if declared else None,
+                       float(np.median(freed)) if freed else None, worst)
