@@ -15,9 +15,14 @@ the marker: an installed miles-profile costs other test suites nothing.
   turns it into a failure for a CI that must check GPU limits).
 - `--memory-log-dir DIR` keeps each marked test's run under DIR (its meta names the test); by default
   the run is written to a temporary directory and removed.
+- Usage errors (exit 4, one line, before any test runs): a marker without gpu= or host= (or with both
+  None), a phase= that is not a name or a list of names, a size that is not one, an
+  --memory-interval-ms outside 1 ms .. 60 s, an --memory-log-dir that is not a writable directory.
+- The verdict is the engine's (verdicts/engine.judge_test_limits): each limit a CheckResult.
 """
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 
@@ -49,23 +54,58 @@ def _limits(item) -> dict | None:
 
 
 def pytest_collection_modifyitems(config, items):
-    """A malformed marker is the test author's mistake: a usage error (exit 4) before any test runs."""
-    for item in items:
-        marker = item.get_closest_marker(MARKER)
-        if marker is None:
-            continue
-        unknown = sorted(set(marker.kwargs) - {"gpu", "host", "phase"})
-        if marker.args or unknown or not ({"gpu", "host"} & set(marker.kwargs)):
-            raise pytest.UsageError(f"{item.nodeid}: {MARKER} takes gpu=, host= (at least one) and phase=; "
-                                    f"got {marker.args or ''}{unknown or ''}")
-        from miles_profile.errors import MilesProfileError
-        from miles_profile.sizes import parse_size
+    """A malformed marker or option is the test author's mistake: a usage error (exit 4, one line)
+    before any test runs, never a traceback in every marked test."""
+    marked = [(item, item.get_closest_marker(MARKER)) for item in items]
+    marked = [(item, marker) for item, marker in marked if marker is not None]
+    if not marked:
+        return
+    _check_options(config)
+    for item, marker in marked:
+        problem = _marker_problem(marker)
+        if problem:
+            raise pytest.UsageError(f"{item.nodeid}: {MARKER}: {problem}")
+
+
+def _check_options(config) -> None:
+    from miles_profile.errors import MilesProfileError
+    from miles_profile.recorder import check_interval_ms
+    try:
+        check_interval_ms(config.getoption("--memory-interval-ms"))
+    except MilesProfileError as exc:
+        raise pytest.UsageError(f"--memory-interval-ms: {exc}") from None
+    keep = config.getoption("--memory-log-dir")
+    if keep is not None:
         try:
-            for kind in ("gpu", "host"):
-                if marker.kwargs.get(kind) is not None:
-                    parse_size(marker.kwargs[kind])
-        except MilesProfileError as exc:
-            raise pytest.UsageError(f"{item.nodeid}: {MARKER}: {exc}") from None
+            os.makedirs(keep, exist_ok=True)
+        except OSError as exc:
+            raise pytest.UsageError(f"--memory-log-dir {keep}: not a directory we can write "
+                                    f"({exc.strerror or exc})") from None
+        if not os.access(keep, os.W_OK | os.X_OK):
+            raise pytest.UsageError(f"--memory-log-dir {keep}: not writable")
+
+
+def _marker_problem(marker) -> str | None:
+    """What is wrong with a memory_limit marker, in one line; None when it is well formed. A limit
+    must name at least one size (gpu=None, host=None checks nothing and would pass forever)."""
+    from miles_profile.errors import MilesProfileError
+    from miles_profile.sizes import parse_size
+    unknown = sorted(set(marker.kwargs) - {"gpu", "host", "phase"})
+    if marker.args or unknown:
+        return f"takes gpu=, host= (at least one) and phase=; got {marker.args or ''}{unknown or ''}"
+    limits = {k: marker.kwargs.get(k) for k in ("gpu", "host") if marker.kwargs.get(k) is not None}
+    if not limits:
+        return "give gpu= or host= (a size such as '20 GiB'); without one it checks nothing"
+    phase = marker.kwargs.get("phase")
+    if phase is not None and not (isinstance(phase, str) or (isinstance(phase, (list, tuple)) and phase
+                                                               and all(isinstance(p, str) for p in phase))):
+        return f"phase= takes a phase name or selection such as 'train' or 'offload,train', got {phase!r}"
+    try:
+        for value in limits.values():
+            parse_size(value)
+    except MilesProfileError as exc:
+        return str(exc)
+    return None
 
 
 @pytest.hookimpl(wrapper=True)
@@ -92,16 +132,16 @@ def pytest_runtest_call(item):
 
 
 def _judge(item, run_dir, limits: dict) -> None:
+    """Render the engine's verdict of the test's limits: failures fail it, an unjudgeable limit warns."""
     from miles_profile.errors import MilesProfileError
     from miles_profile.logdir.reader import load_run
-    from miles_profile.verdicts.memory_limit import judge_limits
+    from miles_profile.verdicts.engine import judge_test_limits
     try:
-        verdicts = judge_limits(load_run(run_dir), limits.get("gpu"), limits.get("host"), limits.get("phase"))
+        verdict = judge_test_limits(load_run(run_dir), limits.get("gpu"), limits.get("host"), limits.get("phase"))
     except MilesProfileError as exc:  # e.g. an unknown phase family
         pytest.fail(f"{MARKER}: {exc}", pytrace=False)
-    for verdict in verdicts:
-        if verdict.status == "not checkable":
-            item.warn(pytest.PytestWarning(verdict.message))
-    failed = [v.message for v in verdicts if v.status == "fail"]
-    if failed:
-        pytest.fail("; ".join(failed), pytrace=False)
+    for check in verdict.checks:
+        if check.status == "n/a":
+            item.warn(pytest.PytestWarning(check.summary))
+    if verdict.exit_code:
+        pytest.fail("; ".join(summary for _, summary in verdict.failures()), pytrace=False)

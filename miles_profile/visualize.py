@@ -3,7 +3,10 @@
 
 Writes a self-contained HTML report of the run(s) in D (a run directory, a directory of runs, or a
 Miles CPU-profiler CSV), prints the check verdicts and exits 0 (all pass or n/a), 1 (a check
-failed, or a phase grew over the --baseline) or 2 (bad input). Several runs are compared phase by phase.
+failed, or a phase grew over the --baseline) or 2 (bad input, a --phase that matches none of a run's phases,
+a --baseline that shares nothing with the run, a malformed --baseline-threshold). The verdicts are the
+engine's (verdicts/engine.py). A closed stdout (`| head`) does not change the exit code.
+Several runs are compared phase by phase.
 """
 from __future__ import annotations
 
@@ -45,7 +48,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="a run to compare with: exit 1 when a phase's peak or floor grew by more than "
                              "--baseline-threshold on any GPU or process (docs/checks.md)")
     parser.add_argument("--baseline-threshold", metavar="SHARE,SIZE", default="5%,256MiB",
-                        help="growth allowed over the baseline; a value fails only above both (default: %(default)s)")
+                        help="growth allowed over the baseline; a value fails only above both; the share ends "
+                             "in %%, the size is bytes or a unit: 5%%,0 fails any growth over 5%% "
+                             "(default: %(default)s)")
     parser.add_argument("--baseline-by", choices=["phase", "iteration"], default="phase",
                         help="compare per phase name (default) or per (iteration, phase)")
     parser.add_argument("--max-points", type=int, default=100_000,
@@ -74,6 +79,17 @@ def _thresholds(pairs: list[str]):
     return found[0], found[1]
 
 
+def _echo(line: str) -> None:
+    """print, except that a reader who stopped reading (`visualize D | head`) is not an error: the rest
+    of the output goes to /dev/null and the exit code stays the verdict's (0 or 1), as docs/checks.md says."""
+    try:
+        print(line, flush=True)
+    except BrokenPipeError:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # so the flush at exit does not fail again
+        os.close(devnull)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -92,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
             lanes=args.lanes, phases=args.phase, baseline=args.baseline,
             baseline_thresholds=RegressionThresholds.parse(args.baseline_threshold),
             baseline_by_iteration=args.baseline_by == "iteration")
-        return visualize(options)
+        return visualize(options, echo=_echo)
     except MilesProfileError as exc:
         print(f"miles_profile.visualize: error: {exc}", file=sys.stderr)
         return exc.exit_code

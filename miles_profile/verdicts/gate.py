@@ -17,6 +17,8 @@ What is compared, per phase name (or per iteration and phase name) and per subje
 `peak` is the highest true peak of the phase's instances; `floor` the highest of their floors (the most
 memory the phase held throughout, in its worst instance: a floor that rose in any iteration shows).
 A value regressed when it grew by more than `share` of the baseline **and** more than `abs_bytes`.
+A baseline that shares no compared value with the run (its keys match nothing) is a MilesProfileError
+(exit 2): a gate that compares nothing must not pass.
 
 Subjects are matched by identity: a GPU by (host, NVML UUID), a process by (host, GPU UUID, role, rank).
 When those differ between the runs (another machine, another node), by rank instead: a GPU by the ranks
@@ -48,13 +50,24 @@ class RegressionThresholds:
 
     @classmethod
     def parse(cls, text: str) -> "RegressionThresholds":
-        """"5%,256MiB" (either part alone keeps the other's default)."""
-        share, abs_bytes = cls.share, cls.abs_bytes
-        for part in (p.strip() for p in str(text).split(",") if p.strip()):
-            if part.endswith("%") or (part.replace(".", "", 1).isdigit() and float(part) < 1):
-                share = parse_share(part)
-            else:
-                abs_bytes = parse_size(part)
+        """"SHARE,SIZE", strictly: the share ends in % ("5%"), the size is a size ("256MiB", "0" bytes);
+        either alone keeps the other's default. "5%,0" is 5% and 0 bytes: any growth over 5% fails.
+        Anything else (two shares, a bare fraction, garbage) is a MilesProfileError (exit 2)."""
+        parts = [p.strip() for p in str(text).split(",")]
+        usage = f"--baseline-threshold {text!r}: expected SHARE,SIZE such as 5%,256MiB (or one of them)"
+        if not 1 <= len(parts) <= 2 or not all(parts):
+            raise MilesProfileError(usage)
+        shares = [p for p in parts if p.endswith("%")]
+        sizes = [p for p in parts if not p.endswith("%")]
+        if len(shares) > 1 or len(sizes) > 1:
+            raise MilesProfileError(usage)
+        if sizes and "." in sizes[0] and sizes[0].replace(".", "", 1).isdigit():  # "0.05": a share without %?
+            raise MilesProfileError(f"{usage}; a share is written with % (5%), a size in whole bytes or with a unit")
+        try:
+            share = parse_share(shares[0]) if shares else cls.share
+            abs_bytes = parse_size(sizes[0]) if sizes else cls.abs_bytes
+        except MilesProfileError as exc:
+            raise MilesProfileError(f"{usage} ({exc})") from None
         return cls(share, abs_bytes)
 
     @property
@@ -243,6 +256,10 @@ def compare_runs(current, baseline, thresholds: RegressionThresholds | None = No
             regressed = bool(growth > th.abs_bytes and growth > th.share * before)
             compared.append(Comparison(row.phase, None if row.iteration == -2 else int(row.iteration), row.subject,
                                        row.gpu, row.memory, stat, int(before), int(now), regressed))
+    if not compared:  # a gate that compares nothing would pass forever: say so and stop (exit 2)
+        raise MilesProfileError(f"--baseline {base_name} shares no measured phase, GPU or process with {cur_name}: "
+                                f"nothing to compare ({'; '.join(not_compared[:3]) or 'no phases in either run'}"
+                                f"{'; ...' if len(not_compared) > 3 else ''})")
     return RegressionResult(cur_name, base_name, th, tuple(compared), tuple(not_compared), tuple(not_selected),
                             "identity" if key == "exact_key" else "rank")
 

@@ -29,6 +29,7 @@ from typing import Literal
 import numpy as np
 import pandas as pd
 
+from miles_profile.errors import MilesProfileError
 from miles_profile.phase_select import parse_phases
 from miles_profile.sizes import format_size, parse_size
 from miles_profile.verdicts.types import CheckResult, Finding
@@ -114,8 +115,10 @@ def _gpu_series(peaks: dict[str, float]) -> list[tuple[str, str]]:
 def judge_limits(run, gpu=None, host=None, phase=None) -> list[LimitVerdict]:
     """The verdict of each limit given (sizes as bytes or "20 GiB"); `phase`: a --phase selection."""
     limits = {k: parse_size(v) for k, v in (("gpu", gpu), ("host", host)) if v is not None}
-    if not limits:
-        return []
+    if not limits:  # a limit that checks nothing would pass forever
+        raise MilesProfileError("memory_limit needs gpu= or host= (a size such as '20 GiB'); both are None")
+    if phase is not None and not isinstance(phase, (str, list, tuple)):
+        raise MilesProfileError(f"memory_limit phase= takes a phase name or selection such as 'train', got {phase!r}")
     start = _start_levels(run.samples)
     if phase is None:
         peaks, where = _whole_test_peaks(run.samples), "the whole test"
