@@ -33,7 +33,7 @@ Public API:
     gpu_matrix(table) -> GpuMatrix         # lanes x (iteration, phase), peak as share of the total
     coarsen(matrix, max_columns) -> GpuMatrix   # consecutive iterations merged, peaks kept
     rank_outliers(table, top=10) -> Outliers
-    floor_slopes(table) -> DataFrame       # least-squares slope of each process's per-iteration floor
+    floor_slopes(table) -> DataFrame       # Theil-Sen slope of each process's per-iteration floor
     select_lanes(table, spec) -> list[str] # "rank:0-7,host:node3,worst:5,gpu:GPU-1a2b"
     levels_during(t0, t1, peak, last, w0, w1) -> array   # a process's highest level in windows
 """
@@ -342,9 +342,9 @@ class Outliers:
     iteration for the floor slope).
 
     peak: one row per lane, its highest cell (fraction of its total and bytes);
-    floor_slope: one row per process, the least-squares slope of its per-iteration floor
-      (bytes/iteration) and the rise it implies over the run; linked to its floor phase in its last
-      iteration;
+    floor_slope: one row per process, the Theil-Sen slope of its per-iteration floor (bytes/iteration,
+      with its interval; floors only from series read throughout each iteration) and the rise it
+      implies over the run; linked to its floor phase in its last iteration;
     shortfall: one row per offload_* phase that dropped less than its expected_bytes (expected minus
       the drop first -> last of the process's own memory), largest first."""
 
@@ -384,42 +384,17 @@ def _peak_outliers(matrix: GpuMatrix) -> pd.DataFrame:
     return out.sort_values(["fraction", "value"], ascending=False, na_position="last").reset_index(drop=True)
 
 
-def iteration_floors(df: pd.DataFrame, key: str, value: str) -> pd.DataFrame:
-    """The lowest `value` of each (key, iteration >= 0), with the row where it was reached."""
-    rows = df[(df["iteration"] >= 0) & df[value].notna()]
-    if rows.empty:
-        return rows.assign(floor=pd.Series(dtype=float))
-    at = rows.groupby([key, "iteration"])[value].idxmin()
-    out = rows.loc[at.to_numpy()].copy()
-    out["floor"] = out[value]
-    return out.sort_values([key, "iteration"]).reset_index(drop=True)
-
-
-def fit_slopes(floors: pd.DataFrame, key: str, skip: int = 0) -> pd.DataFrame:
-    """Per key: least-squares slope of `floor` against `iteration` over every iteration after the
-    first `skip`, its number of iterations `n` and the rise it implies from the first iteration to the
-    last (`rise` = slope x (last - first)); rows where the floor phase of the last iteration is kept."""
-    f = floors[floors.groupby(key).cumcount() >= skip]
-    x, y = f["iteration"].astype(float), f["floor"]
-    g = pd.DataFrame({key: f[key], "x": x, "y": y, "xy": x * y, "xx": x * x}).groupby(key)
-    s = g.sum()
-    n = g.size()
-    with np.errstate(invalid="ignore", divide="ignore"):
-        var = s["xx"] - s["x"] ** 2 / n
-        slope = ((s["xy"] - s["x"] * s["y"] / n) / var).where(var > 0)
-    span = g["x"].max() - g["x"].min()
-    last = f.groupby(key).tail(1).set_index(key, drop=False).rename_axis(None)
-    return last.assign(slope=slope, n=n, rise=slope * span, first_floor=f.groupby(key)["floor"].first())
-
-
 def floor_slopes(table: pd.DataFrame, labels: dict | None = None, skip: int = 0) -> pd.DataFrame:
-    """One row per process: slope of its own memory's per-iteration floor (bytes/iteration), fastest first."""
+    """One row per process: the Theil-Sen slope of its per-iteration floor (bytes/iteration, with its 95 %
+    interval `slope_low`..`slope_high`), fastest first; floors only from a series read throughout each
+    iteration (floor_trend.dense_floors: never from NVML readings that fall at a few phase ends)."""
+    from miles_profile.report.floor_trend import floor_trends
     df = normalize(table)
     labels = labels if labels is not None else dict(zip(*lanes(df)[["lane", "label"]].to_numpy().T))
-    fits = fit_slopes(iteration_floors(df, "pid", "own_floor"), "pid", skip).reset_index(drop=True)
-    fits = fits[fits["n"] >= 2] if len(fits) else fits
-    out = fits.assign(label=fits["lane"].map(labels) if len(fits) else [], value=fits.get("slope"))
-    cols = _LINK + ["pid", "rank", "role", "value", "rise", "n", "own_series"]
+    fits = floor_trends(df, "pid", skip)
+    out = fits.assign(label=fits["lane"].map(labels) if len(fits) else [], value=fits.get("slope"),
+                      own_series=fits.get("series"))
+    cols = _LINK + ["pid", "rank", "role", "value", "slope_low", "slope_high", "rise", "n", "own_series"]
     return out.reindex(columns=cols).sort_values("value", ascending=False, na_position="last").reset_index(drop=True)
 
 

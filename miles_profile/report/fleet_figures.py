@@ -76,7 +76,8 @@ def outliers_table(outliers: fleet.Outliers) -> list[dict]:
                 share = "" if not np.isfinite(item.fraction) else f" ({item.fraction:.0%})"
                 shown = f"{value / GiB:.3f} GiB{share}"
             elif kind == "floor_slope":
-                shown = f"{value / GiB:+.3f} GiB/iteration ({item.rise / GiB:+.3f} GiB over {int(item.n)})"
+                shown = (f"{value / GiB:+.3f} GiB/iteration (95% interval {item.slope_low / GiB:+.3f} to "
+                         f"{item.slope_high / GiB:+.3f}; {item.rise / GiB:+.3f} GiB over {int(item.n)}, {item.own_series})")
             else:
                 shown = f"{value / GiB:.3f} GiB short of {item.expected_bytes / GiB:.3f} GiB"
             who = getattr(item, "ranks", None)

@@ -19,8 +19,10 @@ import numpy as np
 import pandas as pd
 
 from miles_profile import names
-from miles_profile.report import fleet
-from miles_profile.verdicts.types import CheckResult, Finding, gib
+from miles_profile.report import fleet, floor_trend
+from miles_profile.verdicts.resolution import resolution_of
+from miles_profile.verdicts.trend import judge_floors, step_cause_of
+from miles_profile.verdicts.types import TOO_SMALL, CheckResult, Finding, gib
 
 GiB = 1024 ** 3
 MiB = 1024 ** 2
@@ -36,14 +38,17 @@ class FleetThresholds:
     imbalance_share: float = 0.10
     imbalance_abs_bytes: int = 1 * GiB
     imbalance_min_peers: int = 3
-    # floor_trend_leak: the rise of the least-squares line through every iteration's floor (slope x
-    # (last - first iteration)) fails when above both `floor_trend_abs_bytes` and `floor_trend_share`
-    # of the lane's total; the first `floor_trend_skip_iterations` are warm-up; a series needs
-    # `floor_trend_min_iterations` iterations after them.
+    # floor_trend_leak: the leak rule of verdicts/trend.py per GPU and per process: the lower bound of
+    # the Theil-Sen slope's 95 % interval times the iterations judged fails when above the largest of
+    # `floor_trend_abs_bytes`, `floor_trend_share` of the lane's total and
+    # `floor_trend_resolution_multiple` x the series' resolution; the first
+    # `floor_trend_skip_iterations` are warm-up; a series needs `floor_trend_min_iterations` floors
+    # after them (fewer give an interval wider than the floors' spread).
     floor_trend_abs_bytes: int = 256 * MiB
     floor_trend_share: float = 0.02
+    floor_trend_resolution_multiple: float = 2.0
     floor_trend_skip_iterations: int = 1
-    floor_trend_min_iterations: int = 3
+    floor_trend_min_iterations: int = 5
     # serialized_peaks_per_gpu: during a footprint phase (train, generate) the lane's processes may
     # hold together, above their own lowest levels, the larger footprint plus this share of the
     # smaller plus `serialized_abs_bytes`.
@@ -169,43 +174,73 @@ def _imbalance(values: np.ndarray, columns: pd.DataFrame, who: list[dict], th: F
 # -- floor trend leak --------------------------------------------------------------------------
 def check_floor_trend_leak(table: pd.DataFrame, th: FleetThresholds) -> FleetCheckResult:
     name, title = "floor_trend_leak", "No floor creeping up across iterations"
-    explanation = ("The lowest level of each iteration (per GPU: NVML used; per process: its own memory) is fitted "
-                   "by least squares over every iteration after warm-up, not first against last, so one noisy "
-                   f"iteration does not decide; the fitted rise over the run (slope x iterations) must stay under "
-                   f"{gib(th.floor_trend_abs_bytes)} or {th.floor_trend_share:.0%} of the total, whichever is larger.")
+    explanation = ("The lowest level of each iteration (per GPU: NVML used; per process: its own memory), taken only "
+                   "from a series read in nearly every phase of the iteration, is judged by the leak rule: a "
+                   f"Theil-Sen trend over at least {th.floor_trend_min_iterations} iterations after warm-up fails "
+                   "only when the lower bound of its 95% interval, over the iterations judged, exceeds "
+                   f"{gib(th.floor_trend_abs_bytes)}, {th.floor_trend_share:.0%} of the total or "
+                   f"{th.floor_trend_resolution_multiple:g}x the series' resolution, whichever is largest; a "
+                   "one-time step is reported, not failed.")
     df = fleet.normalize(table)
     lane_rows = {r["lane"]: r for r in fleet.lanes(df).to_dict("records")}
-    series = [("lane", "used_floor", "GPU (NVML used)"), ("pid", "own_floor", "process")]
     findings, worst, judged = [], None, {"lanes": 0, "processes": 0}
-    for key, value, what in series:
-        floors = fleet.iteration_floors(df, key, value)
-        if floors.empty:
-            continue
-        fits = fleet.fit_slopes(floors, key, th.floor_trend_skip_iterations)
-        fits = fits[(fits["n"] >= th.floor_trend_min_iterations) & fits["slope"].notna()]
-        for fit in fits.to_dict("records"):
-            lane = lane_rows[fit["lane"]]
-            total = lane["total"]
-            limit = max(th.floor_trend_abs_bytes, th.floor_trend_share * total if np.isfinite(total) else 0.0)
-            status = "fail" if fit["rise"] > limit else "pass"
-            pid = int(fit["pid"]) if key == "pid" else None
-            who = lane["label"] + (f" pid {pid} ({fit['role'] or '?'} rank {fit['rank']})" if pid is not None else "")
-            message = (f"{who}: floor rises {gib(fit['slope'])}/iteration, {gib(fit['rise'])} over {int(fit['n'])} "
-                       f"iterations (allowed {gib(limit)})")
-            numbers = _where(lane, pid=pid, slope=float(fit["slope"]), rise=float(fit["rise"]), limit=float(limit),
-                             iterations=int(fit["n"]), series=what)
-            findings.append(Finding(status, message, (fit["t0"], fit["t1"]), fit["phase"], int(fit["iteration"]),
-                                    numbers))
+    for key in ("lane", "pid"):
+        for _, floors in floor_trend.dense_floors(df, key).groupby(key, sort=False):
+            finding = _floor_finding(floors.iloc[th.floor_trend_skip_iterations:], key, lane_rows, th)
+            if finding is None:
+                continue
+            findings.append(finding)
+            if finding.status == "n/a":
+                continue
             judged["lanes" if key == "lane" else "processes"] += 1
-            score = fit["rise"] / limit
+            score = finding.numbers["growth_low"] / finding.numbers["allowed"]
             if worst is None or score > worst["score"]:
-                worst = dict(numbers, score=float(score), phase=fit["phase"], iteration=int(fit["iteration"]),
-                             message=f"{gib(fit['rise'])} over the run")
-    if not findings:
-        return _na(name, title, explanation, f"needs {th.floor_trend_skip_iterations + th.floor_trend_min_iterations} "
-                   "iterations with floors")
-    return _result(name, title, explanation, findings, judged, worst, "NVML used per GPU; own memory per process",
-                   "floors flat", "floors creeping up")
+                worst = dict(finding.numbers, score=float(score), phase=finding.phase, iteration=finding.iteration,
+                             message=_measured(finding.numbers))
+    if not any(f.status in ("pass", "fail", TOO_SMALL) for f in findings):
+        why = findings[0].message if findings else "no GPU or process has a floor read throughout its iterations"
+        return _na(name, title, explanation, why)
+    result = _result(name, title, explanation, findings, judged, worst,
+                     "NVML used per GPU; own memory per process (series read throughout each iteration)",
+                     "floors without sustained growth", "floors growing steadily")
+    if not any(f.status in ("pass", "fail") for f in findings):
+        result.status = TOO_SMALL
+    steps = [f for f in findings if f.cause == "one_time_step"]
+    if steps:
+        result.summary += f"; {len(steps)} one-time steps (not leaks), first: {steps[0].message}"
+    return result
+
+
+def _measured(n: dict) -> str:
+    return (f"floor {n['slope'] / MiB:+.1f} MiB/iteration (95% interval {n['slope_low'] / MiB:+.1f} to "
+            f"{n['slope_high'] / MiB:+.1f}), {gib(n['growth'])} over {n['iterations']} iterations, "
+            f"allowed {gib(n['allowed'])}")
+
+
+def _floor_finding(floors: pd.DataFrame, key: str, lane_rows: dict, th: FleetThresholds) -> Finding | None:
+    """One lane's or process's floors (after warm-up) judged by verdicts/trend.py."""
+    if floors.empty:
+        return None
+    last = floors.iloc[-1]
+    lane = lane_rows[last["lane"]]
+    series = str(last["series"])
+    res = resolution_of(series)
+    total = lane["total"]
+    allowed = max(th.floor_trend_abs_bytes, th.floor_trend_share * total if np.isfinite(total) else 0.0,
+                  th.floor_trend_resolution_multiple * res)
+    kind = "host" if series == "rss" else ("alloc" if series == "alloc" else "device")
+    judged = judge_floors(floors["iteration"], floors["floor"], resolution=res, allowed=allowed,
+                          min_iterations=th.floor_trend_min_iterations, step_cause=step_cause_of(kind))
+    pid = int(last["pid"]) if key == "pid" else None
+    who = lane["label"] + (f" pid {pid} ({last['role'] or '?'} rank {last['rank']})" if pid is not None else "")
+    what = "NVML used" if series == "used" else f"own memory ({series})"
+    status = TOO_SMALL if judged.status == "too small to judge" else judged.status
+    numbers = _where(lane, pid=pid, **judged.numbers, series=what, limit=float(allowed))
+    if "growth" in numbers:
+        numbers["rise"] = numbers["growth"]
+    return Finding(status, f"{who}: {judged.text}", (float(floors["t0"].iloc[0]), float(last["t1"])),
+                   str(last["phase"]), int(last["iteration"]), numbers, cause=judged.cause, series=what,
+                   resolution=res)
 
 
 # -- serialized peaks per GPU ------------------------------------------------------------------

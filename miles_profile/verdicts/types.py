@@ -41,12 +41,21 @@ class Thresholds:
     # two host copies of the weights: a weight-moving phase may grow host RSS by less than this share
     # of the weights' bytes.
     weight_copy_share: float = 0.9
-    # leak: the per-iteration floor may grow by at most this share of the run's peak plus
-    # `leak_abs_bytes` from the first measured iteration to the last; iterations before
-    # `leak_skip_iterations` are warm-up.
-    leak_share: float = 0.05
+    # leak: a Theil-Sen trend through the per-iteration floors after `leak_skip_iterations` (warm-up)
+    # fails when the lower bound of its 95 % interval, over the iterations judged, exceeds this share
+    # of the run's peak plus the larger of `leak_abs_bytes` and `leak_resolution_multiple` x the
+    # series' resolution (verdicts/trend.py). Below `leak_min_iterations` floors it is n/a: five
+    # points are the fewest for which the interval is narrower than the spread of the floors.
+    leak_share: float = 0.02
     leak_abs_bytes: int = 64 * MiB
+    leak_resolution_multiple: float = 2.0
     leak_skip_iterations: int = 1
+    leak_min_iterations: int = 5
+    # an iteration's floor counts only from a series read throughout it: at least `leak_min_reads`
+    # readings, none farther apart (or from the iteration's edges) than this share of the iteration
+    # (an NVML column read only at some phase ends is not a floor).
+    leak_min_reads: int = 3
+    leak_max_gap_share: float = 0.25
     # headroom: the peak may use at most this share of the device (or host) total.
     headroom_max_share: float = 0.95
 

@@ -1,0 +1,145 @@
+"""Is a per-iteration floor growing? A robust trend with its uncertainty, and the one-time step told
+apart from a sustained climb. Pure functions over numbers; `leak` (one process's series) and
+`floor_trend_leak` (every GPU and process of a fleet) both judge with `judge_floors`, and the fleet
+view ranks its "fastest-rising floor" with `robust_slope`.
+
+The rule (docs/checks.md, "leak"):
+
+- fewer than `min_iterations` finite floors after the warm-up: n/a, "needs N iterations";
+- the Theil-Sen slope and its confidence interval (`scipy.stats.theilslopes`): one noisy iteration
+  moves the median of pairwise slopes little, where least squares or first-against-last follow it;
+- the largest jump between two consecutive floors is a one-time step when, that jump taken out, the
+  rest is not growing and the jump alone exceeds the allowed growth: its own finding (status pass,
+  cause `one_time_step`), since memory kept once (glibc's heap after an offload round trip, the CUDA
+  caching allocator's blocks) is retention, not a leak;
+- fail (`sustained_growth`) only when the interval's lower bound times the iterations judged exceeds
+  the allowed growth (the caller derives it from the series' resolution and the run's peak);
+- growth that is real (lower bound above zero) but below the series' resolution: too small to judge.
+
+scipy is imported inside the functions: the GPU machine imports the checks without it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+GiB = 1024 ** 3
+CONFIDENCE = 0.95  # of the slope's interval
+
+
+@dataclass(frozen=True)
+class Slope:
+    slope: float   # bytes per iteration (Theil-Sen: the median of pairwise slopes)
+    low: float     # the interval's bounds at CONFIDENCE
+    high: float
+    n: int         # floors fitted
+    span: float    # last - first iteration fitted
+
+
+@dataclass
+class FloorVerdict:
+    status: str                      # "pass", "fail", "n/a" or "too small to judge"
+    cause: str | None                # "sustained_growth", "one_time_step" or None
+    text: str                        # what was measured, in words (no series name: the caller adds it)
+    numbers: dict = field(default_factory=dict)
+
+
+def robust_slope(x, y) -> Slope | None:
+    """Theil-Sen slope of y against x with its CONFIDENCE interval; None below two distinct x."""
+    x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+    ok = np.isfinite(x) & np.isfinite(y)
+    x, y = x[ok], y[ok]
+    if len(np.unique(x)) < 2:
+        return None
+    from scipy.stats import theilslopes
+    fit = theilslopes(y, x, alpha=CONFIDENCE)
+    return Slope(float(fit[0]), float(fit[2]), float(fit[3]), int(len(x)), float(x.max() - x.min()))
+
+
+def _mib(n: float) -> str:
+    return f"{n / 1024 ** 2:+.1f} MiB"
+
+
+def _gib(n: float) -> str:
+    return f"{n / GiB:.3f} GiB"
+
+
+def _largest_jump(x: np.ndarray, y: np.ndarray) -> tuple[int, float]:
+    """Index k of the largest rise y[k+1] - y[k], and that rise."""
+    d = np.diff(y)
+    k = int(np.argmax(d))
+    return k, float(d[k])
+
+
+def judge_floors(iterations, floors, *, resolution: float, allowed: float, min_iterations: int,
+                 step_cause: str = "") -> FloorVerdict:
+    """The verdict on floors (bytes) measured at `iterations` (already past the warm-up).
+
+    `resolution`: bytes the series can resolve; `allowed`: the growth over the iterations judged that
+    fails (at least the resolution); `step_cause`: the likely cause of a one-time step, in words."""
+    x, y = np.asarray(iterations, dtype=float), np.asarray(floors, dtype=float)
+    ok = np.isfinite(x) & np.isfinite(y)
+    x, y = x[ok], y[ok]
+    if len(x) < min_iterations:
+        return FloorVerdict("n/a", None, f"needs {min_iterations} iterations after warm-up with a floor "
+                            f"measured throughout, has {len(x)}", dict(iterations=int(len(x))))
+    fit = robust_slope(x, y)
+    growth, growth_low = fit.slope * fit.span, fit.low * fit.span
+    numbers = dict(slope=fit.slope, slope_low=fit.low, slope_high=fit.high, iterations=fit.n, growth=growth,
+                   growth_low=growth_low, allowed=float(allowed), resolution=float(resolution),
+                   first=float(y[0]), last=float(y[-1]), floors=[float(v) for v in y])
+    measured = (f"floor {_gib(y[0])} → {_gib(y[-1])} over {fit.n} iterations, {_mib(fit.slope)}/iteration "
+                f"({CONFIDENCE:.0%} interval {_mib(fit.low)} to {_mib(fit.high)})")
+    step = _one_time_step(x, y, allowed, min_iterations)
+    if step is not None:
+        k, size, rest = step
+        numbers.update(step=size, step_after_iteration=int(x[k]), growth_without_step=rest.slope * rest.span)
+        return FloorVerdict("pass", "one_time_step",
+                            f"one-time step of {_gib(size)} after iteration {int(x[k])}, flat before and after "
+                            f"({_mib(rest.slope)}/iteration without it): not a leak; {measured}"
+                            + (f". Likely {step_cause}" if step_cause else ""), numbers)
+    if growth_low > allowed:
+        return FloorVerdict("fail", "sustained_growth", f"sustained growth: {measured}; at least "
+                            f"{_gib(growth_low)} over the run, allowed {_gib(allowed)}", numbers)
+    if fit.low > 0 and growth < resolution:
+        return FloorVerdict("too small to judge", None, f"too small to judge (growth {_gib(growth)} below the "
+                            f"resolution {_gib(resolution)} of the series): {measured}", numbers)
+    return FloorVerdict("pass", None, f"{measured}; allowed {_gib(allowed)} over the run", numbers)
+
+
+def _one_time_step(x: np.ndarray, y: np.ndarray, allowed: float, min_iterations: int):
+    """(k, size, trend without it) when the largest jump, after iteration x[k], is a one-time step:
+    larger than `allowed`, with the floors flat once it is taken out. None otherwise."""
+    k, size = _largest_jump(x, y)
+    # flat before and after needs two floors on each side; a jump at the very end is left to the trend
+    if size <= allowed or k < 1 or k > len(y) - 3:
+        return None
+    flattened = np.where(np.arange(len(y)) > k, y - size, y)
+    rest = robust_slope(x, flattened)
+    # the rest must be flat: its lower bound over the run within the allowed growth, and its estimate
+    # under half the step (a climb of equal increments keeps its slope when one of them is removed)
+    if rest is None or rest.low * rest.span > allowed or rest.slope * rest.span > size / 2:
+        return None
+    return k, size, rest
+
+
+# Likely causes of a one-time step, by what the series measures: words the user can act on.
+STEP_CAUSES = {
+    "host": ("glibc keeps freed memory in its heap after an offload round trip (the freed CPU copies of "
+             "tensors): set MALLOC_TRIM_THRESHOLD_ (e.g. 0) or MALLOC_ARENA_MAX=2, call "
+             "ctypes.CDLL('libc.so.6').malloc_trim(0) after the onload, or run with jemalloc"),
+    "device": ("the CUDA caching allocator keeps freed blocks reserved: call torch.cuda.empty_cache() after "
+               "the phase that freed them, or set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"),
+    "allocated": ("tensors allocated once and kept (optimizer state created at the first step, a cache "
+                  "filled once): expected if its size matches that state"),
+}
+
+
+def step_cause_of(series_kind: str) -> str:
+    """`series_kind`: a column kind (`rss`, `heap_used`, `reserved`, `proc`, `used`, `alloc`)."""
+    if series_kind in ("rss", "rss_peak", "heap_used", "host"):
+        return STEP_CAUSES["host"]
+    if series_kind in ("alloc", "alloc_peak"):
+        return STEP_CAUSES["allocated"]
+    return STEP_CAUSES["device"]
