@@ -16,7 +16,7 @@ ACCOUNT_COLUMNS = ["t", "host", "pid", "device", "category", "owner", "bytes"]
 def accounts_frame(events: pd.DataFrame) -> pd.DataFrame:
     """t, host, pid, device ("host" or "cuda:N" in that process's CUDA order), category, owner ("" when
     not given), bytes. An event whose `bytes` is not a non-negative integer or whose `device` is not a
-    string is skipped."""
+    string, or a count of 2**63 or more, is skipped."""
     rows = []
     found = events[events["kind"] == names.ACCOUNT] if len(events) else events
     hosts = found["host"].tolist() if "host" in found else [""] * len(found)
@@ -24,7 +24,8 @@ def accounts_frame(events: pd.DataFrame) -> pd.DataFrame:
                                          found["name"].tolist(), found["attrs"].tolist()):
         value = attrs.get("bytes") if isinstance(attrs, dict) else None
         device = attrs.get("device") if isinstance(attrs, dict) else None
-        if type(value) is not int or value < 0 or not isinstance(device, str):
+        # over int64: no machine holds it, and the frame's int64 column could not (account() refuses it)
+        if type(value) is not int or not 0 <= value < 2 ** 63 or not isinstance(device, str):
             continue
         owner = attrs.get("owner")
         rows.append((float(t), "" if host is None or host != host else str(host), int(pid), device, str(name),

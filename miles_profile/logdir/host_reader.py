@@ -36,9 +36,12 @@ _USED_PREFIX = "gpu_used:"
 def host_meta(dirs: Iterable[Path], warnings: list[str] | None = None) -> list[dict[str, Any]]:
     """Every readable host meta of `dirs`. Its `stem` is always its file's name: a name written in a
     file is never a path (`"stem": "../../x"` would read outside the run)."""
-    found, problems = [], []
+    found, problems, seen = [], [], set()
     for run_dir in dirs:
         for path in sorted(Path(run_dir).glob(f"*{HOST_META_SUFFIX}")):
+            if path.name in seen:  # a copy of a directory read already (reader.copied_stems)
+                continue
+            seen.add(path.name)
             meta = _one_host_meta(path, problems)
             if meta is not None:
                 meta["stem"] = path.name[: -len(HOST_META_SUFFIX)]

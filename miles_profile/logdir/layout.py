@@ -14,6 +14,10 @@ PHASE_SELECTION_KEY = "phase_selection"
 SAMPLES_SUFFIX = ".samples.csv"
 EVENTS_SUFFIX = ".events.jsonl"
 PROCESS_META_SUFFIX = ".meta.json"
+# Per process, created at start at a fixed size and rewritten in place: what the recording lost and
+# when it ended, where a full disk can't stop it (the meta is replaced by a new file: that can fail).
+STATUS_SUFFIX = ".status.json"
+STATUS_BYTES = 512
 # Host-level files, written by the one process per host that holds `<host>.host.lock` (host_sampler.py).
 HOST_LOCK_SUFFIX = ".host.lock"
 HOST_META_SUFFIX = ".host.json"

@@ -21,6 +21,7 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 
 from miles_profile import names
+from miles_profile.logdir import completeness
 from miles_profile.errors import MilesProfileError
 from miles_profile.logdir.events import EventProblems, parse_event_lines
 from miles_profile.logdir.damaged_csv import read_damaged, usable_header
@@ -200,24 +201,51 @@ def load_run(*paths: str | Path, sample_pids=None) -> Run:
     if len(dirs) > 1:
         meta = {**meta, "directories": [str(d) for d, _ in dirs]}
     warnings: list[str] = []
+    copies = copied_stems([d for d, _ in dirs], warnings)
     processes, sample_frames, event_frames = [], [], []
     for folder, _ in dirs:
-        found = _read_process_metas(folder, warnings)
+        found = _read_process_metas(folder, warnings, copies.get(folder, set()))
+        completeness.apply_status(folder, found, warnings)
+        completeness.warn_missing_files(folder, found, warnings)
         processes += found
         finished = {p.get("stem") for p in found if p.get("end_time")}
-        sample_frames.append(_read_all_samples(folder, warnings, finished, sample_pids))
-        event_frames.append(_read_all_events(folder, warnings))
+        sample_frames.append(_read_all_samples(folder, warnings, finished, sample_pids, copies.get(folder)))
+        event_frames.append(_read_all_events(folder, warnings, copies.get(folder)))
     samples = sample_frames[0] if len(sample_frames) == 1 else _merge_samples(sample_frames)
     events = event_frames[0] if len(event_frames) == 1 else events_frame(
         [row for frame in event_frames for row in frame.to_dict("records")])
     _warn_shared_pids(processes, warnings)
     _mark_dead(processes, warnings)
+    completeness.warn_incomplete(processes, warnings)
+    completeness.warn_missing_ranks(processes, warnings)
+    completeness.warn_clock_skew(dirs, warnings)
     phases = phases_from_events(events, samples)
     outside = [p["pid"] for p in processes if p.get("role") == "exec_parent"]
     if outside and len(samples):
         samples = _fill_phases_from_timeline(samples, events, outside)
-    return Run(run_dir, meta, processes, samples, events, phases, warnings, [d for d, _ in dirs],
-               None if sample_pids is None else frozenset(sample_pids))
+    return Run(run_dir, meta, processes, samples, events, phases, completeness.collapse_repeats(warnings),
+               [d for d, _ in dirs], None if sample_pids is None else frozenset(sample_pids))
+
+
+def copied_stems(dirs: list[Path], warnings: list[str] | None = None) -> dict[Path, set[str]]:
+    """{directory: process stems to skip there}: a process (host-pid) whose files a directory read
+    earlier already holds is a copy (`run-a.bak`, or one directory given twice): read once, said once."""
+    seen: dict[str, Path] = {}
+    skip: dict[Path, set[str]] = {}
+    for folder in dirs:
+        for path in folder.glob(f"*{PROCESS_META_SUFFIX}"):
+            stem = path.name[: -len(PROCESS_META_SUFFIX)]
+            if path.name == RUN_META:
+                continue
+            if stem in seen:
+                skip.setdefault(folder, set()).add(stem)
+            else:
+                seen[stem] = folder
+    if warnings is not None:
+        for folder, stems in skip.items():
+            warnings.append(f"{folder.name}: {len(stems)} process(es) also in {seen[next(iter(stems))].name} "
+                            "(a copy of the same run?): read once, from the first")
+    return skip
 
 
 def with_samples(run: Run, pids=None) -> Run:
@@ -225,7 +253,8 @@ def with_samples(run: Run, pids=None) -> Run:
     events, phases and host data already read are kept, not read again."""
     warnings: list[str] = []
     finished = {p.get("stem") for p in run.processes if p.get("end_time")}
-    frames = [_read_all_samples(folder, warnings, finished, pids) for folder in run.directories]
+    copies = copied_stems(run.directories)
+    frames = [_read_all_samples(folder, warnings, finished, pids, copies.get(folder)) for folder in run.directories]
     samples = frames[0] if len(frames) == 1 else _merge_samples(frames)
     outside = [p["pid"] for p in run.processes if p.get("role") == "exec_parent"]
     if outside and len(samples):
@@ -274,14 +303,22 @@ def _warn_shared_pids(processes: list[dict[str, Any]], warnings: list[str]) -> N
                         "samples are told apart by pid only; phases and events by (host, pid)")
 
 
-def _read_process_metas(run_dir: Path, warnings: list[str]) -> list[dict[str, Any]]:
-    """Every process meta; one that is no regular file (a FIFO, a device) or too large is skipped."""
+def _read_process_metas(run_dir: Path, warnings: list[str], skip: set[str] = frozenset()) -> list[dict[str, Any]]:
+    """Every process meta. One that can't be read (empty, damaged, a FIFO, too large, another format
+    version) is skipped with a warning, as a missing one is: its samples and events are still read.
+    `stem` is the file's name, whatever the meta says (a name from a file is never a path)."""
     processes = []
     for path in sorted(run_dir.glob(f"*{PROCESS_META_SUFFIX}")):
+        stem = path.name[: -len(PROCESS_META_SUFFIX)]
+        if path.name == RUN_META or stem in skip:
+            continue
         try:
-            processes.append(_read_json(path, "process meta"))
-        except NotRegularFile as exc:
-            warnings.append(str(exc))
+            meta = _read_json(path, "process meta")
+        except MilesProfileError as exc:
+            warnings.append(f"{path.name}: {str(exc).split(': ', 1)[-1]}; that process has no meta")
+            continue
+        meta["stem"] = stem
+        processes.append(meta)
     return processes
 
 
@@ -415,10 +452,12 @@ def _read_samples(path: Path, warnings: list[str], cache: bool = False) -> pd.Da
 
 
 def _read_all_samples(run_dir: Path, warnings: list[str], finished: set | frozenset = frozenset(),
-                      pids=None) -> pd.DataFrame:
+                      pids=None, skip: set[str] | None = None) -> pd.DataFrame:
     frames = []
     for path in sorted(run_dir.glob(f"*{SAMPLES_SUFFIX}")):
         if pids is not None and _pid_of(path, SAMPLES_SUFFIX) not in pids:
+            continue
+        if skip and path.name[: -len(SAMPLES_SUFFIX)] in skip:
             continue
         try:
             frame = _read_samples_cached(path, warnings, path.name[: -len(SAMPLES_SUFFIX)] in finished)
@@ -453,9 +492,11 @@ def _clean_times(samples: pd.DataFrame, warnings: list[str], source: str) -> pd.
 
 
 # -- events and phases -------------------------------------------------------------------------
-def _read_all_events(run_dir: Path, warnings: list[str]) -> pd.DataFrame:
+def _read_all_events(run_dir: Path, warnings: list[str], skip: set[str] | None = None) -> pd.DataFrame:
     rows, problems, too_long = [], EventProblems(), [0]
     for path in sorted(run_dir.glob(f"*{EVENTS_SUFFIX}")):
+        if skip and path.name[: -len(EVENTS_SUFFIX)] in skip:
+            continue
         host = path.name[: -len(EVENTS_SUFFIX)].rsplit("-", 1)[0]
         try:  # a regular file; no line over EVENT_LINE_MAX (dropped and counted)
             data = b"".join(bounded_lines(path, too_long=too_long))

@@ -20,7 +20,7 @@ from typing import Any, Sequence
 
 from miles_profile.identity import host_name
 from miles_profile.logdir.layout import (
-    EVENTS_SUFFIX, FORMAT_VERSION, PROCESS_META_SUFFIX, RUN_META, SAMPLES_SUFFIX,
+    EVENTS_SUFFIX, FORMAT_VERSION, PROCESS_META_SUFFIX, RUN_META, SAMPLES_SUFFIX, STATUS_BYTES, STATUS_SUFFIX,
 )
 
 _CSV_UNSAFE = str.maketrans({",": "_", '"': "_", "\n": "_", "\r": "_"})
@@ -35,12 +35,58 @@ class WriteFaults:
         self.dropped = {"samples": 0, "events": 0}
         self.error: str | None = None  # the first failure, for the meta and the warning
         self._lock = threading.Lock()  # the sampler thread and the job's threads both fail here
+        self._status: Path | None = None  # <stem>.status.json, once a writer has created it
+        self._end_time: float | None = None
+
+    def keep_status(self, run_dir: Path, stem: str) -> None:
+        """Create this process's status file now, while the disk has room: later updates rewrite its
+        blocks in place, so a full disk cannot lose the counts (see docs/log-format.md)."""
+        if self._status is not None:
+            return
+        path = run_dir / f"{stem}{STATUS_SUFFIX}"
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            try:
+                os.write(fd, self._status_bytes())
+            finally:
+                os.close(fd)
+            self._status = path
+        except OSError:
+            pass  # no status file: the meta is the only record, as before
+
+    def finished(self) -> None:
+        """The recording ended: its end time goes into the status file as well as (later) the meta."""
+        self._end_time = time.time()
+        self._write_status()
+
+    def _status_bytes(self) -> bytes:
+        status = {"format_version": FORMAT_VERSION, "dropped": dict(self.dropped),
+                  "write_error": (self.error or "")[:80] or None, "end_time": self._end_time}
+        data = json.dumps(status, separators=(",", ":")).encode()
+        if len(data) >= STATUS_BYTES:  # an error text of escaped characters: the counts matter more
+            data = json.dumps({**status, "write_error": "?"}, separators=(",", ":")).encode()
+        return data.ljust(STATUS_BYTES - 1)[: STATUS_BYTES - 1] + b"\n"
+
+    def _write_status(self) -> None:
+        if self._status is None:
+            return
+        with self._lock:
+            data = self._status_bytes()
+        try:  # no O_CREAT, no O_TRUNC: the same blocks, overwritten
+            fd = os.open(self._status, os.O_WRONLY)
+            try:
+                os.pwrite(fd, data, 0)
+            finally:
+                os.close(fd)
+        except OSError:
+            pass
 
     def failed(self, what: str, count: int, exc: BaseException) -> None:
         with self._lock:
             self.dropped[what] += count
             first, self.error = self.error is None, self.error or (
                 getattr(exc, "strerror", None) or f"{type(exc).__name__}: {exc}")
+        self._write_status()
         if first:
             log.warning("miles_profile: warning: cannot write the log (%s); recording continues degraded, "
                         "the job is unaffected, lost rows are counted", self.error)
@@ -119,6 +165,7 @@ class SampleWriter:
         except OSError:
             self._file.close()
             raise
+        self.faults.keep_status(run_dir, stem)
 
     def append(self, t: float, phase: str, values: Sequence[Any]) -> None:
         cells = ",".join(map(_cell, values))
@@ -138,6 +185,7 @@ class SampleWriter:
     def close(self) -> None:
         self.flush()
         self._file.close()
+        self.faults.finished()
 
 
 class EventWriter:
