@@ -2,11 +2,14 @@
 which phases and iterations are finished, and the one rule that turns findings into a CheckResult."""
 from __future__ import annotations
 
+import re
+
 import numpy as np
 
 from miles_profile import names
 from miles_profile.report.series import DRIVER_KINDS, Track, device_track, host_track
 from miles_profile.report.stats import phase_instances
+from miles_profile.verdicts.resolution import resolution_of
 from miles_profile.verdicts.types import TOO_SMALL, CheckResult, Finding
 
 MiB = 1024 ** 2
@@ -121,8 +124,44 @@ def still_open(row) -> bool:
     return getattr(row, "status", None) == names.OPEN
 
 
-def open_finding(label: str, where: dict) -> Finding:
+def process_stopped(run, pid) -> bool:
+    """Whether a process can no longer end a phase: its recorder wrote `end_time`, or the reader marked
+    it dead (the run's `record` process ended while it had not: a kill -9, an OOM kill)."""
+    meta = next((p for p in run.processes if p.get("pid") == pid), None)
+    return meta is not None and bool(meta.get("end_time") or meta.get("died"))
+
+
+def open_finding(label: str, where: dict, run=None, pid=None) -> Finding:
+    """A phase with no end event: still running while its process records (judged once it ends), or
+    never to end when its process stopped during it (given `run` and `pid`): not judged either way."""
+    if run is not None and process_stopped(run, pid):
+        return Finding("n/a", f"{label}: never ended: its process stopped during it", **where)
     return Finding("n/a", f"{label}: still open, judged once it ends", **where)
+
+
+def size(n: float) -> str:
+    """Bytes on screen: GiB, or MiB below 0.01 GiB, where 3 decimals of GiB would read 0.000."""
+    if n is None or not np.isfinite(n):
+        return "?"
+    return f"{n / MiB:.1f} MiB" if abs(n) < 0.01 * 1024 ** 3 else f"{n / 1024 ** 3:.3f} GiB"
+
+
+def track_resolution(track: Track) -> float:
+    """Bytes a track resolves (resolution.py): the coarsest of the columns it reads; a device track names
+    its columns in its label ("GPU memory (gpu0_proc+gpu1_proc) of ..."), a host track reads RSS."""
+    columns = getattr(track, "columns", None)
+    if not columns:
+        columns = re.findall(r"gpu\d+_[a-z_]+", track.label) if track.name == "device" else ["rss", "rss_peak"]
+    return resolution_of(columns or track.name)
+
+
+def too_small(label: str, what: str, quantity: float, resolution: float, series: str, where: dict,
+              numbers: dict | None = None, cause: str | None = None) -> Finding:
+    """The contract's "too small to judge (X below the resolution Y of <series>)" finding."""
+    return Finding(TOO_SMALL, f"{label}: too small to judge ({what} {size(quantity)} below the resolution "
+                              f"{size(resolution)} of {series})",
+                   numbers=dict(numbers or {}, resolution=resolution), cause=cause, series=series,
+                   resolution=resolution, **where)
 
 
 def tags_of(value) -> list[str]:
