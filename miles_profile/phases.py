@@ -155,7 +155,19 @@ def account(category: str, nbytes: int, device: Any = names.ACCOUNT_HOST, owner:
     process (the actor's weights and the rollout engine's). A no-op without a recorder. See docs/ledger.md."""
     rec = _recorder()
     if rec is not None:
-        rec.account(category, nbytes, device, owner)
+        # Refused here, counted and warned about like any bad count (never raised into the job):
+        # a value over int64 fits no machine and no int64 column, and once written broke every report.
+        rec._guarded("events", _checked_account, rec, category, nbytes, device, owner)
+
+
+ACCOUNT_MAX_BYTES = 2 ** 63 - 1
+
+
+def _checked_account(rec, category: str, nbytes: int, device: Any, owner: str) -> None:
+    if isinstance(nbytes, int) and not isinstance(nbytes, bool) and nbytes > ACCOUNT_MAX_BYTES:
+        raise ValueError(f"account({category!r}): {nbytes} bytes is more than any machine holds "
+                         f"(at most 2**63 - 1); not recorded")
+    rec.account(category, nbytes, device, owner)
 
 
 def account_tensors(category: str, tensors, device: Any = None, owner: str = "") -> None:

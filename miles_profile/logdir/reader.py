@@ -208,13 +208,15 @@ def load_run(*paths: str | Path, sample_pids=None) -> Run:
         completeness.apply_status(folder, found, warnings)
         completeness.warn_missing_files(folder, found, warnings)
         processes += found
-        finished = {p.get("stem") for p in found if p.get("end_time")}
-        sample_frames.append(_read_all_samples(folder, warnings, finished, sample_pids, copies.get(folder)))
+    aliases = pid_aliases(processes, warnings)
+    for folder, _ in dirs:
+        finished = {p.get("stem") for p in processes if p.get("end_time")}
+        sample_frames.append(_read_all_samples(folder, warnings, finished, sample_pids, copies.get(folder), aliases))
         event_frames.append(_read_all_events(folder, warnings, copies.get(folder)))
     samples = sample_frames[0] if len(sample_frames) == 1 else _merge_samples(sample_frames)
     events = event_frames[0] if len(event_frames) == 1 else events_frame(
         [row for frame in event_frames for row in frame.to_dict("records")])
-    _warn_shared_pids(processes, warnings)
+    events = _alias_event_pids(events, aliases)
     _mark_dead(processes, warnings)
     completeness.warn_incomplete(processes, warnings)
     completeness.warn_missing_ranks(processes, warnings)
@@ -254,7 +256,9 @@ def with_samples(run: Run, pids=None) -> Run:
     warnings: list[str] = []
     finished = {p.get("stem") for p in run.processes if p.get("end_time")}
     copies = copied_stems(run.directories)
-    frames = [_read_all_samples(folder, warnings, finished, pids, copies.get(folder)) for folder in run.directories]
+    aliases = {p["stem"]: p["pid"] for p in run.processes if "os_pid" in p and isinstance(p.get("stem"), str)}
+    frames = [_read_all_samples(folder, warnings, finished, pids, copies.get(folder), aliases)
+              for folder in run.directories]
     samples = frames[0] if len(frames) == 1 else _merge_samples(frames)
     outside = [p["pid"] for p in run.processes if p.get("role") == "exec_parent"]
     if outside and len(samples):
@@ -293,14 +297,44 @@ def _mark_dead(processes: list[dict[str, Any]], warnings: list[str]) -> None:
         warnings.append(f"{len(dead)} process(es) died before the run ended (no end_time): {who}{more}")
 
 
-def _warn_shared_pids(processes: list[dict[str, Any]], warnings: list[str]) -> None:
-    hosts_of: dict[int, set] = {}
+PID_ALIAS_STEP = 2 ** 32  # above any Linux pid (at most 2**22): an alias never meets a real pid
+
+
+def pid_aliases(processes: list[dict[str, Any]], warnings: list[str] | None = None) -> dict[str, int]:
+    """{stem: pid} for processes whose pid another host's process also has (containers start at the
+    same pids). Samples are keyed by pid, so the first host keeps it and the k-th other host's process
+    reads as pid + k * 2**32 (its meta keeps the real one as `os_pid`): never two processes' samples in
+    one series. Events and phases, keyed by (host, pid), get the same alias, so all stays consistent."""
+    hosts_of: dict[Any, list] = {}
     for p in processes:
-        hosts_of.setdefault(p.get("pid"), set()).add(p.get("host"))
-    shared = sorted(pid for pid, hosts in hosts_of.items() if len(hosts) > 1)
-    if shared:
-        warnings.append(f"pid {shared[0]} (and {len(shared) - 1} more) runs on several hosts: "
-                        "samples are told apart by pid only; phases and events by (host, pid)")
+        hosts = hosts_of.setdefault(p.get("pid"), [])
+        if p.get("host") not in hosts:
+            hosts.append(p.get("host"))
+    aliases = {}
+    for p in processes:
+        hosts = hosts_of[p.get("pid")]
+        k = hosts.index(p.get("host"))
+        if k and type(p.get("pid")) is int and isinstance(p.get("stem"), str):
+            p["os_pid"], p["pid"] = p["pid"], p["pid"] + k * PID_ALIAS_STEP
+            aliases[p["stem"]] = p["pid"]
+    shared = sorted(pid for pid, hosts in hosts_of.items() if len(hosts) > 1 and type(pid) is int)
+    if shared and warnings is not None:
+        warnings.append(f"pid {shared[0]} (and {len(shared) - 1} more) runs on several hosts: the processes "
+                        f"of the later hosts are shown as pid + k x {PID_ALIAS_STEP:,} (their meta's os_pid "
+                        "is the real one)")
+    return aliases
+
+
+def _alias_event_pids(events: pd.DataFrame, aliases: dict[str, int]) -> pd.DataFrame:
+    """Events of an aliased process (its host and real pid) carry its alias, as its samples do."""
+    if not aliases or events.empty:
+        return events
+    by_key = {(stem.rsplit("-", 1)[0], pid % PID_ALIAS_STEP): pid for stem, pid in aliases.items()}
+    pids = events["pid"].tolist()
+    new = [by_key.get((h, p), p) for h, p in zip(_hosts(events), pids)]
+    if new != pids:
+        events = events.assign(pid=np.asarray(new, dtype=np.int64))
+    return events
 
 
 def _read_process_metas(run_dir: Path, warnings: list[str], skip: set[str] = frozenset()) -> list[dict[str, Any]]:
@@ -452,12 +486,14 @@ def _read_samples(path: Path, warnings: list[str], cache: bool = False) -> pd.Da
 
 
 def _read_all_samples(run_dir: Path, warnings: list[str], finished: set | frozenset = frozenset(),
-                      pids=None, skip: set[str] | None = None) -> pd.DataFrame:
+                      pids=None, skip: set[str] | None = None, aliases: dict[str, int] | None = None) -> pd.DataFrame:
     frames = []
     for path in sorted(run_dir.glob(f"*{SAMPLES_SUFFIX}")):
-        if pids is not None and _pid_of(path, SAMPLES_SUFFIX) not in pids:
+        stem = path.name[: -len(SAMPLES_SUFFIX)]
+        pid = (aliases or {}).get(stem, _pid_of(path, SAMPLES_SUFFIX))
+        if pids is not None and pid not in pids:
             continue
-        if skip and path.name[: -len(SAMPLES_SUFFIX)] in skip:
+        if skip and stem in skip:
             continue
         try:
             frame = _read_samples_cached(path, warnings, path.name[: -len(SAMPLES_SUFFIX)] in finished)
@@ -466,7 +502,7 @@ def _read_all_samples(run_dir: Path, warnings: list[str], finished: set | frozen
             continue
         if frame is not None and len(frame):
             frame = _clean_times(frame, warnings, path.name)
-            frame.insert(2, "pid", np.int64(_pid_of(path, SAMPLES_SUFFIX)))
+            frame.insert(2, "pid", np.int64(pid))
             frames.append(frame)
     if not frames:
         return pd.DataFrame({"t": pd.Series(dtype=float), "phase": pd.Series(dtype="category"),

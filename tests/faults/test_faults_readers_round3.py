@@ -38,3 +38,142 @@ def test_a_full_disk_run_says_the_log_is_incomplete_and_how_much_was_lost(small_
     assert "sample rows" in lost[0] and " 0 sample rows and 0 events" not in lost[0]
     process = run.processes[0]
     assert process["end_time"] and process["dropped"]["samples"] + process["dropped"]["events"] > 0
+
+
+# -- item 11: an impossible byte count, empty process files -------------------------------------
+def test_account_refuses_a_count_over_int64_and_the_run_still_reports(tmp_path):
+    with mp.Recorder(tmp_path, interval_ms=50) as rec:
+        mp.account("kv_cache", 10 ** 20)
+        mp.account("kv_cache", 10)
+        run_dir = rec.run_dir
+    meta = json.loads(next(run_dir.glob("*.meta.json")).read_text())
+    assert meta["dropped"]["events"] == 1 and "2**63" in meta["write_error"]
+    # a log written before the refusal (or by hand) holds one: the reader skips it
+    events = next(run_dir.glob("*.events.jsonl"))
+    with open(events, "a") as f:
+        f.write(json.dumps({"t": 1e9, "kind": "account", "name": "kv_cache", "pid": 1,
+                            "attrs": {"device": "host", "bytes": 10 ** 20}}) + "\n")
+    assert load_run(run_dir).accounts["bytes"].tolist() == [10]
+    done = cli("-m", "miles_profile.visualize", str(run_dir), "--json", str(tmp_path / "v.json"),
+               "-o", str(tmp_path / "r.html"))
+    assert done.returncode in (0, 1), done.stderr
+
+
+def test_empty_process_files_are_tolerated_and_summarized_in_one_line(tmp_path):
+    run = make_run(tmp_path / "logs")
+    for k in range(200):
+        for suffix in (".meta.json", ".samples.csv", ".events.jsonl"):
+            (run / f"e-{k}{suffix}").write_bytes(b"")
+    loaded = load_run(run)
+    assert [p["pid"] for p in loaded.processes] == [7] and len(loaded.samples) == 20
+    about = [w for w in loaded.warnings if "e-" in w]
+    assert len(about) == 2 and all(w.startswith("200 files: ") for w in about), loaded.warnings
+
+
+# -- item 5: a rank whose files are missing -----------------------------------------------------------
+def two_rank_run(base: Path) -> Path:
+    run = make_run(base / "logs")  # h-7: rank 0 of 2
+    for stem, pid, rank in (("h-7", 7, 0), ("h-8", 8, 1)):
+        write_process_meta(run, stem, {"pid": pid, "host": "h", "role": "actor", "rank": rank, "world_size": 2,
+                                       "stem": stem, "end_time": 1020.0})
+    samples = SampleWriter(run, "h-8", ["rss", "rss_peak"])
+    samples.append(1000.5, "", [1, 2])
+    samples.close()
+    EventWriter(run, "h-8").close()
+    return run
+
+
+@pytest.mark.parametrize("lost", ["samples.csv", "events.jsonl", "meta.json"])
+def test_a_rank_missing_a_file_is_named_not_dropped_silently(tmp_path, lost):
+    run = two_rank_run(tmp_path)
+    assert load_run(run).warnings == []
+    (run / f"h-8.{lost}").unlink()
+    warnings = load_run(run).warnings
+    if lost == "meta.json":
+        assert any("rank 1" in w and "world_size is 2" in w for w in warnings), warnings
+        assert any("h-8: no meta file" in w for w in warnings), warnings
+    else:
+        assert any(f"rank 1 (pid 8, h): no {lost.split('.')[0]} file" in w for w in warnings), warnings
+
+
+# -- item 10: a copy of a run beside it ------------------------------------------------------------
+def test_a_copied_run_directory_is_read_once_and_every_run_is_reported(tmp_path):
+    run = make_run(tmp_path / "logs")
+    meta = json.loads((run / "meta.json").read_text())
+    (run / "meta.json").write_text(json.dumps({**meta, "run_id": "job-1"}))
+    shutil.copytree(run, run.with_name(run.name + ".bak"))
+    other = make_run(tmp_path / "logs")  # a second, different run in the same directory
+    (other / "meta.json").write_text(json.dumps({**meta, "run_id": "job-2", "start_time": 2000.0}))
+    loaded = load_run(run, run.with_name(run.name + ".bak"))
+    assert len(loaded.processes) == 1 and len(loaded.phases) == 1 and len(loaded.samples) == 20
+    assert any("read once" in w for w in loaded.warnings), loaded.warnings
+    for args in ([str(tmp_path / "logs")], [str(run), str(run.with_name(run.name + ".bak"))]):
+        done = cli("-m", "miles_profile.visualize", *args, "--json", str(tmp_path / "v.json"),
+                   "-o", str(tmp_path / "r.html"))
+        assert done.returncode in (0, 1), done.stderr
+        names = [r["name"] for r in json.loads((tmp_path / "v.json").read_text())["runs"]]
+        assert len(names) == (2 if len(args) == 1 else 1), names
+
+
+# -- items 7, 8: host files that are FIFOs, links, sparse, or name a path -------------------------
+def test_host_files_are_opened_guarded_and_their_stem_is_no_path(tmp_path):
+    run = make_run(tmp_path / "logs")
+    secret = tmp_path / "secret"
+    secret.mkdir()
+    (secret / "s.host.csv").write_text("t,host_available\n1000.5,123456\n")
+    (run / "h-9.host.json").write_text(json.dumps({"format_version": 1, "host": "h", "stem": "../../secret/s"}))
+    (run / "h-9.host.csv").write_text("t,host_available\n1000.5,5\n")
+    os.mkfifo(run / "h-10.host.json")
+    (run / "h-11.host.json").write_text(json.dumps({"format_version": 99, "host": "g"}))
+    (run / "h-11.host.csv").write_text("t,host_available\n1000.5,6\n")
+    sparse = run / "h-12.host.csv"
+    (run / "h-12.host.json").write_text(json.dumps({"format_version": 1, "host": "k"}))
+    sparse.write_text("t,host_available\n1000.5,7\n")
+    os.truncate(sparse, 2 * 1024 ** 3)
+    with open(sparse, "a") as f:
+        f.write("1001.5,8\n")
+    result = child(f"""
+        from miles_profile.logdir.reader import load_run
+        run = load_run({str(run)!r})
+        frame = run.host_samples
+        result = {{"values": sorted(frame["host_available"].tolist()), "warnings": run.warnings}}
+    """, timeout=60)
+    assert result["values"] == [5, 7, 8]  # not the secret's 123456, not version 99's 6
+    assert result["maxrss"] < 600 * 1024 ** 2  # the 2 GiB hole is never read
+    warnings = " ".join(result["warnings"])
+    assert "h-10.host.json: a FIFO" in warnings and "format version 99" in warnings
+
+
+def test_a_sparse_run_meta_is_refused_at_once(tmp_path):
+    run = make_run(tmp_path / "logs")
+    with open(run / "meta.json", "r+b") as f:
+        f.truncate(2 * 1024 ** 3)
+    result = child(f"""
+        import time
+        from miles_profile.errors import MilesProfileError
+        from miles_profile.logdir.reader import load_run, run_id_of
+        start = time.perf_counter()
+        run_id_of({str(run)!r})
+        try:
+            load_run({str(run)!r})
+            error = ""
+        except MilesProfileError as exc:
+            error = str(exc)
+        result = {{"error": error, "seconds": time.perf_counter() - start}}
+    """, timeout=60)
+    assert "over the" in result["error"] and result["seconds"] < 5 and result["maxrss"] < 600 * 1024 ** 2
+
+
+# -- item 12: one pid on two merged hosts -----------------------------------------------------------
+def test_one_pid_on_two_hosts_keeps_two_series_and_far_clocks_are_named(tmp_path):
+    from tests.unit.test_logdir_multihost import write_host_run
+    a = write_host_run(tmp_path / "a", "node-a", "job", begin=1.0)
+    b = write_host_run(tmp_path / "b", "node-b", "job", begin=1.2)
+    run = load_run(a, b)
+    pids = {p["host"]: p["pid"] for p in run.processes}
+    assert pids["node-a"] == 7 and pids["node-b"] != 7
+    assert sorted(run.samples["pid"].unique().tolist()) == sorted(pids.values())
+    assert {(h, p) for h, p in zip(run.phases["host"], run.phases["pid"])} == set(pids.items())
+    assert not any("clocks" in w for w in run.warnings)
+    c = write_host_run(tmp_path / "c", "node-c", "job", begin=1.0 + 86400)
+    assert any("24.0 hours apart" in w for w in load_run(a, c).warnings)
