@@ -242,6 +242,7 @@ class Recorder:
         """The end time, and what was lost: in the process meta when it can be written, else on stderr."""
         faults = self._faults
         self._meta["end_time"] = time.time()
+        self._refresh_disk_meta()  # which watched dirs were read in the background, stale or skipped
         if faults.error is not None:
             self._meta.update(dropped=dict(faults.dropped), write_error=faults.error)
         try:
@@ -389,8 +390,12 @@ class Recorder:
         if self._sampler is None:
             return
         self._disk.watch(path)
-        self._meta["probes"] = [p if p["name"] != "disk" else self._disk.describe() for p in self._meta["probes"]]
+        self._refresh_disk_meta()
         self._write_meta()
+
+    def _refresh_disk_meta(self) -> None:
+        if self._disk is not None and "probes" in self._meta:
+            self._meta["probes"] = [p if p["name"] != "disk" else self._disk.describe() for p in self._meta["probes"]]
 
     def annotate(self, fields: dict[str, Any]) -> None:
         """Merge `fields` into this process's meta under `annotations` (the file is rewritten atomically)."""
