@@ -7,8 +7,8 @@ from miles_profile import names
 from miles_profile.report.stats import phase_instances
 from miles_profile.verdicts.types import CheckResult, Finding, Thresholds, gib
 from miles_profile.verdicts.common import (
-    Tracks, nanmax, not_applicable, open_finding, still_open, tags_of, verdict,
-    window)
+    Tracks, nanmax, not_applicable, open_finding, size, still_open, tags_of, too_small, track_resolution,
+    verdict, window)
 
 
 def check_disk_offload_host_flat(run, th: Thresholds) -> CheckResult:
@@ -28,7 +28,7 @@ def check_disk_offload_host_flat(run, th: Thresholds) -> CheckResult:
         track = tracks.host(int(row.pid))
         where = dict(span=(row.start, row.end), phase=row.name, iteration=int(row.iteration))
         if still_open(row):
-            findings.append(open_finding(f"{row.name} #{row.iteration}", where))
+            findings.append(open_finding(f"{row.name} #{row.iteration}", where, run, int(row.pid)))
             continue
         if track is None:
             findings.append(Finding("n/a", f"{row.name}: no host RSS", **where))
@@ -45,10 +45,14 @@ def check_disk_offload_host_flat(run, th: Thresholds) -> CheckResult:
         if not np.isfinite(rise):
             findings.append(Finding("n/a", f"{row.name} #{row.iteration}: no samples in the phase", **where))
             continue
-        findings.append(Finding("fail" if rise > allowed else "pass",
-                                f"{row.name} #{row.iteration}: host RSS rose {gib(rise)} (allowed {gib(allowed)})",
+        # the allowance holds host_flat_abs_bytes (128 MiB), above RSS's resolution: never too small
+        staged = rise > allowed
+        findings.append(Finding("fail" if staged else "pass",
+                                f"{row.name} #{row.iteration}: host RSS rose {gib(rise)} (allowed {gib(allowed)})"
+                                + (": the state was staged in host memory" if staged else ""),
                                 numbers=dict(before=before, peak=peak, rise=rise, allowed=allowed, series=track.label),
-                                **where))
+                                cause="host_staging" if staged else None, series=track.label,
+                                resolution=track_resolution(track), **where))
     return verdict(name, title, explanation, findings, "host RSS", "disk offloads kept host RSS flat",
                     "disk offloads staged in host memory")
 
@@ -80,21 +84,34 @@ def check_host_weight_copies(run, th: Thresholds) -> CheckResult:
     findings = []
     for row in moves.itertuples():
         track = tracks.host(int(row.pid))
-        if track is None or still_open(row):
+        if track is None:
             continue
-        gap = track.sample_gap(row.start, row.end, peak=True)
-        if gap:
-            findings.append(Finding("n/a", f"{row.name} #{row.iteration}: not judged, {gap}",
-                                    (row.start, row.end), row.name, int(row.iteration)))
-            continue
-        before = track.at_or_before(row.start)
-        growth = nanmax(track.peak[window(track, row.start, row.end)]) - before
-        if not np.isfinite(growth):
-            continue
-        findings.append(Finding("fail" if growth >= th.weight_copy_share * w else "pass",
-                                f"{row.name} #{row.iteration}: host RSS grew {gib(growth)}, weights {gib(w)}",
-                                (row.start, row.end), row.name, int(row.iteration),
-                                dict(growth=growth, weights_bytes=w, series=track.label)))
+        finding = _weight_copy_finding(row, track, w, th, run)
+        if finding is not None:
+            findings.append(finding)
     return verdict(name, title, explanation, findings, "host RSS", "weight moves without an extra host copy",
                     "weight moves made a host copy")
 
+
+def _weight_copy_finding(row, track, weights: float, th: Thresholds, run) -> Finding | None:
+    label = f"{row.name} #{row.iteration}"
+    where = dict(span=(row.start, row.end), phase=row.name, iteration=int(row.iteration))
+    if still_open(row):
+        return open_finding(label, where, run, int(row.pid))
+    gap = track.sample_gap(row.start, row.end, peak=True)
+    if gap:
+        return Finding("n/a", f"{label}: not judged, {gap}", **where)
+    before = track.at_or_before(row.start)
+    growth = nanmax(track.peak[window(track, row.start, row.end)]) - before
+    if not np.isfinite(growth):
+        return None
+    numbers = dict(growth=growth, weights_bytes=weights, series=track.label)
+    copy, res = th.weight_copy_share * weights, track_resolution(track)
+    if copy < res:  # a copy this small hides in RSS's own noise (a few KiB of weights on the tiny preset)
+        return too_small(label, f"{th.weight_copy_share:.0%} of the weights,", copy, res, track.label, where, numbers)
+    copied = growth >= copy
+    return Finding("fail" if copied else "pass",
+                   f"{label}: host RSS grew {size(growth)}, weights {size(weights)}"
+                   + (": a second host copy of the weights" if copied else ""),
+                   numbers=numbers, cause="host_weight_copy" if copied else None, series=track.label,
+                   resolution=res, **where)

@@ -6,8 +6,7 @@ import numpy as np
 from miles_profile.report.stats import phase_instances
 from miles_profile.verdicts.types import CheckResult, Finding, Thresholds, gib
 from miles_profile.verdicts.common import (
-    Tracks, nanmax, not_applicable, still_open, verdict,
-    window)
+    Tracks, nanmax, not_applicable, still_open, too_small, track_resolution, verdict, window)
 
 
 def check_transition_spikes(run, th: Thresholds) -> CheckResult:
@@ -42,14 +41,25 @@ def check_transition_spikes(run, th: Thresholds) -> CheckResult:
                                  nanmax(track.peak[window(track, b.start, b.end)]))
             if not (np.isfinite(spike) and np.isfinite(neighbours)):
                 continue
-            limit = neighbours * (1 + th.transition_tolerance_share) + th.transition_abs_bytes
-            status = "fail" if spike > limit else "pass"
-            findings.append(Finding(status, f"{a.name} → {b.name} (#{b.iteration}): peak {gib(spike)} between them, "
-                                            f"neighbours {gib(neighbours)}",
-                                    (a.end, b.start), b.name, int(b.iteration),
-                                    dict(spike=spike, neighbours=neighbours, limit=limit, series=track.label)))
+            findings.append(_spike_finding(a, b, spike, neighbours, track, th))
     if not findings:
         return not_applicable(name, title, explanation, "no samples between consecutive phases")
     return verdict(name, title, explanation, findings, "device memory" if tracks.gpu else "host RSS (no GPU columns)",
                     "phase boundaries without a spike", "boundaries spiked")
 
+
+def _spike_finding(a, b, spike: float, neighbours: float, track, th: Thresholds) -> Finding:
+    label = f"{a.name} → {b.name} (#{b.iteration})"
+    where = dict(span=(a.end, b.start), phase=b.name, iteration=int(b.iteration))
+    limit = neighbours * (1 + th.transition_tolerance_share) + th.transition_abs_bytes
+    numbers = dict(spike=spike, neighbours=neighbours, limit=limit, series=track.label)
+    res = track_resolution(track)
+    if limit - neighbours < res:  # a tolerance under the series' noise (thresholds set to 0) judges noise
+        return too_small(label, "the tolerance over the neighbours' peak,", limit - neighbours, res, track.label,
+                         where, numbers)
+    spiked = spike > limit
+    return Finding("fail" if spiked else "pass",
+                   f"{label}: peak {gib(spike)} between them, neighbours {gib(neighbours)}"
+                   + (": two states coexisted during the hand-over" if spiked else ""),
+                   numbers=numbers, cause="transition_spike" if spiked else None, series=track.label,
+                   resolution=res, **where)
