@@ -12,8 +12,10 @@ Public API (stable; shared with the Dash dashboard):
     slot_keys(run) -> DataFrame            # start, end, key per top-level phase of the main process
     phase_peak_comparison(runs) -> DataFrame
         # one row per (iteration, phase); per run "<run>: device peak" and "<run>: host peak" (bytes)
+    peak_matrix(runs, kind="device"|"host") -> DataFrame   # runs x phases (loop order): highest peak, bytes
     comparison_figure(runs, *, max_points=100_000) -> go.Figure   # stacked ledger bars per phase and run
-    comparison_html(runs, *, max_points=100_000) -> str   # figure + peak table, for the report
+    comparison_html(runs, *, max_points=100_000) -> str   # peak matrices + figure (+ the per-iteration
+                                                          # table, folded), for the report
 """
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
+from miles_profile.report.phase_style import iteration_text, loop_sorted
 from miles_profile.report.reduce import phase_ranges
 from miles_profile.report.series import GiB, device_track, host_track, main_pid
 from miles_profile.report.stats import phase_instances, range_stats
@@ -30,7 +33,7 @@ from miles_profile.report.stats import phase_instances, range_stats
 
 def iteration_label(iteration) -> str:
     """Phases before the first rollout_id (iteration -1) are the run's setup."""
-    return "setup" if int(iteration) < 0 else str(int(iteration))
+    return iteration_text(iteration)
 
 
 def slot_keys(run) -> pd.DataFrame:
@@ -83,11 +86,34 @@ def phase_peak_comparison(runs) -> pd.DataFrame:
 
 
 def _phase_order(runs) -> list[str]:
-    """Phase names in the order they first appear in the runs' iterations (setup phases last)."""
-    seen: dict[str, tuple] = {}
-    for key in _slot_order(runs):
-        seen.setdefault(str(key[1]), (key[0] < 0, len(seen)))
-    return sorted(seen, key=lambda name: seen[name])
+    """Phase names in loop order (generate, offloads of the rollout, train, offload_train, onloads,
+    update_weights, ...), names outside the loop after, in the order they first appear."""
+    return loop_sorted(str(key[1]) for key in _slot_order(runs))
+
+
+def peak_matrix(runs, kind: str = "device") -> pd.DataFrame:
+    """Runs (rows, in the given order) x phases (columns, loop order): each phase's highest true peak
+    over its iterations, in bytes (Int64, <NA> where a run has no such phase); `.attrs["iteration"]`
+    holds, in a frame of the same shape, the iteration of each peak. Rows and columns without any
+    value are dropped. kind: "device" (the main process's GPU memory) or "host" (its RSS)."""
+    table = phase_peak_comparison(runs)
+    names = _run_names(runs)
+    phases = _phase_order(runs)
+    values = pd.DataFrame(np.nan, index=names, columns=phases)
+    where = pd.DataFrame(-1, index=names, columns=phases)
+    for name in names:
+        column = f"{name}: {kind} peak"
+        if column not in table:
+            continue
+        peaks = table[["iteration", "phase", column]].dropna(subset=[column])
+        for phase, rows in peaks.groupby("phase", sort=False):
+            best = rows.loc[rows[column].astype(float).idxmax()]
+            values.loc[name, str(phase)] = float(best[column])
+            where.loc[name, str(phase)] = int(best["iteration"])
+    keep_rows, keep_cols = values.notna().any(axis=1), values.notna().any(axis=0)
+    matrix = values.loc[keep_rows, keep_cols].round().astype("Int64")
+    matrix.attrs["iteration"] = where.loc[keep_rows, keep_cols]
+    return matrix
 
 
 def comparison_figure(runs, *, max_points: int = 100_000) -> go.Figure:
@@ -98,6 +124,33 @@ def comparison_figure(runs, *, max_points: int = 100_000) -> go.Figure:
     from miles_profile.report.ledger_figures import ledger_comparison_figure
     frames = [ledger(run) for run in runs]
     return ledger_comparison_figure(frames, _run_names(runs), [main_pid(run) for run in runs], _phase_order(runs))
+
+
+def _matrix_html(matrix: pd.DataFrame, what: str, table_id: str) -> str:
+    """A run x phase table of peaks in GiB, each cell shaded by its share of the table's highest."""
+    if matrix.empty:
+        return ""
+    top = float(np.nanmax(matrix.to_numpy(dtype=float, na_value=np.nan))) or 1.0
+    iterations = matrix.attrs.get("iteration")
+    head = "<tr><th>run</th>" + "".join(f"<th>{html.escape(str(c))}</th>" for c in matrix.columns) + "</tr>"
+    rows = []
+    for name, values in matrix.iterrows():
+        cells = [f'<th class="run-name">{html.escape(str(name))}</th>']
+        for phase, v in values.items():
+            if pd.isna(v):
+                cells.append('<td class="num muted">–</td>')
+                continue
+            it = iteration_label(iterations.loc[name, phase]) if iterations is not None else "–"
+            shade = f"rgba(214,70,31,{0.08 + 0.5 * int(v) / top:.2f})"
+            cells.append(f'<td class="num" style="background:{shade}" title="{int(v):,} B, iteration {it}">'
+                         f'{int(v) / GiB:.2f}</td>')
+        rows.append("<tr>" + "".join(cells) + "</tr>")
+    return (f"<h4>{html.escape(what)}</h4><table id=\"{table_id}\" class=\"data peak-matrix\">"
+            f"<thead>{head}</thead><tbody>{''.join(rows)}</tbody></table>")
+
+
+_MATRIX_CSS = ("<style>table.peak-matrix th,table.peak-matrix td{white-space:nowrap;font-size:12px;padding:4px 8px}"
+               "table.peak-matrix th.run-name{text-align:left;background:#fff;font-weight:600}</style>")
 
 
 def comparison_html(runs, *, max_points: int = 100_000) -> str:
@@ -115,5 +168,12 @@ def comparison_html(runs, *, max_points: int = 100_000) -> str:
         rows.append("<tr>" + "".join(cells) + "</tr>")
     figure = fig.to_html(full_html=False, include_plotlyjs=False, div_id="comparison-figure",
                          config={"displaylogo": False, "responsive": True})
-    return (f'<div class="figure">{figure}</div><h3>Peak of each phase, per run</h3>'
-            f'<table id="comparison-table" class="data"><thead>{head}</tr></thead><tbody>{"".join(rows)}</tbody></table>')
+    matrices = (_matrix_html(peak_matrix(runs, "device"), "GPU memory of the main process: highest peak per "
+                             "phase (GiB; hover a cell for bytes and its iteration)", "comparison-matrix-device") +
+                _matrix_html(peak_matrix(runs, "host"), "Host RSS of the main process: highest peak per phase (GiB)",
+                             "comparison-matrix-host"))
+    return (f'{_MATRIX_CSS}<h3>Peak of each phase, per run</h3>{matrices}'
+            f'<div class="figure">{figure}</div>'
+            f'<details><summary>Peak of every phase instance, per iteration ({len(table)} rows)</summary>'
+            f'<table id="comparison-table" class="data"><thead>{head}</tr></thead><tbody>{"".join(rows)}</tbody>'
+            f'</table></details>')

@@ -19,6 +19,7 @@ from plotly.subplots import make_subplots
 
 from miles_profile import names
 from miles_profile.report import ledger as L
+from miles_profile.report.phase_style import iteration_text
 from miles_profile.report.series import GiB
 
 # Declared first (bottom of the stack), then what is derived from the measured series.
@@ -214,53 +215,125 @@ def _worst_instances(frame: pd.DataFrame, pid: int) -> pd.DataFrame:
     return top.merge(best[keys], on=keys)
 
 
+# Tableau 10 (designed to be told apart, also by most colour-blind readers); the last is "other".
+COMPARISON_COLORS = ("#4E79A7", "#F28E2B", "#59A14F", "#B07AA1", "#E15759", "#76B7B2", "#EDC948", "#9C755F",
+                     "#FF9DA7", "#BAB0AC")
+COMPARISON_CATEGORIES_MAX = len(COMPARISON_COLORS)  # past this, the smallest merge into "other"
+OTHER = "other"
+_GRID_COLUMNS = 4  # phases per row of small multiples
+
+
+def merge_rare_categories(frame: pd.DataFrame, keep: int = COMPARISON_CATEGORIES_MAX) -> pd.DataFrame:
+    """`frame` with at most `keep` categories: those holding the most bytes in any bar stay, the rest are
+    summed into "other" (per bar), so every colour on screen is told apart at a glance."""
+    if frame.empty or frame["category"].nunique() <= keep:
+        return frame
+    largest = frame.assign(size=frame["bytes"].abs()).groupby("category")["size"].max()
+    kept = set(largest.sort_values(ascending=False, kind="stable").index[:keep - 1])
+    return frame.assign(category=frame["category"].where(frame["category"].isin(kept), OTHER))
+
+
+def _hbar_traces(runs: list[str], wide: pd.DataFrame, total: pd.Series, colors: dict, seen: set, phase: str) -> list:
+    """Horizontal stacked bars, one per run (y), one trace per category (and sign); the measured total as a tick."""
+    traces = []
+    for category in category_order(wide.columns):
+        x = wide[category].to_numpy(float)
+        for negative in (False, True):
+            if not ((x < 0) if negative else (x >= 0)).any():
+                continue
+            part = np.where(x < 0, x, 0.0) if negative else np.where(x >= 0, x, 0.0)
+            name = category_text(category) + (" (negative)" if negative else "")
+            traces.append(go.Bar(
+                y=runs, x=part / GiB, orientation="h", name=name, legendgroup=name, showlegend=name not in seen,
+                marker=dict(color=colors[category], pattern=dict(shape="/" if negative else "")),
+                hovertemplate=f"{html.escape(name)}: %{{x:.3f}} GiB<br>{html.escape(phase)}, %{{y}}<extra></extra>"))
+            seen.add(name)
+    if total.notna().any():
+        name = "measured total (NVML used / RSS)"
+        traces.append(go.Scatter(y=runs, x=total.to_numpy(float) / GiB, mode="markers", name=name, legendgroup=name,
+                                 showlegend=name not in seen,
+                                 marker=dict(symbol="line-ns-open", size=14, color="#111111", line=dict(width=2)),
+                                 hovertemplate=f"{name}: %{{x:.3f}} GiB<br>{html.escape(phase)}, %{{y}}<extra></extra>"))
+        seen.add(name)
+    return traces
+
+
+def _comparison_cells(both: pd.DataFrame, kinds: list[str], phases: list[str]) -> list[tuple[str, str, int, int]]:
+    """(kind, phase, row, col) of each small multiple: per kind, its phases in rows of _GRID_COLUMNS."""
+    cells, row = [], 0
+    for kind in kinds:
+        present = [p for p in phases if ((both["kind"] == kind) & (both["phase"] == p)).any()]
+        for k, phase in enumerate(present):
+            cells.append((kind, phase, row + 1 + k // _GRID_COLUMNS, 1 + k % _GRID_COLUMNS))
+        row += -(-len(present) // _GRID_COLUMNS)
+    return cells
+
+
+def _grid_titles(cells: list, rows: int) -> list[str]:
+    """Titles in make_subplots' order (row by row, every position): an empty grid cell gets ""."""
+    named = {(row, col): f"{'GPU' if kind == 'gpu' else 'host RSS'} · {phase}" for kind, phase, row, col in cells}
+    return [named.get((r, c), "") for r in range(1, rows + 1) for c in range(1, _GRID_COLUMNS + 1)]
+
+
 def ledger_comparison_figure(frames: list[pd.DataFrame], run_names: list[str], main_pids: list[int | None],
                              phase_order: list[str]) -> go.Figure:
-    """Several runs as stacked bars per (phase, configuration): for each phase name, each run's
-    instance with the highest measured total at its end; the GPU of the main process, then its RSS.
-    One column of bars per phase (its width by its number of bars), configurations in a fixed order."""
+    """Several runs as small multiples, one per phase (in loop order) and lane kind (GPU of the main
+    process, then its RSS): in each, one horizontal stacked bar per run (names read left to right, in
+    the same order everywhere) of its ledger at the end of that phase's worst iteration (the instance
+    with the highest measured total). At most COMPARISON_CATEGORIES_MAX colours (rare ones in "other");
+    one x scale per kind, so bars compare across phases."""
     picked = [(_worst_instances(f, pid) if pid is not None and len(f) else pd.DataFrame()) for f, pid in zip(frames, main_pids)]
     picked = [p.assign(run=name) for p, name in zip(picked, run_names) if len(p)]
-    both = pd.concat(picked, ignore_index=True) if picked else pd.DataFrame(columns=["kind", "phase", "run"])
+    both = pd.concat(picked, ignore_index=True) if picked else pd.DataFrame(columns=["kind", "phase", "run", "category"])
+    both = merge_rare_categories(both)
     kinds = [k for k in ("gpu", "host") if (both["kind"] == k).any()]
     phases = [p for p in phase_order if (both["phase"] == p).any()]
     phases += sorted(set(both["phase"]) - set(phases))
-    widths = [both.loc[both["phase"] == p, "run"].nunique() + 0.6 for p in phases] or [1]
-    fig = make_subplots(rows=max(1, len(kinds)), cols=max(1, len(phases)), shared_yaxes=True,
-                        column_widths=widths, horizontal_spacing=0.006, vertical_spacing=0.2)
+    cells = _comparison_cells(both, kinds, phases)
+    rows = max([c[2] for c in cells], default=1)
+    runs = [n for n in run_names if (both["run"] == n).any()]
+    row_px = 46 + 20 * max(1, len(runs))
+    height = rows * row_px + 190
+    fig = make_subplots(rows=rows, cols=_GRID_COLUMNS, horizontal_spacing=0.025,
+                        vertical_spacing=min(0.2, 46 / height) if rows > 1 else 0.1,
+                        subplot_titles=_grid_titles(cells, rows) or None)
+    for note in fig.layout.annotations:  # titles of small multiples: they name a phase, not a figure
+        note.font = dict(size=12)
+    colors = {c: COMPARISON_COLORS[k] if c != OTHER else COMPARISON_COLORS[-1]
+              for k, c in enumerate(category_order(set(both["category"]) - {OTHER}))}
+    colors[OTHER] = COMPARISON_COLORS[-1]
     seen: set = set()
     batch = _Batch()
-    rank = {n: k for k, n in enumerate(run_names)}
-    for row, kind in enumerate(kinds, start=1):
-        for col, phase in enumerate(phases, start=1):
-            part = both[(both["kind"] == kind) & (both["phase"] == phase)]
-            if part.empty:
-                continue
-            part = part.assign(run_rank=part["run"].map(rank)).sort_values("run_rank", kind="stable")
-            keys = ["run", "iteration"]
-            wide = part.pivot_table(index=keys, columns="category", values="bytes", aggfunc="sum", sort=False)
-            total = part.groupby(keys, sort=False)["total"].first().reindex(wide.index)
-            x = [r for r, _ in wide.index]
-            traces = _bar_traces(x, wide, total, True, seen, f"{html.escape(phase)}, %{{x}}")
-            for trace in traces:
-                trace.customdata = ["setup" if i < 0 else str(i) for _, i in wide.index]
-                trace.hovertemplate = trace.hovertemplate.replace("<extra>", " (iteration %{customdata})<extra>")
-            batch.add(traces, row, col)
-            # categories in narrow columns: a drag-zoom would only hide bars (and the dashboard re-applies an x zoom)
-            fig.update_xaxes(tickangle=-90, tickfont=dict(size=9), fixedrange=True, row=row, col=col)
-            if row == 1:
-                axis = fig.get_subplot(row, col)
-                domain = axis.xaxis.domain
-                fig.add_annotation(text=phase, x=(domain[0] + domain[1]) / 2, y=1.0, xref="paper",
-                                   yref="paper", yanchor="bottom", showarrow=False, textangle=-30,
-                                   font=dict(size=11))
-        what = "GPU memory" if kind == "gpu" else "host RSS"
-        fig.update_yaxes(title_text=f"{what} (GiB)", row=row, col=1)
+    first_axis: dict[str, str] = {}
+    for kind, phase, row, col in cells:
+        part = both[(both["kind"] == kind) & (both["phase"] == phase)]
+        keys = ["run", "iteration"]
+        wide = part.pivot_table(index=keys, columns="category", values="bytes", aggfunc="sum", sort=False)
+        total = part.groupby(keys, sort=False)["total"].first().reindex(wide.index)
+        # every run in every plot, in one order (empty where a run lacks the phase): the run names are
+        # written once per row of plots, so the bars of all its plots must line up with them
+        at = {k[0]: k for k in wide.index}
+        index = pd.MultiIndex.from_tuples([at.get(n, (n, -1)) for n in runs])
+        wide, total = wide.reindex(index), total.reindex(index)
+        traces = _hbar_traces(runs, wide.fillna(0.0), total, colors, seen, phase)
+        for trace in traces:
+            trace.customdata = [iteration_text(i) if n in at else "–" for n, i in wide.index]
+            trace.hovertemplate = trace.hovertemplate.replace("<extra>", " (iteration %{customdata})<extra>")
+        batch.add(traces, row, col)
+        axis = fig.get_subplot(row, col)
+        x_name = axis.xaxis.plotly_name.replace("axis", "")
+        first_axis.setdefault(kind, x_name)
+        fig.update_yaxes(categoryorder="array", categoryarray=runs[::-1], showticklabels=col == 1,
+                         tickfont=dict(size=11), fixedrange=True, row=row, col=col)
+        fig.update_xaxes(matches=None if first_axis[kind] == x_name else first_axis[kind], fixedrange=True,
+                         ticksuffix=" GiB" if col == 1 else "", tickfont=dict(size=10), row=row, col=col)
     batch.into(fig)
-    fig.update_layout(barmode="relative", template="plotly_white", height=480 * max(1, len(kinds)) + 260,
-                      margin=dict(l=70, r=20, t=140, b=170), bargap=0.12,
-                      legend=dict(orientation="h", yanchor="bottom", y=1.12, x=0),
-                      title=dict(text="Runs compared: what fills memory at the end of each phase (its worst "
-                                      "iteration), per configuration; GPU of the main process, then its RSS",
-                                 font=dict(size=14)))
+    fig.update_layout(barmode="relative", template="plotly_white", height=height, bargap=0.25,
+                      margin=dict(l=10 + 7 * max((len(n) for n in runs), default=8), r=20, t=120, b=40),
+                      legend=dict(orientation="h", yanchor="top", y=1 - 34 / height, yref="container", x=0),
+                      title=dict(text="What fills memory at the end of each phase (its worst iteration), per run: "
+                                      "GPU of the main process, then its RSS", font=dict(size=14), y=0.99,
+                                 yref="container", yanchor="top", x=0),
+                      )
     return fig
+

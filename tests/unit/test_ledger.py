@@ -118,9 +118,9 @@ def test_comparison_is_one_stacked_bar_per_phase_and_configuration():
     fig = ledger_comparison_figure(frames, [r.name for r in runs], [PID] * 3, ["generate", "train"])
     weights = [t for t in fig.data if t.name == "weights"]
     assert len(weights) == 2  # one per phase column, in the GPU row only (declared on cuda:0)
-    xs = {tuple(t.x) for t in weights}
-    assert xs == {("config-1", "config-2", "config-3")}
-    assert sorted({tuple(np.asarray(t.y, float)) for t in weights}) == [(1.0, 2.0, 3.0)]
+    runs = {tuple(t.y) for t in weights}  # horizontal bars since issue 18: run names read left to right
+    assert runs == {("config-1", "config-2", "config-3")}
+    assert sorted({tuple(np.asarray(t.x, float)) for t in weights}) == [(1.0, 2.0, 3.0)]
     assert fig.layout.barmode == "relative"
 
 

@@ -37,11 +37,12 @@ def test_figure_is_a_stacked_bar_per_phase_and_configuration():
     fig = comparison_figure([a, b])
     assert fig.layout.barmode == "relative" and not [t for t in fig.data if t.type == "scatter" and t.mode == "lines"]
     bars = [t for t in fig.data if t.type == "bar"]
-    assert {tuple(t.x) for t in bars} == {("a", "b")}  # one bar per configuration in every phase column
+    # horizontal bars (issue 18: run names read left to right): one per configuration in every phase's plot
+    assert {tuple(t.y) for t in bars} == {("a", "b")} and {t.orientation for t in bars} == {"h"}
     # a bar is the state at the phase's end (both runs' generate ends back at 1 GiB; its 5 and 3 GiB
     # peaks are the table's), whatever the durations
     generate = [t for t in bars if "generate" in t.hovertemplate]
-    assert np.allclose(sum(np.asarray(t.y, float) for t in generate), [1.0, 1.0])
+    assert np.allclose(sum(np.asarray(t.x, float) for t in generate), [1.0, 1.0])
     train_axis = {t.xaxis for t in bars if "train" in t.hovertemplate}
     assert len(train_axis) == 1 and train_axis != {t.xaxis for t in generate}  # one column per phase
 
