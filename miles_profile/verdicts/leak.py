@@ -67,20 +67,15 @@ def _judge_track(run, track: Track, spans, th: Thresholds) -> Finding | None:
 
 def iteration_floors(track: Track, starts: np.ndarray, ends: np.ndarray, th: Thresholds) -> np.ndarray:
     """The lowest level in each window, NaN where the series was not read throughout it (fewer than
-    `leak_min_reads` readings, or a gap between them, or to the window's edges, longer than
-    `leak_max_gap_share` of the window: an NVML column read only at some phase ends gives no floor),
-    and where the samples on disk do not reach the window's end yet."""
+    `leak_min_reads` readings: an NVML column read at a few phase ends gives no floor), and where the
+    samples on disk do not reach the window's end yet."""
     written = track.measured_times()
     reached = written[-1] if len(written) else -np.inf
     out = np.full(len(starts), np.nan)
     for k, (s, e) in enumerate(zip(starts, ends)):
         if e > reached:
             continue
-        inside = written[(written > s) & (written <= e)]
-        if len(inside) < th.leak_min_reads:
-            continue
-        gaps = np.diff(np.concatenate(([s], inside, [e])))
-        if gaps.max() > th.leak_max_gap_share * (e - s):
+        if np.count_nonzero((written > s) & (written <= e)) < th.leak_min_reads:
             continue
         out[k] = nanmin(track.value[window(track, s, e)])
     return out

@@ -72,8 +72,11 @@ def test_real_engine_server_run_passes_every_check():
     verdicts = _verdicts(LOG)
     assert {r.status for r in verdicts.values()} <= {"pass", "n/a"}, \
         {n: r.summary for n, r in verdicts.items() if r.status == "fail"}
-    for name in ("offload_drop", "leak", "serialized_peaks_per_gpu", "headroom"):
+    for name in ("offload_drop", "serialized_peaks_per_gpu", "headroom"):
         assert verdicts[name].status == "pass", verdicts[name].summary
+    # 3 rollouts, the first warm-up: 2 floors, below the 5 a leak trend needs (first against last
+    # used to pass or fail on two points)
+    assert verdicts["leak"].status == "n/a" and "needs 5 iterations" in verdicts["leak"].summary
 
 
 def test_delegated_offloads_are_judged_on_the_engine_that_holds_them():
@@ -91,7 +94,7 @@ def test_delegated_offloads_are_judged_on_the_engine_that_holds_them():
 def test_engine_iterations_are_the_actors_rollouts():
     engine = [f for f in _verdicts(LOG)["leak"].findings if f.numbers.get("pid") == ENGINE]
     # 3 rollouts, the first is warm-up: 2 iterations, not one per request (87), and none before its weights loaded
-    assert engine and all("over 2 iterations" in f.message for f in engine), [f.message for f in engine]
+    assert engine and all("has 2" in f.message for f in engine), [f.message for f in engine]
 
 
 def test_serialized_peaks_per_gpu_judges_nvml_used():
@@ -138,10 +141,11 @@ def test_leaking_engine_fails_leak(tmp_path):
         for column in ("gpu0_alloc", "gpu0_reserved"):
             frame[column] = frame[column] + step * GiB
     _edit_csv(log / f"vm-{ENGINE}.samples.csv", creep)
+    # Two judged iterations cannot tell a climb from a one-time step or noise: the leak rule needs 5
+    # after warm-up (a steady climb over enough iterations fails: tests/unit/test_leak_verdicts.py).
     result = _verdicts(log)["leak"]
-    assert result.status == "fail" and f"pid {ENGINE}" in result.summary
     (device,) = [f for f in result.findings if f.numbers.get("pid") == ENGINE and f.message.split(": ")[1] == "device"]
-    assert device.status == "fail" and abs(device.numbers["growth"] - GiB) < 0.01 * GiB
+    assert result.status == "n/a" and device.status == "n/a" and device.numbers["iterations"] == 2
 
 
 def test_gpu_holding_both_footprints_fails_serialized_peaks_per_gpu(tmp_path):

@@ -1,0 +1,157 @@
+"""leak and floor_trend_leak as a trend with its uncertainty (issue 21, items 3 and 5): a steady climb
+fails, a one-time step passes with its own finding and cause, noise passes, too few iterations are n/a,
+growth below the series' resolution is too small to judge, and floors come only from series read
+throughout each iteration (the committed H200 engine-server log)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from miles_profile.logdir.reader import load_run
+from miles_profile.report import fleet
+from miles_profile.report.phase_table import phase_table
+from miles_profile.verdicts.checks import Thresholds, check_leak
+from miles_profile.verdicts.fleet_checks import FleetThresholds, check_floor_trend_leak
+from miles_profile.verdicts.trend import judge_floors
+from miles_profile.verdicts.types import TOO_SMALL
+from test_fleet import row, table
+from test_report_fakes import GiB, MiB, make_run
+
+TH = Thresholds()
+ENGINE_SERVER = Path(__file__).resolve().parents[2] / "sample_logs" / "h200" / "9-dist-engine-server"
+
+
+def _run(floors, *, sparse_gpu: bool = False, offload=None):
+    """2 s iterations sampled every 50 ms: generate 1 GiB above the floor, then train at the floor.
+    `sparse_gpu`: also an NVML per-process column read only once an iteration, at generate's end.
+    `offload`: (expected_bytes, target) of an offload_train each iteration."""
+    t = np.round(np.arange(0.0, 2.0 * len(floors) + 0.1, 0.05), 6)
+    level = np.zeros(len(t))
+    phases = []
+    for k, floor in enumerate(floors):
+        start = 2.0 * k
+        level[t >= start] = floor + GiB
+        level[t >= start + 1.0] = floor
+        phases += [dict(name="generate", start=start, end=start + 1.0, rollout_id=k),
+                   dict(name="train", start=start + 1.0, end=start + 2.0, rollout_id=k)]
+        if offload:
+            phases.append(dict(name="offload_train", start=start + 1.9, end=start + 1.95, rollout_id=k,
+                               expected_bytes=offload[0], target=offload[1]))
+    level[t >= 2.0 * len(floors)] = floors[-1]
+    samples = {"t": t, "rss": level, "rss_peak": level}
+    devices = None
+    if sparse_gpu:
+        proc = np.full(len(t), np.nan)
+        ends = np.isin(t, [2.0 * k + 1.0 for k in range(len(floors))])
+        proc[ends] = 20 * GiB + np.arange(ends.sum()) * GiB  # one reading per iteration, always higher
+        samples["gpu0_proc"] = proc
+        devices = [{"index": 0, "total": 80 * GiB}]
+    return make_run(samples, phases, devices=devices)
+
+
+def _host(result):
+    return next(f for f in result.findings if f.message.startswith("host"))
+
+
+def test_a_steady_leak_fails_with_its_growth_per_iteration_and_interval():
+    result = check_leak(_run([GiB + 200 * MiB * k for k in range(8)]), TH)
+    assert result.status == "fail"
+    finding = _host(result)
+    assert finding.cause == "sustained_growth"
+    assert finding.numbers["slope"] == pytest.approx(200 * MiB)
+    assert finding.numbers["slope_low"] > 0 and finding.numbers["iterations"] == 7
+    assert "+200.0 MiB/iteration" in finding.message and "95% interval" in finding.message
+    assert finding.series.startswith("host RSS") and finding.resolution == 8 * MiB
+
+
+def test_a_one_time_step_passes_with_its_own_finding_and_cause():
+    # the host floor steps up 5.9 GiB once (glibc keeps freed CPU copies), then stays flat
+    result = check_leak(_run([3.5 * GiB] * 3 + [9.4 * GiB] * 5), TH)
+    assert result.status == "pass", result.summary
+    finding = _host(result)
+    assert finding.status == "pass" and finding.cause == "one_time_step"
+    assert finding.numbers["step"] == pytest.approx(5.9 * GiB) and finding.numbers["step_after_iteration"] == 2
+    assert "MALLOC_TRIM_THRESHOLD_" in finding.message and "malloc_trim" in finding.message
+
+
+def test_a_step_the_size_of_declared_cpu_offload_says_it_is_expected():
+    result = check_leak(_run([GiB] * 3 + [3 * GiB] * 5, offload=(2 * GiB, "cpu")), TH)
+    finding = _host(result)
+    assert finding.cause == "one_time_step" and "offload_train declares" in finding.message
+    disk = _host(check_leak(_run([GiB] * 3 + [3 * GiB] * 5, offload=(2 * GiB, "disk")), TH))
+    assert disk.cause == "one_time_step" and "declares" not in disk.message
+
+
+def test_noise_passes():
+    rng = np.random.default_rng(7)
+    floors = 2 * GiB + rng.normal(0, 40 * MiB, 12)
+    result = check_leak(_run(list(floors)), TH)
+    assert result.status == "pass", result.summary
+    assert _host(result).cause is None
+
+
+def test_too_few_iterations_are_not_judged():
+    result = check_leak(_run([GiB, 2 * GiB, 3 * GiB, 4 * GiB, 5 * GiB]), TH)  # warm-up + 4
+    assert result.status == "n/a" and "needs 5 iterations" in result.summary and "has 4" in result.summary
+
+
+def test_growth_below_the_resolution_is_too_small_to_judge():
+    result = check_leak(_run([GiB + 512 * 1024 * k for k in range(10)]), TH)  # 0.5 MiB an iteration
+    assert result.status == TOO_SMALL
+    finding = _host(result)
+    assert finding.status == TOO_SMALL and finding.cause is None
+    assert "too small to judge (growth 0.004 GiB below the resolution 0.008 GiB" in finding.message
+
+
+def test_a_series_read_only_at_some_phase_ends_gives_no_floor():
+    result = check_leak(_run([GiB] * 8, sparse_gpu=True), TH)
+    device = next(f for f in result.findings if f.message.startswith("device"))
+    assert device.status == "n/a" and "has 0" in device.message  # its 1 GiB/iteration climb is not judged
+    assert _host(result).status == "pass"
+
+
+def test_judge_floors_tells_a_climb_after_a_step_from_a_step():
+    allowed = 128 * MiB
+    climb = [GiB] * 3 + [2 * GiB + 300 * MiB * k for k in range(6)]  # a step, then a steady climb
+    verdict = judge_floors(range(len(climb)), climb, resolution=8 * MiB, allowed=allowed, min_iterations=5)
+    assert verdict.status == "fail" and verdict.cause == "sustained_growth"
+
+
+# -- floor_trend_leak and the fleet outliers ---------------------------------------------------
+def _fleet_floors(proc_floors, reserved_floor):
+    """One actor, 8 iterations of 4 phases; NVML per process only in the first phase of each."""
+    rows = []
+    for it, high in enumerate(proc_floors):
+        for k, phase in enumerate(("generate", "offload_kv", "train", "offload_train")):
+            t0 = 10.0 * it + k
+            proc = (high, high, high, high) if k == 0 else (np.nan,) * 4
+            rows.append(row("n0", "G0", 7, 0, "actor", phase, it, t0, t0 + 0.5, proc=proc,
+                            reserved=(reserved_floor + GiB, reserved_floor, reserved_floor, reserved_floor)))
+    return table(rows)
+
+
+def test_floor_trend_takes_only_densely_read_series():
+    t = _fleet_floors([10 * GiB + it * 2 * GiB for it in range(8)], 3 * GiB)
+    result = check_floor_trend_leak(t, FleetThresholds())
+    assert result.status == "pass", result.summary
+    finding = result.findings[0]
+    assert finding.numbers["series"] == "own memory (reserved)" and finding.numbers["slope"] == 0
+    slope = fleet.rank_outliers(t).floor_slope.iloc[0]
+    assert slope["own_series"] == "reserved" and slope["value"] == 0
+
+
+def test_floor_trend_summary_says_what_was_measured():
+    rows = [row("n0", "G0", 7, 0, "actor", "train", it, 10.0 * it, 10.0 * it + 5,
+                proc=(8 * GiB, f, f, f)) for it, f in enumerate([4 * GiB + 10 * MiB * it for it in range(8)])]
+    result = check_floor_trend_leak(table(rows), FleetThresholds())
+    assert result.status == "pass"
+    assert "floors flat" not in result.summary and "+10.0 MiB/iteration" in result.summary
+
+
+def test_engine_server_log_has_no_fast_rising_floor_from_sparse_reads():
+    t = fleet.normalize(phase_table(load_run(ENGINE_SERVER)))
+    slopes = fleet.rank_outliers(t).floor_slope
+    assert len(slopes) == 2 and set(slopes["own_series"]) == {"reserved"}  # NVML per process is sparse there
+    assert (slopes["value"].abs() < 0.1 * GiB).all(), slopes[["pid", "value"]]
