@@ -33,10 +33,14 @@ class FleetThresholds:
     """Every tolerance of the fleet checks. Shares are fractions; bytes are integers."""
 
     # rank_imbalance: a lane's peak in one (iteration, phase) fails when it exceeds the median of its
-    # peers in that cell by more than this share of the median AND by more than `imbalance_abs_bytes`;
-    # a cell is judged only with at least `imbalance_min_peers` lanes in it (with two, neither is the odd one).
+    # peers in that cell by more than the largest of: `imbalance_spread_z` x their spread (the median
+    # absolute deviation scaled to a standard deviation: 3.5 is Iglewicz and Hoaglin's outlier cut for
+    # the modified z-score), `imbalance_share` of the median, and `imbalance_resolution_multiple` x the
+    # series' resolution (below that it is too small to judge). A cell is judged only with at least
+    # `imbalance_min_peers` lanes in it (with two, neither is the odd one).
+    imbalance_spread_z: float = 3.5
     imbalance_share: float = 0.10
-    imbalance_abs_bytes: int = 1 * GiB
+    imbalance_resolution_multiple: float = 2.0
     imbalance_min_peers: int = 3
     # floor_trend_leak: the leak rule of verdicts/trend.py per GPU and per process: the lower bound of
     # the Theil-Sen slope's 95 % interval times the iterations judged fails when above the largest of
@@ -54,6 +58,10 @@ class FleetThresholds:
     # smaller plus `serialized_abs_bytes`.
     serialized_overlap_share: float = 0.5
     serialized_abs_bytes: int = 64 * MiB
+    # a failing phase is blamed on both footprints only when what it held above its own footprint is
+    # within this share of the other footprint (as serialized_peaks: 1 - offload_min_drop_share); else
+    # it is a residual.
+    serialized_match_share: float = 0.2
 
     @classmethod
     def names(cls) -> list[str]:
@@ -96,13 +104,16 @@ def _where(lane_row, **extra) -> dict:
 def check_rank_imbalance(table: pd.DataFrame, th: FleetThresholds, matrix: fleet.GpuMatrix | None = None
                          ) -> FleetCheckResult:
     name, title = "rank_imbalance", "No GPU or rank runs higher than its peers"
-    explanation = (f"In each (iteration, phase) a GPU's peak may exceed the median of all GPUs in that cell by at "
-                   f"most {th.imbalance_share:.0%} of the median or {gib(th.imbalance_abs_bytes)} (it fails only "
-                   f"above both); each process's own peak likewise against the processes of its role. Cells with "
-                   f"fewer than {th.imbalance_min_peers} peers are not judged.")
+    explanation = (f"In each (iteration, phase) a lane's peak (a GPU, or a rank's host memory) may exceed the median "
+                   f"of all lanes in that cell by at most the largest of {th.imbalance_spread_z:g} x the peers' "
+                   f"spread (median absolute deviation, scaled), {th.imbalance_share:.0%} of the median and "
+                   f"{th.imbalance_resolution_multiple:g} x the series' resolution (an excess above the first two "
+                   f"but below that is too small to judge); each process's own peak likewise against the processes "
+                   f"of its role. Cells with fewer than {th.imbalance_min_peers} peers are not judged.")
     df = fleet.normalize(table)
     matrix = matrix if matrix is not None else fleet.gpu_matrix(df)
-    findings, worst = _imbalance(matrix.bytes, matrix.columns, matrix.lanes.to_dict("records"), th, "GPUs")
+    lanes = matrix.lanes.assign(resolution=_lane_resolutions(df, matrix.lanes)).to_dict("records")
+    findings, worst = _imbalance(matrix.bytes, matrix.columns, lanes, th, _lanes_word(matrix.lanes))
     judged = {"lanes": len(findings), "processes": 0}
     for who, values, columns in _process_matrices(df, matrix.lanes):
         more, candidate = _imbalance(values, columns, who, th, f"{who[0]['role'] or 'unknown-role'} processes")
@@ -112,9 +123,35 @@ def check_rank_imbalance(table: pd.DataFrame, th: FleetThresholds, matrix: fleet
             worst = candidate
     if not findings:
         return _na(name, title, explanation, f"needs at least {th.imbalance_min_peers} lanes with the same phase")
-    return _result(name, title, explanation, findings, judged, worst,
-                   " / ".join(sorted(set(matrix.lanes["source"]))) + "; own memory per process",
-                   "GPUs and processes within their peers' peaks", "above their peers")
+    result = _result(name, title, explanation, findings, judged, worst,
+                     " / ".join(sorted(set(matrix.lanes["source"]))) + "; own memory per process",
+                     f"{_lanes_word(matrix.lanes)} and processes within their peers' peaks", "above their peers")
+    return _with_small(result, findings)
+
+
+def _lanes_word(lanes: pd.DataFrame) -> str:
+    """What a fleet's lanes are, for messages: GPUs, or ranks' host memory on a run without GPUs."""
+    kinds = set(lanes["kind"]) if "kind" in lanes else {"gpu"}
+    return "GPUs" if kinds == {"gpu"} else ("ranks' host memory" if kinds == {"host"} else "lanes")
+
+
+def _lane_resolutions(df: pd.DataFrame, lanes: pd.DataFrame) -> list[float]:
+    """Per lane, what its values resolve: NVML used, else the coarsest own series of its processes."""
+    own = df.groupby("lane")["own_series"].agg(lambda s: sorted(set(s) - {""}))
+    return [resolution_of("used") if source == fleet.SOURCE_USED else resolution_of(own.get(lane) or ["rss"])
+            for lane, source in zip(lanes["lane"], lanes["source"])]
+
+
+def _with_small(result: FleetCheckResult, findings: list[Finding]) -> FleetCheckResult:
+    """_result knows pass and fail: a fleet check whose judged findings are all too small says so."""
+    resolutions = [f.resolution for f in findings if f.resolution is not None]
+    result.resolution = max(resolutions) if resolutions else None
+    small = [f for f in findings if f.status == TOO_SMALL]
+    if result.status == "pass" and small and not any(f.status == "pass" for f in findings):
+        result.status = TOO_SMALL
+    if small and result.status != TOO_SMALL:
+        result.summary += f"; {len(small)} too small to judge"
+    return result
 
 
 def _process_matrices(df: pd.DataFrame, lanes: pd.DataFrame):
@@ -131,14 +168,16 @@ def _process_matrices(df: pd.DataFrame, lanes: pd.DataFrame):
         np.fmax.at(values, (row, part["_col"].to_numpy()), part["own_peak"].to_numpy())
         first = part.drop_duplicates("pid").set_index("pid").loc[pids]
         who = [dict(lane=r.lane, label=labels.get(r.lane, r.lane), host=r.host, gpu_uuid=r.gpu_uuid, pid=int(p),
-                    rank=int(r.rank), role=role, ranks=str(r.rank), source=f"own memory ({r.own_series})")
+                    rank=int(r.rank), role=role, ranks=str(r.rank), source=f"own memory ({r.own_series})",
+                    resolution=resolution_of(r.own_series or "rss"))
                for p, r in zip(pids, first.itertuples())]
         used = np.isfinite(values).any(axis=0)
         yield who, values[:, used], columns[used].reset_index(drop=True)
 
 
 def _imbalance(values: np.ndarray, columns: pd.DataFrame, who: list[dict], th: FleetThresholds, peers_name: str):
-    """One Finding per row of `values` (rows: lanes or processes, columns: cells) against the column medians."""
+    """One Finding per row of `values` (rows: lanes or processes, columns: cells) against the column medians
+    and spreads; each row's `resolution` (bytes) sets the floor below which an excess is too small."""
     peers = np.isfinite(values).sum(axis=0)
     judged_cols = peers >= th.imbalance_min_peers
     if not judged_cols.any():
@@ -147,28 +186,52 @@ def _imbalance(values: np.ndarray, columns: pd.DataFrame, who: list[dict], th: F
     cols = columns[judged_cols].reset_index(drop=True)
     with np.errstate(all="ignore"):
         median = np.nanmedian(values, axis=0)
+        spread = _spread(values, median)
         excess = values - median
-        fails = (excess > th.imbalance_share * median) & (excess > th.imbalance_abs_bytes)
+        outlier = excess > np.fmax(th.imbalance_spread_z * spread, th.imbalance_share * median)
+        floor = th.imbalance_resolution_multiple * np.array([w["resolution"] for w in who], dtype=float)[:, None]
+        fails = outlier & (excess > floor)
+        small = outlier & ~fails
     findings, worst = [], None
     for r, w in enumerate(who):
         row = excess[r]
         if not np.isfinite(row).any():
             continue
-        # the cell shown: the largest excess among the failing cells, else overall
-        c = int(np.nanargmax(np.where(fails[r], row, -np.inf))) if fails[r].any() else int(np.nanargmax(row))
-        col = cols.iloc[c]
-        status = "fail" if fails[r].any() else "pass"
-        name = w["label"] + (f" pid {w['pid']}" if "pid" in w else "") + f" (ranks {w['ranks'] or '?'})"
-        message = (f"{name}: {col['label']} peak {gib(values[r, c])}, median of {int(peers[c])} {peers_name} "
-                   f"{gib(median[c])} ({row[c] / median[c]:+.1%})"
-                   + (f"; {int(fails[r].sum())} cells over" if status == "fail" else ""))
-        numbers = _where(w, pid=w.get("pid"), excess=float(row[c]), median=float(median[c]),
-                         cells_over=int(fails[r].sum()), series=w["source"])
-        findings.append(Finding(status, message, (col["t0"], col["t1"]), col["phase"], int(col["iteration"]), numbers))
+        # the cell shown: the largest excess among the failing cells, else among the too small, else overall
+        shown = fails[r] if fails[r].any() else small[r]
+        c = int(np.nanargmax(np.where(shown, row, -np.inf))) if shown.any() else int(np.nanargmax(row))
+        finding = _imbalance_finding(w, cols.iloc[c], values[r, c], median[c], spread[c], int(peers[c]),
+                                     int(fails[r].sum()), bool(small[r].any()), floor[r, 0], peers_name)
+        findings.append(finding)
         if worst is None or row[c] > worst["excess"]:
-            worst = dict(numbers, phase=col["phase"], iteration=int(col["iteration"]),
-                         message=f"{col['label']} {gib(row[c])} over the median of {peers_name}")
+            worst = dict(finding.numbers, phase=finding.phase, iteration=finding.iteration,
+                         message=f"{cols.iloc[c]['label']} {gib(row[c])} over the median of {peers_name}")
     return findings, worst
+
+
+def _spread(values: np.ndarray, median: np.ndarray) -> np.ndarray:
+    """Per cell, the peers' median absolute deviation scaled to a standard deviation (x 1.4826, as
+    scipy.stats.median_abs_deviation(scale="normal")): one outlier cannot widen it, as it would a std."""
+    return 1.4826 * np.nanmedian(np.abs(values - median), axis=0)
+
+
+def _imbalance_finding(w: dict, col, value: float, median: float, spread: float, peers: int, cells_over: int,
+                       small: bool, floor: float, peers_name: str) -> Finding:
+    excess = value - median
+    name = w["label"] + (f" pid {w['pid']}" if "pid" in w else "") + f" (ranks {w['ranks'] or '?'})"
+    status = "fail" if cells_over else (TOO_SMALL if small else "pass")
+    message = (f"{name}: {col['label']} peak {gib(value)}, median of {peers} {peers_name} {gib(median)} "
+               f"({excess / median:+.1%}, peers' spread ±{gib(spread)})")
+    if status == "fail":
+        message += f"; {cells_over} cells over: an outlier among its peers"
+    elif status == TOO_SMALL:
+        message = (f"{name}: too small to judge ({col['label']}: {gib(excess)} above the median of {peers} "
+                   f"{peers_name}, below {gib(floor)}, twice the resolution {gib(w['resolution'])} of {w['source']})")
+    numbers = _where(w, pid=w.get("pid"), excess=float(excess), median=float(median), spread=float(spread),
+                     cells_over=cells_over, series=w["source"])
+    return Finding(status, message, (col["t0"], col["t1"]), col["phase"], int(col["iteration"]), numbers,
+                   cause="rank_outlier" if status == "fail" else None, series=w["source"],
+                   resolution=float(w["resolution"]))
 
 
 # -- floor trend leak --------------------------------------------------------------------------
@@ -267,6 +330,7 @@ def check_serialized_peaks_per_gpu(table: pd.DataFrame, th: FleetThresholds) -> 
                    "(an in-process engine is judged by serialized_peaks; a host lane only when its training "
                    "state leaves host memory)")
     lane_rows = fleet.lanes(df).set_index("lane", drop=False)
+    own = df.groupby("lane")["own_series"].agg(lambda s: sorted(set(s) - {""}))
     findings, worst = [], None
     by_lane = judged.assign(over=judged["together"] > judged["limit"]).groupby("lane_code", sort=False)
     overs, counts = by_lane["over"].sum(), by_lane.size()
@@ -274,29 +338,47 @@ def check_serialized_peaks_per_gpu(table: pd.DataFrame, th: FleetThresholds) -> 
         r = judged.loc[k]
         over, count = int(overs[r["lane_code"]]), int(counts[r["lane_code"]])
         lane = lane_rows.loc[r["lane"]]
-        what = ("NVML used of the GPU" if r["source"] == fleet.SOURCE_USED else "its processes' own levels summed")
+        on_gpu = lane["kind"] == "gpu"
+        what = ("NVML used of the GPU" if r["source"] == fleet.SOURCE_USED
+                else "its processes' own levels summed" if on_gpu else "its processes' host RSS summed")
+        cause, story = _serialized_cause(r, th) if over else (None, "")
         message = (f"{lane['label']}: {r['phase']} #{r['iteration']} (pid {r['pid']}, {r['role'] or '?'}) held "
                    f"{gib(r['together'])} together above their roles' floors ({what}); "
                    f"footprints train {gib(r['f_train'])}, "
                    f"rollout {gib(r['f_rollout'])}, limit {gib(r['limit'])}"
-                   + (f"; {over} of {count} phases over" if over else ""))
+                   + (f"; {over} of {count} phases over{story}" if over else ""))
+        series = r["source"] if r["source"] == fleet.SOURCE_USED else f"{r['source']} ({', '.join(own[r['lane']])})"
+        res = resolution_of("used") if r["source"] == fleet.SOURCE_USED else resolution_of(own[r["lane"]] or ["rss"])
         numbers = _where(lane, pid=int(r["pid"]), together=float(r["together"]), limit=float(r["limit"]),
                          train=float(r["f_train"]), rollout=float(r["f_rollout"]), ratio=float(r["ratio"]),
-                         phases_over=over, phases=count, series=r["source"])
+                         phases_over=over, phases=count, series=series)
         findings.append(Finding("fail" if over else "pass", message, (r["t0"], r["t1"]), r["phase"],
-                                int(r["iteration"]), numbers))
+                                int(r["iteration"]), numbers, cause=cause, series=series, resolution=res))
         if worst is None or numbers["ratio"] > worst["ratio"]:
             worst = dict(numbers, phase=r["phase"], iteration=int(r["iteration"]),
                          message=f"{gib(r['together'])} held together, limit {gib(r['limit'])}")
     processes = int(df.loc[df["lane_code"].isin(judged["lane_code"].unique()), "pid"].nunique())
+    word = _lanes_word(lane_rows)
     result = _result(name, title, explanation, findings, {"lanes": len(findings), "processes": processes}, worst,
                      "NVML used of the GPU where the host sampler read it, else the sum of its processes' own "
                      "memory (proc, else reserved; rss on host lanes)",
-                     "GPUs held one footprint at a time", "GPUs held both footprints")
+                     f"{word} held one footprint at a time", f"{word} held more than one footprint")
+    result = _with_small(result, findings)
     skipped = df["lane_code"].nunique() - len(findings)
     if skipped:
         result.summary += f"; {skipped} lanes without both footprints in separate processes not judged"
     return result
+
+
+def _serialized_cause(r, th: FleetThresholds) -> tuple[str, str]:
+    """Both footprints only when what the phase held above its own footprint is about the other one's
+    size (within serialized_match_share of it); else a residual another process kept."""
+    own, other = (r["f_train"], r["f_rollout"]) if r["phase"] == names.TRAIN else (r["f_rollout"], r["f_train"])
+    excess = r["together"] - own
+    if abs(excess - other) <= th.serialized_match_share * other:
+        return "both_footprints", ": both footprints held at once"
+    return "residual", (f": {gib(excess)} above one footprint, not the other's {gib(other)}: a residual, "
+                        "see offload_drop and floor_trend_leak")
 
 
 def _role_floors(df: pd.DataFrame, full: pd.DataFrame | None = None) -> pd.Series:

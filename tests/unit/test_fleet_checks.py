@@ -29,14 +29,22 @@ def test_hot_rank_20_percent_and_2_gib_above_its_peers_fails():
 
 
 @pytest.mark.parametrize("peer, hot", [
-    (5 * GiB, 5.5 * GiB),      # +10 % and +0.5 GiB: within both
-    (2.5 * GiB, 3 * GiB),      # +20 % but only +0.5 GiB
+    (5 * GiB, 5.5 * GiB),      # +10 % and +0.5 GiB: within the share of the median
     (40 * GiB, 42 * GiB),      # +2 GiB but only +5 %
 ])
 def test_hot_rank_within_one_tolerance_passes(peer, hot):
     result = check_rank_imbalance(peers({"G0": peer, "G1": peer, "G2": hot, "G3": peer}), TH)
     assert result.status == "pass", result.summary
     assert result.worst["gpu_uuid"] == "G2"  # still named the worst
+
+
+def test_hot_rank_20_percent_above_identical_peers_fails_whatever_its_gib():
+    # +20 % and +0.5 GiB used to pass under a fixed 1 GiB floor; identical peers have no spread, so it is
+    # an outlier well above NVML's resolution
+    result = check_rank_imbalance(peers({"G0": 2.5 * GiB, "G1": 2.5 * GiB, "G2": 3 * GiB, "G3": 2.5 * GiB}), TH)
+    assert result.status == "fail", result.summary
+    failed = [f for f in result.findings if f.status == "fail"]
+    assert {f.numbers["gpu_uuid"] for f in failed} == {"G2"} and {f.cause for f in failed} == {"rank_outlier"}
 
 
 def test_imbalance_thresholds_are_overridable_and_two_gpus_are_not_judged():
