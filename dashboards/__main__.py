@@ -21,8 +21,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--host", default=DEFAULT_HOST,
                         help="address to listen on (default: %(default)s); requests are answered only for the "
                              "loopback names and this one (0.0.0.0: also this machine's name and any IP address)")
-    parser.add_argument("--port", type=int, default=DEFAULT_PORT, help="port (default: %(default)s)")
-    parser.add_argument("--poll-ms", type=int, default=1000,
+    parser.add_argument("--port", type=int, default=DEFAULT_PORT,
+                        help="port (default: %(default)s; 0: a free one, printed)")
+    parser.add_argument("--poll-ms", type=_positive, default=1000,
                         help="how often the page looks for new runs and samples (default: %(default)s)")
     parser.add_argument("--phase", metavar="LIST",
                         help="show and judge only these phases, as visualize --phase: families offload, onload, "
@@ -38,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.phase is not None:
             # names a run recorded of its own are accepted in the page; here only what any run may hold
             parse_phases(args.phase)
-        _check_address(args.host, args.port)
+        port = _check_address(args.host, args.port)
         from dashboards.app import create_app
         from dashboards.hosts import HostPolicy
         app = create_app(args.log_dir, poll_ms=args.poll_ms, hosts=HostPolicy.for_listen_address(args.host),
@@ -51,22 +52,35 @@ def main(argv: list[str] | None = None) -> int:
     handler.setFormatter(logging.Formatter("dashboards: %(message)s"))
     logging.getLogger("dashboards").addHandler(handler)
     logging.getLogger("dashboards").setLevel(logging.INFO)
-    print(f"miles-profile dashboard: http://{args.host}:{args.port}/  (runs under {args.log_dir})", flush=True)
+    shown = f"[{args.host}]" if ":" in args.host and not args.host.startswith("[") else args.host
+    print(f"miles-profile dashboard: http://{shown}:{port}/  (runs under {args.log_dir})", flush=True)
     try:
-        app.run(host=args.host, port=args.port, debug=False)
+        app.run(host=args.host, port=port, debug=False)
     except KeyboardInterrupt:
         pass
     return 0
 
 
-def _check_address(host: str, port: int) -> None:
-    """Fail with a sentence, before the server would exit on its own with a longer one."""
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text} must be at least 1")
+    return value
+
+
+def _check_address(host: str, port: int) -> int:
+    """The port to listen on (port 0: the free one the system picks, so the printed URL is true).
+    Fails with a sentence, before the server would exit on its own with a longer one."""
     try:
         family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
         with socket.socket(family, socket.SOCK_STREAM) as probe:
             probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             probe.bind((host, port))
-    except (OSError, OverflowError) as exc:
+            return probe.getsockname()[1]
+    except (OSError, OverflowError, UnicodeError) as exc:
         reason = getattr(exc, "strerror", None) or exc
         raise MilesProfileError(f"cannot listen on {host}:{port}: {reason}") from None
 

@@ -26,8 +26,18 @@ def _hostname(header: str) -> str:
     """The name of a Host header, port removed and lower-cased: `[::1]:8050` -> `[::1]`."""
     header = header.strip().lower()
     if header.startswith("["):
-        return header[: header.find("]") + 1] if "]" in header else ""
-    return header.rsplit(":", 1)[0] if header.count(":") == 1 else header
+        if "]" not in header:
+            return ""
+        name, _, rest = header.partition("]")
+        name, port = name + "]", rest[1:] if rest.startswith(":") else rest and None  # "]x": no port
+    elif header.count(":") == 1:
+        name, _, port = header.partition(":")
+    else:
+        name, port = header, ""
+    # `127.0.0.1:80@evil.com` names no host and port: what follows the name is `:<digits>` or nothing
+    if port is None or not (port == "" or (port.isascii() and port.isdigit())):
+        return ""
+    return name
 
 
 def _is_ip_literal(name: str) -> bool:

@@ -177,3 +177,43 @@ def test_one_pid_on_two_hosts_keeps_two_series_and_far_clocks_are_named(tmp_path
     assert not any("clocks" in w for w in run.warnings)
     c = write_host_run(tmp_path / "c", "node-c", "job", begin=1.0 + 86400)
     assert any("24.0 hours apart" in w for w in load_run(a, c).warnings)
+
+
+# -- item 15: the dashboard's command line and Host check ------------------------------------------
+def test_dashboard_port_0_prints_the_port_it_listens_on(tmp_path):
+    import re
+    import time
+    import urllib.request
+    run = make_run(tmp_path / "logs")
+    env = dict(os.environ, PYTHONPATH=str(REPO), PYTHONUNBUFFERED="1")
+    server = subprocess.Popen([sys.executable, "-m", "dashboards", str(run), "--port", "0"], env=env, cwd=REPO,
+                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        line = server.stdout.readline()
+        url = re.search(r"http://\S+/", line)[0]
+        assert not url.endswith(":0/"), line
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                with urllib.request.urlopen(url + "_dash-layout", timeout=2) as answer:
+                    assert answer.status == 200
+                    break
+            except OSError:
+                assert time.monotonic() < deadline, f"nothing answers at {url}"
+                time.sleep(0.2)
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
+
+
+@pytest.mark.parametrize("flag", [["--poll-ms", "0"], ["--poll-ms", "-5"]])
+def test_dashboard_refuses_a_poll_interval_below_one_ms(tmp_path, flag):
+    done = cli("-m", "dashboards", str(tmp_path), *flag, timeout=30)
+    assert done.returncode == 2 and "must be at least 1" in done.stderr and "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize("header", ["127.0.0.1:80@evil.com", "localhost:x", "[::1]:80@evil", "[::1"])
+def test_host_header_with_junk_after_the_name_is_refused(header):
+    from dashboards.hosts import HostPolicy
+    assert not HostPolicy().allows(header)
+    assert HostPolicy().allows("127.0.0.1:8050") and HostPolicy().allows("[::1]:8050")
