@@ -19,7 +19,7 @@ from werkzeug.exceptions import HTTPException
 
 from dashboards.hosts import HostPolicy
 from dashboards.live_run import RunCache
-from dashboards.panels import checks, compare, fleet, ledger, phases, runs, timeline
+from dashboards.panels import checks, compare, fleet, ledger, phases, runs, summary, timeline
 from dashboards.paths import LogRoot
 from dashboards.runs import list_runs
 
@@ -53,6 +53,7 @@ def create_app(log_dir: str | Path, poll_ms: int = 1000, preload: bool = True,
         html.Div(className="page-body", children=[
             html.Aside(className="page-side", children=[runs.layout(), compare.picker_layout()]),
             html.Main(className="page-main", children=[
+                summary.layout(),  # first: the verdict, the peak, the offloads, the failing checks
                 fleet.layout(),
                 timeline.layout(),
                 html.Div(className="page-panels", children=[checks.layout(), phases.layout()]),
@@ -61,7 +62,7 @@ def create_app(log_dir: str | Path, poll_ms: int = 1000, preload: bool = True,
             ]),
         ]),
     ])
-    for panel in (runs, fleet, timeline, checks, phases, ledger, compare):
+    for panel in (runs, summary, fleet, timeline, checks, phases, ledger, compare):
         panel.register(app, state)
     app.server.register_error_handler(Exception, _refuse_request)
     app.server.before_request(lambda: _refuse_foreign_host(hosts))

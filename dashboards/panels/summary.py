@@ -1,0 +1,138 @@
+"""Summary panel, above everything on the run page: the verdict, where the peak is, whether every offload
+worked, the failing checks first (report/summary.py: the same block as the HTML report and the CLI). A
+click on a failing check or on the peak zooms the timeline to exactly that window."""
+from __future__ import annotations
+
+import time
+
+from dash import ALL, Input, Output, State, ctx, dcc, html
+from dash.exceptions import PreventUpdate
+
+from dashboards.messages import describe, message
+from dashboards.panels.refresh import due
+from miles_profile.report.figures import run_start
+from miles_profile.report.peak import iteration_text
+from miles_profile.report.series import GiB
+from miles_profile.report.summary import Summary, summarize
+
+_CLASS = {"pass": "badge-pass", "fail": "badge-fail", "too small to judge": "badge-small"}
+
+
+def layout() -> html.Section:
+    return html.Section(className="panel summary", children=[
+        html.Div(id="summary-block"),
+        dcc.Store(id="summary-spans"),
+        dcc.Store(id="summary-rendered"),
+    ])
+
+
+def verdict_of(live_run, phases: str | None):
+    """The run's one verdict (verdicts/engine.judge), memoized per version: the checks panel reads it too."""
+    from miles_profile.verdicts.engine import judge
+    return live_run.memo("verdict", lambda run: judge(run, selection=phases))
+
+
+def compute(run, verdict) -> tuple[Summary, float]:
+    return summarize(run, verdict.checks, verdict.status), run_start(run)
+
+
+def _link(index: int, text: str) -> html.Button:
+    return html.Button(text, id={"type": "summary-link", "index": index}, className="summary-link",
+                       title="show this window on the timeline")
+
+
+def _peak(summary: Summary, t0: float, spans: list) -> html.Div:
+    peak = summary.peak
+    if peak is None:
+        return html.Div([html.Div("Highest peak", className="summary-label"), html.Div("–")], className="summary-fact")
+    where = f"{peak.phase} · {iteration_text(peak.iteration)}" if peak.phase else peak.outside
+    spans.append(list(peak.span or (peak.t - 0.5, peak.t + 0.5)))
+    left = (f"{peak.share:.0%} of {peak.total / GiB:.1f} GiB · {peak.headroom / GiB:.2f} GiB left"
+            if peak.total else "device total unknown")
+    return html.Div(className="summary-fact", id="summary-peak", **{"data-peak-bytes": str(int(peak.bytes))}, children=[
+        html.Div(f"Highest peak · {peak.where}", className="summary-label"),
+        html.Div(f"{peak.bytes / GiB:.2f} GiB", className="summary-value"),
+        _link(len(spans) - 1, f"{where}, at {peak.t - t0:.2f} s"),
+        html.Div(left, className="summary-detail"),
+    ])
+
+
+def _offloads(summary: Summary, spans: list) -> html.Div:
+    if not summary.offloads:
+        return html.Div([html.Div("Offloads", className="summary-label"),
+                         html.Div("no offload_* phase in this run", className="summary-detail")],
+                        className="summary-fact")
+    rows = []
+    for kind in summary.offloads:
+        state = "fail" if kind.failed else ("pass" if kind.count > kind.too_small + kind.not_judged else
+                                            ("too small to judge" if kind.too_small else "n/a"))
+        freed = "–" if kind.freed is None or kind.declared is None else \
+            f"{kind.freed / GiB:.2f} / {kind.declared / GiB:.2f} GiB"
+        worst = ""
+        if kind.failed and kind.worst is not None and kind.worst.span:
+            spans.append(list(kind.worst.span))
+            worst = _link(len(spans) - 1, kind.worst.message)
+        rows.append(html.Tr([html.Td(f"{kind.name} ×{kind.count}"), html.Td(freed, className="num"),
+                             html.Td([html.Span(state, className=f"badge {_CLASS.get(state, 'badge-na')}"), worst])],
+                            **{"data-offload": kind.name, "data-status": state}))
+    return html.Div(className="summary-fact summary-wide", children=[
+        html.Div("Did every offload work? (freed / declared, median)", className="summary-label"),
+        html.Table(html.Tbody(rows), className="summary-offloads")])
+
+
+def _failing(summary: Summary, spans: list) -> html.Div | None:
+    if not summary.failing:
+        return None
+    items = []
+    for check, finding in summary.failing:
+        span = finding.span if finding is not None and finding.span else check.span
+        text = f"{check.name}: {finding.message if finding else check.summary}"
+        if span:
+            spans.append(list(span))
+            items.append(html.Li(_link(len(spans) - 1, text), **{"data-check": check.name}))
+        else:
+            items.append(html.Li(text, **{"data-check": check.name}))
+    return html.Div([html.Div("Failing checks", className="summary-label"), html.Ol(items)], className="summary-failing")
+
+
+def render(summary: Summary, t0: float) -> tuple[list, list]:
+    spans: list = []
+    badge = html.Span(summary.status.upper(), id="summary-status", **{"data-status": summary.status},
+                      className=f"badge summary-badge {_CLASS.get(summary.status, 'badge-na')}")
+    facts = html.Div([_peak(summary, t0, spans), _offloads(summary, spans)], className="summary-row")
+    return [badge, facts, _failing(summary, spans)], spans
+
+
+def register(app, state) -> None:
+    @app.callback(
+        Output("summary-block", "children"), Output("summary-spans", "data"), Output("summary-rendered", "data"),
+        Input("runs-selected", "data"), Input("page-poll", "n_intervals"), State("summary-rendered", "data"))
+    def show_summary(run_id, _tick, rendered):
+        if run_id is None:
+            return None, None, None
+        try:
+            live_run = state.cache.get(run_id)
+            key = due(run_id, live_run.version, rendered)
+            if key is None:
+                raise PreventUpdate
+            verdict = verdict_of(live_run, state.phases)
+            summary, t0 = live_run.memo("summary", lambda run: compute(run, verdict))
+        except PreventUpdate:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a message in the page, never a traceback
+            return message(describe(exc)), None, None
+        children, spans = render(summary, t0)
+        return children, {"run": run_id, "spans": spans}, key
+
+    @app.callback(
+        Output("checks-focus", "data", allow_duplicate=True),
+        Input({"type": "summary-link", "index": ALL}, "n_clicks"),
+        State("summary-spans", "data"), prevent_initial_call=True)
+    def focus_summary(_clicks, listed):
+        clicked = ctx.triggered_id
+        if not isinstance(clicked, dict) or not ctx.triggered[0]["value"] or not isinstance(listed, dict):
+            raise PreventUpdate
+        spans, index = listed.get("spans") or [], clicked.get("index")
+        if not isinstance(index, int) or not 0 <= index < len(spans):
+            raise PreventUpdate
+        return {"run": listed.get("run"), "span": spans[index], "index": -1 - index, "at": time.time()}

@@ -1,0 +1,125 @@
+"""The summary block at the top of a run's report (report/summary.py rendered as HTML): the verdict,
+where the peak is, each offload kind's freed against declared, the failing checks first. Every span is
+a link that zooms the run's timelines to exactly that window.
+
+    summary_html(summary, t0, section_id) -> str
+    SUMMARY_CSS, SUMMARY_SCRIPT
+"""
+from __future__ import annotations
+
+import html
+
+from miles_profile.report.peak import iteration_text
+from miles_profile.report.series import GiB
+from miles_profile.report.summary import Summary
+
+_BADGE = {"pass": "pass", "fail": "fail", "n/a": "na", "too small to judge": "small"}
+_WORD = {"pass": "PASS", "fail": "FAIL", "n/a": "N/A", "too small to judge": "TOO SMALL TO JUDGE"}
+
+
+def _e(x) -> str:
+    return html.escape(str(x))
+
+
+def _zoom(span, t0: float, section_id: str, text: str) -> str:
+    """A link that zooms every timeline of the run's section to `span` (Unix seconds)."""
+    if not span:
+        return _e(text)
+    a, b = span[0] - t0, span[1] - t0
+    return (f'<a href="#{_e(section_id)}" class="zoom-link" data-section="{_e(section_id)}" '
+            f'data-t0="{a:.4f}" data-t1="{b:.4f}" title="show {a:.2f}–{b:.2f} s on the timeline">{_e(text)}</a>')
+
+
+def _peak_html(summary: Summary, t0: float, section_id: str) -> str:
+    peak = summary.peak
+    if peak is None:
+        return '<div class="fact"><div class="fact-label">Highest peak</div><div class="fact-value">–</div>' \
+               '<div class="fact-detail">no memory samples</div></div>'
+    where = (f"{peak.phase} · {iteration_text(peak.iteration)}" if peak.phase else peak.outside)
+    at = f"at {peak.t - t0:.2f} s"
+    share = (f'{peak.share:.0%} of {peak.total / GiB:.1f} GiB · <b>{peak.headroom / GiB:.2f} GiB left</b>'
+             if peak.total else "device total unknown")
+    link = _zoom(peak.span or (peak.t - 0.5, peak.t + 0.5), t0, section_id, f"{where}, {at}")
+    return (f'<div class="fact" id="{_e(section_id)}-peak" data-peak-bytes="{int(peak.bytes)}" '
+            f'data-peak-phase="{_e(peak.phase or "")}" data-peak-iteration="{"" if peak.iteration is None else peak.iteration}">'
+            f'<div class="fact-label">Highest peak · {_e(peak.where)}</div>'
+            f'<div class="fact-value">{peak.bytes / GiB:.2f} GiB</div>'
+            f'<div class="fact-detail">{link}</div><div class="fact-detail">{share}</div>'
+            f'<div class="fact-detail muted">{_e(peak.series)}</div></div>')
+
+
+def _offloads_html(summary: Summary, t0: float, section_id: str) -> str:
+    if not summary.offloads:
+        return ('<div class="fact"><div class="fact-label">Offloads</div>'
+                '<div class="fact-detail muted">no offload_* phase in this run</div></div>')
+    rows = []
+    for kind in summary.offloads:
+        state = "fail" if kind.failed else ("pass" if kind.count > kind.too_small + kind.not_judged else
+                                            ("too small to judge" if kind.too_small else "n/a"))
+        counts = [f"{kind.failed} failed"] if kind.failed else []
+        counts += [f"{kind.too_small} too small"] if kind.too_small else []
+        counts += [f"{kind.not_judged} not judged"] if kind.not_judged else []
+        freed = "–" if kind.freed is None or kind.declared is None else \
+            f"{kind.freed / GiB:.2f} / {kind.declared / GiB:.2f}"
+        worst = _zoom(kind.worst.span, t0, section_id, kind.worst.message) if kind.worst is not None and kind.failed else ""
+        rows.append(f'<tr data-offload="{_e(kind.name)}" data-status="{_e(state)}"><td><b>{_e(kind.name)}</b> ×{kind.count}</td>'
+                    f'<td class="num">{freed}</td><td><span class="badge {_BADGE[state]}">{_WORD[state]}</span> '
+                    f'<span class="small muted">{_e(", ".join(counts))}</span><div class="small">{worst}</div></td></tr>')
+    return ('<div class="fact fact-wide"><div class="fact-label">Did every offload work?</div>'
+            '<table class="offloads"><thead><tr><th>offload</th><th>freed / declared GiB (median)</th><th>verdict</th>'
+            f'</tr></thead><tbody>{"".join(rows)}</tbody></table></div>')
+
+
+def _failing_html(summary: Summary, t0: float, section_id: str) -> str:
+    if not summary.failing:
+        return ""
+    items = "".join(f'<li data-check="{_e(c.name)}"><b>{_e(c.name)}</b>: '
+                    f'{_zoom(f.span if f and f.span else c.span, t0, section_id, f.message if f else c.summary)}</li>'
+                    for c, f in summary.failing)
+    return f'<div class="failing"><div class="fact-label">Failing checks (click to see the window)</div><ol>{items}</ol></div>'
+
+
+def summary_html(summary: Summary, t0: float, section_id: str) -> str:
+    cls = _BADGE.get(summary.status, "na")
+    return (f'<div class="summary summary-{cls}" id="{_e(section_id)}-summary" data-status="{_e(summary.status)}">'
+            f'<div class="summary-verdict"><span class="badge big {cls}">{_WORD.get(summary.status, summary.status)}</span></div>'
+            f'<div class="facts-row">{_peak_html(summary, t0, section_id)}{_offloads_html(summary, t0, section_id)}</div>'
+            f'{_failing_html(summary, t0, section_id)}</div>')
+
+
+SUMMARY_CSS = """
+.summary{background:#fff;border:1px solid #dde1e7;border-left:6px solid #8a93a3;padding:10px 14px;margin:8px 0 14px}
+.summary-fail{border-left-color:#c62828}.summary-pass{border-left-color:#2e8540}.summary-small{border-left-color:#b07d12}
+.summary-verdict{margin-bottom:6px}.badge.big{font-size:15px;padding:3px 12px}
+.facts-row{display:flex;gap:18px;flex-wrap:wrap;align-items:flex-start}
+.fact{min-width:260px}.fact-wide{flex:1}.fact-label{font-size:12px;color:#6b7385;text-transform:uppercase;letter-spacing:.03em}
+.fact-value{font-size:26px;font-weight:700;font-variant-numeric:tabular-nums}.fact-detail{font-size:13px}
+table.offloads{width:100%;font-size:13px} table.offloads td.num{text-align:right;font-variant-numeric:tabular-nums}
+.failing ol{margin:4px 0 0 18px;padding:0} .failing li{margin:2px 0;color:#b71c1c}
+a.zoom-link{color:#1f4e99;text-decoration:underline dotted;cursor:pointer}
+"""
+
+# A click zooms every Plotly figure of the run's section (its timeline, or its fleet's lanes) to the window.
+SUMMARY_SCRIPT = """
+document.addEventListener('click', function (ev) {
+  var a = ev.target.closest && ev.target.closest('a.zoom-link');
+  if (!a || !window.Plotly) return;
+  ev.preventDefault();
+  var section = document.getElementById(a.dataset.section);
+  var t0 = parseFloat(a.dataset.t0), t1 = parseFloat(a.dataset.t1), pad = (t1 - t0) * 0.02;
+  // time axes only: a bar chart of categories (the ledger by phase) keeps its own x axis
+  var figs = Array.prototype.filter.call(section ? section.querySelectorAll('.js-plotly-plot') : [], function (fig) {
+    var x = fig._fullLayout && fig._fullLayout.xaxis;
+    return x && x.type !== 'category';
+  });
+  figs.forEach(function (fig) {
+    var update = {};
+    Object.keys(fig.layout || {}).forEach(function (k) {
+      if (/^xaxis\\d*$/.test(k)) update[k + '.range'] = [t0 - pad, t1 + pad];
+    });
+    if (!Object.keys(update).length) update['xaxis.range'] = [t0 - pad, t1 + pad];
+    Plotly.relayout(fig, update);
+  });
+  if (figs.length) figs[0].scrollIntoView({behavior: 'instant', block: 'center'});
+});
+"""
