@@ -1,67 +1,255 @@
-"""offload_drop: after each offload_* phase, the memory it declared is gone."""
+"""offload_drop: after each offload_* phase, judge what remains, on two series separately
+(offload_series.py): the declared tensors left the allocator (allocated), and the memory went back to
+the driver (NVML per process, else reserved; RSS on CPU), so that freed cache cannot hide a residual.
+
+Causes (verdicts/types.py CAUSES): allocated kept more than the tolerance -> `still_referenced`;
+allocated fell, the driver's series did not -> `cached_not_returned`; the drop came only in the next
+phase of the same process -> `freed_late`; neither inside nor in the next phase -> `never_freed`
+(`paused_not_released` for a torch_memory_saver pause). Below a series' resolution: too small to judge.
+"""
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 
 from miles_profile import names
 from miles_profile.report.engine_server import engine_of, holder_track, moves_rollout
-from miles_profile.report.series import Track
 from miles_profile.report.stats import phase_instances
-from miles_profile.verdicts.types import CheckResult, Finding, Thresholds, gib
-from miles_profile.verdicts.common import (
-    Tracks, nanmin, not_applicable, open_finding, still_open, tags_of, verdict,
-    window)
+from miles_profile.verdicts.common import nanmin, not_applicable, open_finding, still_open, tags_of, verdict, window
+from miles_profile.verdicts.offload_series import (
+    ALLOCATED, DRIVER, LEVEL, OffloadSeries, offload_series, pids_with_heap)
+from miles_profile.verdicts.resolution import resolution_of
+from miles_profile.verdicts.types import TOO_SMALL, CheckResult, Finding, Thresholds, gib
+
+# The late window: the next phase instance of the same process (never seconds: a run's next phases
+# can be 80 iterations later in 5 s, and never the process's exit).
+LATE_PHASES = 1
+PASS, LATE, KEPT, NOT_JUDGED = "pass", "late", "kept", "n/a"
+
+
+@dataclass
+class Reading:
+    """One series around one offload: its levels, and what they say."""
+    series: OffloadSeries
+    outcome: str = NOT_JUDGED           # PASS, LATE, KEPT, TOO_SMALL or NOT_JUDGED
+    note: str = ""                      # why not judged, or what was too small
+    before: float = np.nan
+    at_end: float = np.nan
+    later_low: float = np.nan
+    residual: float = np.nan            # declared bytes still there at the phase's end
+
+    @property
+    def inside(self) -> float:
+        return self.before - self.at_end
+
+    @property
+    def late(self) -> float:
+        return self.before - self.later_low
+
+    @property
+    def label(self) -> str:
+        return self.series.track.label
 
 
 def check_offload_drop(run, th: Thresholds) -> CheckResult:
     name, title = "offload_drop", "Offload drops memory"
-    explanation = (f"After each offload_* phase the memory it moved must be gone: the level fell by more than "
-                   f"{th.offload_min_drop_share:.0%} of the phase's expected_bytes, and within the phase — a "
-                   f"release that returns early and frees later is flagged (the 'OOM at wake-up' story).")
+    explanation = (f"After each offload_* phase judge what remains, separately on what the allocator holds "
+                   f"(allocated; glibc's heap on CPU) and on what the driver holds (NVML per process, else reserved; "
+                   f"RSS on CPU): each must fall by more than {th.offload_min_drop_share:.0%} of the phase's "
+                   f"expected_bytes inside the phase. A drop that comes only in the next phase of the same process "
+                   f"is 'freed late' (the 'OOM at wake-up' story). torch_memory_saver pauses are invisible to the "
+                   f"allocator's counters: judged on NVML alone. Below a series' resolution: too small to judge.")
     inst = phase_instances(run)
     offloads = inst[inst["name"].str.startswith(names.OFFLOAD_PREFIX)] if len(inst) else inst
     if offloads.empty:
         return not_applicable(name, title, explanation, "no offload_* phase in this run")
-    tracks = Tracks(run)
+    late = _late_windows(inst, LATE_PHASES)
+    findings = [_offload_finding(run, k, row, late[k], th) for k, row in offloads.iterrows()]
+    return verdict(name, title, explanation, findings, _series_text(run),
+                   "offloads dropped what they moved", "offloads did not drop what they declared in time")
+
+
+def _series_text(run) -> str:
+    if run.gpu_indices:
+        return "allocator allocated and the driver's series (NVML per process, else allocator reserved)"
+    return "glibc heap and host RSS" if pids_with_heap(run) else "host RSS (no GPU columns)"
+
+
+def _late_windows(inst, count: int) -> dict:
+    """Per offload instance: (end of its late window, name of the next phase or None). The window runs
+    from the offload's end to the end of the next `count` phase instances of the same process; none
+    after it (the process's last phase): empty, so the process's exit is never taken for a late free."""
+    out = {}
+    for _, group in inst.groupby("pid", sort=False):
+        g = group.sort_values("start", kind="stable")
+        starts, ends, names_ = g["start"].to_numpy(float), g["end"].to_numpy(float), g["name"].to_numpy()
+        for k, end in zip(g.index, ends):
+            if not str(g.at[k, "name"]).startswith(names.OFFLOAD_PREFIX):
+                continue
+            j = int(np.searchsorted(starts, end, "left"))
+            nxt = slice(j, j + count)
+            if j >= len(starts) or not np.isfinite(end):
+                out[k] = (end, None)
+            else:  # an open next phase has not ended: everything recorded since is in it
+                out[k] = (np.inf if np.isnan(ends[nxt]).any() else float(ends[nxt].max()), str(names_[j]))
+    return out
+
+
+def _offload_finding(run, k, row, late: tuple, th: Thresholds) -> Finding:
     phases = run.phases
-    findings = []
-    for k, row in offloads.iterrows():
-        target = phases.loc[k, "target"] if "target" in phases else None
-        expected = row["expected_bytes"]
-        span = (row["start"], row["end"])
-        where = dict(span=span, phase=row["name"], iteration=int(row["iteration"]))
-        if still_open(row):  # its memory may not be released yet: that is no failure
-            findings.append(open_finding(f"{row['name']} #{row['iteration']}", where))
-            continue
-        if not (np.isfinite(expected) and expected > 0):
-            findings.append(Finding("n/a", f"{row['name']} #{row['iteration']}: no expected_bytes", **where))
-            continue
-        if not tracks.gpu and target == "cpu":
-            findings.append(Finding("n/a", f"{row['name']} #{row['iteration']}: moves to CPU memory on a CPU-only "
-                                           "run, nothing measurable is freed", **where))
-            continue
-        backend = _backend(run, phases, k, int(row["pid"]))
-        paused = tracks.gpu and backend == names.TORCH_MEMORY_SAVER  # the allocator never sees a pause
-        tags = tags_of(phases.loc[k, "tags"]) if "tags" in phases else []
-        holder = engine_of(run.processes, _meta(run, int(row["pid"]))) if moves_rollout(tags) else None
-        if holder is not None:
-            pid = int(holder["pid"])
-            track = holder_track(run, tracks.driver(pid) if paused else tracks.memory(pid), holder)
-        else:
-            track = tracks.driver(int(row["pid"])) if paused else tracks.memory(int(row["pid"]))
-        if track is None:
-            findings.append(Finding("n/a", f"{row['name']}: no memory series for its process"
-                                           + (" that sees a torch_memory_saver pause (NVML)" if paused else ""),
-                                    **where))
-            continue
-        finding = _judge_offload(track, row, expected, th, where)
-        finding.numbers["backend"] = backend
-        if holder is not None:  # say where it was judged: not the declaring process's own memory
-            finding.message += f" (judged on {track.label})"
-            finding.numbers["holder_pid"] = int(holder["pid"])
-        findings.append(finding)
-    return verdict(name, title, explanation, findings, "device memory" if tracks.gpu else "host RSS (no GPU columns)",
-                    "offloads dropped what they moved", "offloads did not drop in time")
+    label = f"{row['name']} #{row['iteration']}"
+    where = dict(span=(row["start"], row["end"]), phase=row["name"], iteration=int(row["iteration"]))
+    expected = row["expected_bytes"]
+    if still_open(row):  # its memory may not be released yet: that is no failure
+        return open_finding(label, where)
+    if not (np.isfinite(expected) and expected > 0):
+        return Finding("n/a", f"{label}: no expected_bytes", **where)
+    target = phases.loc[k, "target"] if "target" in phases else None
+    if not run.gpu_indices and target == "cpu":
+        return Finding("n/a", f"{label}: moves to CPU memory on a CPU-only run, nothing measurable is freed", **where)
+    pid = int(row["pid"])
+    backend = _backend(run, phases, k, pid)
+    paused = bool(run.gpu_indices) and backend == names.TORCH_MEMORY_SAVER
+    tags = tags_of(phases.loc[k, "tags"]) if "tags" in phases else []
+    holder = engine_of(run.processes, _meta(run, pid)) if moves_rollout(tags) else None
+    series = _holder_series(run, holder, paused) if holder is not None else offload_series(run, pid, paused)
+    if not series:
+        return Finding("n/a", f"{label}: no memory series for its process"
+                              + (" that sees a torch_memory_saver pause (NVML)" if paused else ""), **where)
+    need = th.offload_min_drop_share * expected
+    readings = [_read(s, row["start"], row["end"], late[0], expected, need) for s in series]
+    finding = _combine(readings, label, expected, need, paused, where, th)
+    finding.numbers.update(backend=backend, next_phase=late[1], late_window_end=late[0])
+    if paused:
+        finding.message += " (torch_memory_saver: judged on NVML; the allocator's counters do not see a pause)"
+    if holder is not None:  # say where it was judged: not the declaring process's own memory
+        finding.message += f" (judged on the engine server that holds it, pid {int(holder['pid'])})"
+        finding.numbers["holder_pid"] = int(holder["pid"])
+    return finding
+
+
+def _holder_series(run, holder: dict, paused: bool) -> list[OffloadSeries]:
+    """The engine server's own series, else NVML used of its GPU from the host sampler."""
+    own = offload_series(run, int(holder["pid"]), paused, others=False)
+    if own:
+        return own
+    used = holder_track(run, None, holder)
+    if used is None:
+        return []
+    keep = np.isfinite(used.value)
+    track = type(used)(used.name, used.label, used.pid, used.t[keep], used.value[keep], used.value[keep])
+    return [OffloadSeries(LEVEL, track, ("used",), resolution_of("used"), False)]
+
+
+def _read(s: OffloadSeries, start: float, end: float, late_end: float, expected: float, need: float) -> Reading:
+    track = s.track
+    gap = _gap(s, start, end)
+    if gap:
+        return Reading(s, note=f"not judged, {gap}")
+    r = Reading(s, before=track.at_or_before(start), at_end=track.at_or_before(end))
+    later = nanmin(track.value[window(track, end, late_end)]) if late_end > end else np.nan
+    r.later_low = min(r.at_end, later) if np.isfinite(later) else r.at_end
+    r.residual = max(expected - max(r.inside, 0.0), 0.0)
+    if expected < s.resolution:
+        r.outcome, r.note = TOO_SMALL, f"expected {gib(expected)} below the resolution {gib(s.resolution)} of {r.label}"
+    elif r.inside > need:
+        r.outcome = PASS
+    elif r.residual < s.resolution:
+        r.outcome, r.note = TOO_SMALL, f"{gib(r.residual)} left below the resolution {gib(s.resolution)} of {r.label}"
+    else:
+        r.outcome = LATE if r.late > need else KEPT
+    return r
+
+
+def _gap(s: OffloadSeries, start: float, end: float) -> str | None:
+    gap = s.track.sample_gap(start, end)
+    if gap and s.boundary_only and gap.startswith("the samples end"):
+        # Read at phase boundaries only: the last read is this phase's own end row, just before its end event.
+        t = s.track.measured_times()
+        if t[0] <= start < t[-1] <= end:
+            return None
+    return gap
+
+
+def _combine(readings: list[Reading], label: str, expected: float, need: float, paused: bool, where: dict,
+             th: Thresholds) -> Finding:
+    by_role = {r.series.role: r for r in readings}
+    held = by_role.get(ALLOCATED) or by_role.get(LEVEL)
+    driver = by_role.get(DRIVER)
+    numbers = dict(expected_bytes=expected, declared=expected, needed=need)
+    for r in readings:
+        numbers.update({f"{r.series.role}_{key}": value for key, value in (
+            ("series", r.label), ("before", r.before), ("after", r.at_end), ("later_low", r.later_low),
+            ("dropped", r.inside), ("residual", r.residual), ("resolution", r.series.resolution),
+            ("outcome", r.outcome))})
+    failing = next((r for r in (held, driver) if r is not None and r.outcome in (LATE, KEPT)), None)
+    if failing is not None:
+        cause = _cause(failing, held, paused)
+        return _finding("fail", _failure_message(cause, failing, held, label, expected, need, th), failing,
+                        numbers, where, cause)
+    passed = [r for r in readings if r.outcome == PASS]
+    if passed:
+        least = min(passed, key=lambda r: r.inside)
+        notes = [f"{r.label}: {r.note}" if r.outcome == NOT_JUDGED else f"too small to judge ({r.note})"
+                 for r in readings if r.outcome != PASS]
+        drops = ", ".join(f"{_word(r)} {gib(r.inside)}" for r in passed)
+        message = f"{label}: dropped {gib(least.inside)} of {gib(expected)} expected ({drops})"
+        return _finding("pass", message + "".join(f"; {n}" for n in notes), least, numbers, where, None,
+                        series=" and ".join(r.label for r in passed),
+                        resolution=max(r.series.resolution for r in passed))
+    small = [r for r in readings if r.outcome == TOO_SMALL]
+    if small:
+        return _finding(TOO_SMALL, f"{label}: too small to judge ({small[0].note})", small[0], numbers, where, None)
+    first = readings[0]
+    return Finding("n/a", f"{label}: {first.note}", numbers=dict(numbers, series=first.label), **where)
+
+
+def _cause(failing: Reading, held: Reading | None, paused: bool) -> str:
+    if failing.outcome == LATE:
+        return "freed_late"
+    if failing.series.role == ALLOCATED:
+        return "still_referenced"
+    if failing.series.role == DRIVER and held is not None and held.outcome == PASS:
+        return "cached_not_returned"
+    return "paused_not_released" if paused else "never_freed"
+
+
+def _word(r: Reading) -> str:
+    kinds = {c.split("_", 1)[1] if c.startswith("gpu") else c for c in r.series.columns}
+    if r.series.role == ALLOCATED:
+        return "allocated" if "alloc" in kinds else "heap"
+    return "RSS" if "rss" in kinds else ("NVML" if kinds & {"proc", "boundary_proc", "used", "boundary_used"}
+                                         else "reserved")
+
+
+def _failure_message(cause: str, r: Reading, held: Reading | None, label: str, expected: float, need: float,
+                     th: Thresholds) -> str:
+    short = f"dropped {gib(r.inside)}, expected more than {gib(need)} ({th.offload_min_drop_share:.0%} of {gib(expected)})"
+    gpu = r.series.track.name == "device"
+    if cause == "still_referenced":
+        what = "allocated" if gpu else "the glibc heap"
+        return f"{label}: tensors still referenced ({what} kept {gib(r.residual)}; {short})"
+    if cause == "cached_not_returned":
+        if gpu:
+            return (f"{label}: cached, not returned to the driver: call torch.cuda.empty_cache() (allocated fell by "
+                    f"{gib(held.inside)}, {_word(r)} by only {gib(r.inside)} of {gib(expected)} expected)")
+        return (f"{label}: freed, not returned to the OS: glibc kept the pages (heap fell by {gib(held.inside)}, "
+                f"RSS by only {gib(r.inside)} of {gib(expected)} expected; malloc_trim(0) returns them)")
+    if cause == "freed_late":
+        return (f"{label}: returned having dropped {gib(r.inside)} ({_word(r)}); {gib(r.late)} was freed only after "
+                f"the phase ended, in the next phase (expected {gib(expected)} inside)")
+    if cause == "paused_not_released":
+        return f"{label}: the torch_memory_saver pause did not return the memory to the driver ({short})"
+    return f"{label}: never freed, neither inside the phase nor in the next one ({_word(r)} {short})"
+
+
+def _finding(status, message: str, r: Reading, numbers: dict, where: dict, cause: str | None, *,
+             series: str | None = None, resolution: float | None = None) -> Finding:
+    numbers = dict(numbers, series=series or r.label, before=r.before, at_end=r.at_end, later_low=r.later_low,
+                   dropped_inside=r.inside, residual=r.residual)
+    return Finding(status, message, numbers=numbers, cause=cause, series=series or r.label,
+                   resolution=resolution if resolution is not None else r.series.resolution, **where)
 
 
 def _meta(run, pid: int) -> dict | None:
@@ -75,30 +263,3 @@ def _backend(run, phases, k, pid: int) -> str:
         return value
     notes = next((p.get("annotations", {}) for p in run.processes if p.get("pid") == pid), {})
     return names.TORCH_MEMORY_SAVER if names.TORCH_MEMORY_SAVER in notes.values() else names.BUILTIN
-
-
-def _judge_offload(track: Track, row, expected: float, th: Thresholds, where: dict) -> Finding:
-    label = f"{row['name']} #{row['iteration']}"
-    gap = track.sample_gap(row["start"], row["end"])
-    if gap:
-        return Finding("n/a", f"{label}: not judged, {gap}", numbers=dict(series=track.label), **where)
-    before = track.at_or_before(row["start"])
-    at_end = track.at_or_before(row["end"])
-    after = track.value[window(track, row["end"], row["end"] + th.offload_late_window_s)]
-    later_low = min(nanmin(after), at_end) if np.isfinite(nanmin(after)) else at_end
-    need = th.offload_min_drop_share * expected
-    inside = before - at_end
-    total = before - later_low
-    numbers = dict(before=before, at_end=at_end, later_low=later_low, expected_bytes=expected,
-                   dropped_inside=inside, needed=need, series=track.label)
-    if not np.isfinite(inside):
-        return Finding("n/a", f"{label}: no sample before and at the end of the phase", numbers=numbers, **where)
-    if inside > need:
-        return Finding("pass", f"{label}: dropped {gib(inside)} of {gib(expected)} expected", numbers=numbers, **where)
-    if total > need:
-        return Finding("fail", f"{label}: returned having dropped {gib(inside)}; {gib(total)} was freed only "
-                               f"after the phase ended (expected {gib(expected)} inside)",
-                       numbers=numbers, **where)
-    return Finding("fail", f"{label}: dropped {gib(inside)}, expected more than {gib(need)} "
-                           f"({th.offload_min_drop_share:.0%} of {gib(expected)})", numbers=numbers, **where)
-

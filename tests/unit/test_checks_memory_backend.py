@@ -50,8 +50,9 @@ def test_the_process_annotation_says_the_backend_when_the_phase_does_not():
 
 def test_builtin_phases_keep_the_allocator_fallback():
     # Without a torch_memory_saver attribute or annotation the allocator (flat here) is judged: a
-    # builtin release that left the allocator full did not free anything torch can reuse.
+    # builtin release that left allocated full did not free the tensors (still referenced).
     result = check_offload_drop(_paused_run(attr="builtin", proc=False), Thresholds())
     assert result.status == "fail"
-    numbers = result.findings[0].numbers
-    assert "gpu0_reserved" in numbers["series"] and numbers["backend"] == "builtin"
+    finding = result.findings[0]
+    assert finding.cause == "still_referenced" and "gpu0_alloc" in finding.numbers["series"]
+    assert finding.numbers["backend"] == "builtin"

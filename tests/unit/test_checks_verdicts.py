@@ -47,9 +47,12 @@ def test_offload_that_never_frees_fails():
 
 def test_offload_on_gpu_columns_uses_device_memory():
     good = check_offload_drop(_offload_run(free_at=3.5, gpu=True), TH)
-    assert good.status == "pass" and good.series == "device memory"
+    assert good.status == "pass" and good.series.startswith("allocator allocated and the driver's series")
     bad = check_offload_drop(_offload_run(free_at=99.0, gpu=True), TH)
     assert bad.status == "fail"
+    # allocated never fell: the declared tensors are still referenced, named on the allocator's series
+    (finding,) = bad.findings
+    assert finding.cause == "still_referenced" and "gpu0_alloc" in finding.series
 
 
 def test_offload_threshold_is_overridable():
