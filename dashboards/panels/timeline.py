@@ -124,7 +124,7 @@ def build_figure(run, run_id: str, window: tuple[float, float] | None, phases: s
     figure = timeline_figure(shown, max_points=MAX_POINTS, t_range=t_range, phase_peaks=False)
     # Beside a training run the page is narrow: the legend goes above the plots, not beside them.
     # Items flow in rows (traceorder "normal"), not one column per legend group.
-    figure.update_layout(uirevision=run_id, margin=dict(t=115),
+    figure.update_layout(uirevision=run_id, margin=dict(t=115, r=20),
                          legend=dict(orientation="h", x=0, y=0.995, yanchor="top", yref="container",
                                      traceorder="normal", entrywidth=0))
     if t_range is None:

@@ -70,6 +70,9 @@ AVAILABLE = "available"  # host available: a scale of its own, in a small plot u
 MIN_BAR_PX = 4  # the narrowest phase bar at the default width: a 5 ms offload stays visible and hoverable
 _ROW_PX = {AVAILABLE: 110}  # plot heights in pixels; other plots 300
 _GAP_PX = 60
+# The legend's room on the right, fixed: a legend that sized the margin would give the timeline and
+# the ledger over time (its own legend) different plot widths, and their seconds would not line up.
+LEGEND_PX = 290
 
 
 def _group_of(s: Series) -> str:
@@ -332,8 +335,8 @@ def timeline_figure(run, *, max_points: int = 100_000, t_range: tuple[float, flo
     fig.update_yaxes(automargin=False)
     fig.update_layout(
         height=total_height, hovermode="closest", template="plotly_white",
-        margin=dict(l=left_margin(run), r=20, t=50, b=50),
-        legend=dict(groupclick="toggleitem", tracegroupgap=12),
+        margin=dict(l=left_margin(run), r=LEGEND_PX, t=50, b=50),
+        legend=dict(groupclick="toggleitem", tracegroupgap=12, x=1.01, xanchor="left"),
     )
     return fig
 

@@ -28,6 +28,7 @@ from miles_profile.verdicts import checks as checks_mod
 from miles_profile.verdicts.engine import RunVerdict, judge, overall_of
 from miles_profile.verdicts.types import TOO_SMALL
 from miles_profile.report.figures import run_start, timeline_figure
+from miles_profile.report.run_fold import FOLD_SCRIPT, fold_close, fold_open
 from miles_profile.report.forecast_html import forecast_html
 from miles_profile.report.series import GiB
 from miles_profile.report.stats import phase_instances, phase_table, stat_metrics
@@ -227,10 +228,11 @@ def _run_section(report: RunReport, k: int, single: bool) -> str:
   <div class="figure">{figure}</div>"""
     if report.ledger is not None:  # also for a few processes in the fleet view (an actor and its engine server)
         from miles_profile.report.ledger_html import ledger_html
-        timeline += ledger_html(report.ledger, t0, suffix)
+        timeline += ledger_html(report.ledger, t0, suffix, align_to=report.figure)
     return f"""
 <section class="run" id="run{suffix}">
   <h2>{_e(run.name)} <span class="badge {cls}">{text}</span></h2>
+  {fold_open(single)}
   {fleet}
   {_facts_html(run)}
   {skipped}
@@ -242,6 +244,7 @@ def _run_section(report: RunReport, k: int, single: bool) -> str:
   <details><summary>Per iteration</summary>
   {_phase_table_html(run, report.phases_by_iteration, True, "phases-by-iteration" + suffix)}</details>
   {forecast_html(run, "forecast" + suffix)}
+  {fold_close(single)}
 </section>"""
 
 
@@ -296,7 +299,7 @@ def render_html(reports: list[RunReport], *, comparison: str | None = None, note
 <span class="muted small" id="overall-exit">exit code {1 if overall == "fail" else 0}</span></p>
 {note_html}{nav}{extra}{comparison_html}{body}
 <script type="application/json" id="report-data">{_report_data(reports, overall)}</script>
-{_zoom_script(reports)}
+{_zoom_script(reports)}{"" if single else FOLD_SCRIPT}
 </main></body></html>
 """
 

@@ -152,9 +152,11 @@ def ledger_bar_figure(frame: pd.DataFrame, *, top_level_only: bool = True) -> go
     return fig
 
 
-def ledger_area_figure(frame: pd.DataFrame, t0: float) -> go.Figure:
+def ledger_area_figure(frame: pd.DataFrame, t0: float, *, x_range: tuple[float, float] | None = None,
+                       margin_left: int | None = None, margin_right: int | None = None) -> go.Figure:
     """Stacked areas per device lane over time (seconds since t0), one step per phase boundary:
-    the ledger as it stood after each phase ended, until the next boundary."""
+    the ledger as it stood after each phase ended, until the next boundary. `x_range` and the margins:
+    the timeline's (figures.time_range, figures.left_margin), so the two figures line up."""
     lanes = _devices(frame) if len(frame) else []
     # 60 px between lanes whatever their number (a fixed share of the height breaks past 13 lanes)
     fig = make_subplots(rows=max(1, len(lanes)), cols=1, shared_xaxes=True,
@@ -192,9 +194,11 @@ def ledger_area_figure(frame: pd.DataFrame, t0: float) -> go.Figure:
             seen.add(name)
         fig.update_yaxes(title_text="GiB", row=row, col=1)
     batch.into(fig)
-    fig.update_xaxes(title_text="seconds since start", row=max(1, len(lanes)), col=1)
+    fig.update_xaxes(title_text="seconds since the run started", row=max(1, len(lanes)), col=1)
+    if x_range is not None:
+        fig.update_xaxes(range=list(x_range), autorange=False)
     fig.update_layout(template="plotly_white", height=260 * max(1, len(lanes)) + 120, hovermode="x unified",
-                      margin=dict(l=70, r=20, t=60, b=50),
+                      margin=dict(l=margin_left or 70, r=margin_right if margin_right is not None else 20, t=60, b=50),
                       title="Ledger over time: bytes by category after each phase boundary")
     return fig
 

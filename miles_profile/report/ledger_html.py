@@ -28,13 +28,23 @@ def add_up_text(frame: pd.DataFrame) -> str:
     return " ".join(parts)
 
 
-def ledger_html(frame: pd.DataFrame, t0: float, suffix: str) -> str:
+def alignment(timeline) -> dict:
+    """The x range and side margins of a timeline figure (or {}): the ledger over time drawn with them
+    lines up with the timeline above it, second for second."""
+    if timeline is None or timeline.layout.xaxis.range is None:
+        return {}
+    margin = timeline.layout.margin
+    return dict(x_range=tuple(timeline.layout.xaxis.range), margin_left=margin.l, margin_right=margin.r)
+
+
+def ledger_html(frame: pd.DataFrame, t0: float, suffix: str, align_to=None) -> str:
+    """`align_to`: the run's timeline figure, whose x range and margins the ledger over time takes."""
     if frame.empty:
         return ""
     declared = (frame["source"] == "declared").any()
     note = ("" if declared else " This run declared nothing (no <code>miles_profile.account()</code> calls): "
             "every byte the allocator holds shows as allocated, nothing declared.")
-    area = ledger_area_figure(frame, t0).to_html(full_html=False, include_plotlyjs=False,
+    area = ledger_area_figure(frame, t0, **alignment(align_to)).to_html(full_html=False, include_plotlyjs=False,
                                                  div_id=f"ledger-area{suffix}", config=_CONFIG)
     bars = ledger_bar_figure(frame).to_html(full_html=False, include_plotlyjs=False,
                                             div_id=f"ledger-bars{suffix}", config=_CONFIG)
