@@ -63,8 +63,18 @@ def _devices(frame: pd.DataFrame) -> list[str]:
     return gpus + hosts
 
 
-def _lane_title(label: str) -> str:
-    return f"{label}: by category (GiB)" if label.startswith("host") else f"GPU {label}: by category (GiB)"
+def lane_name(frame: pd.DataFrame, label: str) -> str:
+    """The lane as the fleet view names it: "node0:gpu5" for a GPU (its UUID dropped), "node0: RSS of
+    pid 12" for a process's host memory; without a host name, "gpu5" and "RSS of pid 12"."""
+    hosts = frame.loc[frame["label"] == label, "host"].astype(str) if "host" in frame else pd.Series(dtype=str)
+    host = hosts.iloc[0] if len(hosts) and hosts.iloc[0] not in ("", "nan", "None") else ""
+    if label.startswith("host RSS, "):
+        return f"{host + ': ' if host else ''}RSS of {label[len('host RSS, '):]}"
+    return f"{host + ':' if host else ''}{label.split(' ')[0]}"
+
+
+def _lane_title(frame: pd.DataFrame, label: str) -> str:
+    return f"{lane_name(frame, label)}: by category (GiB)"
 
 
 def _wide(lane: pd.DataFrame, keys: list[str]) -> tuple[pd.DataFrame, pd.Series]:
@@ -134,7 +144,7 @@ def ledger_bar_figure(frame: pd.DataFrame, *, top_level_only: bool = True) -> go
     height = 380 * max(1, len(lanes)) + 120
     # about 170 px between lanes: the rotated phase labels of one lane above the next lane's title
     fig = make_subplots(rows=max(1, len(lanes)), cols=1, vertical_spacing=min(0.3, 170 / height) if len(lanes) > 1 else 0.1,
-                        subplot_titles=[_lane_title(lane) for lane in lanes] or ["no ledger in this run"])
+                        subplot_titles=[_lane_title(picked, lane) for lane in lanes] or ["no ledger in this run"])
     seen: set = set()
     batch = _Batch()
     for row, lane in enumerate(lanes, start=1):
@@ -161,7 +171,7 @@ def ledger_area_figure(frame: pd.DataFrame, t0: float, *, x_range: tuple[float, 
     # 60 px between lanes whatever their number (a fixed share of the height breaks past 13 lanes)
     fig = make_subplots(rows=max(1, len(lanes)), cols=1, shared_xaxes=True,
                         vertical_spacing=min(0.08, 60 / (260 * max(1, len(lanes)) + 120)),
-                        subplot_titles=[_lane_title(lane) for lane in lanes] or ["no ledger in this run"])
+                        subplot_titles=[_lane_title(frame, lane) for lane in lanes] or ["no ledger in this run"])
     seen: set = set()
     batch = _Batch()
     for row, lane in enumerate(lanes, start=1):
