@@ -22,9 +22,6 @@ from miles_profile.verdicts.offload_series import (
 from miles_profile.verdicts.resolution import resolution_of
 from miles_profile.verdicts.types import TOO_SMALL, CheckResult, Finding, Thresholds, gib
 
-# The late window: the next phase instance of the same process (never seconds: a run's next phases
-# can be 80 iterations later in 5 s, and never the process's exit).
-LATE_PHASES = 1
 PASS, LATE, KEPT, NOT_JUDGED = "pass", "late", "kept", "n/a"
 
 
@@ -64,7 +61,7 @@ def check_offload_drop(run, th: Thresholds) -> CheckResult:
     offloads = inst[inst["name"].str.startswith(names.OFFLOAD_PREFIX)] if len(inst) else inst
     if offloads.empty:
         return not_applicable(name, title, explanation, "no offload_* phase in this run")
-    late = _late_windows(inst, LATE_PHASES)
+    late = _late_windows(inst, max(int(th.offload_late_phases), 0))
     findings = [_offload_finding(run, k, row, late[k], th) for k, row in offloads.iterrows()]
     return verdict(name, title, explanation, findings, _series_text(run),
                    "offloads dropped what they moved", "offloads did not drop what they declared in time")
@@ -89,7 +86,7 @@ def _late_windows(inst, count: int) -> dict:
                 continue
             j = int(np.searchsorted(starts, end, "left"))
             nxt = slice(j, j + count)
-            if j >= len(starts) or not np.isfinite(end):
+            if j >= len(starts) or count == 0 or not np.isfinite(end):
                 out[k] = (end, None)
             else:  # an open next phase has not ended: everything recorded since is in it
                 out[k] = (np.inf if np.isnan(ends[nxt]).any() else float(ends[nxt].max()), str(names_[j]))

@@ -25,8 +25,9 @@ class Thresholds:
     # offload drop: memory must fall by more than this share of the phase's expected_bytes (strictly:
     # an offload that leaves half its state behind must fail; docs/checks.md gives the measured margin) ...
     offload_min_drop_share: float = 0.8
-    # ... by the end of the phase; a drop that only comes within this many seconds after it is "late".
-    offload_late_window_s: float = 5.0
+    # ... by the end of the phase; a drop that only comes within the next this-many phase instances of the
+    # same process is "freed late" (never seconds: a loop's next phases can be 80 iterations in 5 s).
+    offload_late_phases: int = 1
     # serialized peaks: fail when device memory reaches floor + train bytes + rollout bytes minus
     # this share of the smaller of the two (both footprints held at one instant).
     serialized_overlap_share: float = 0.5

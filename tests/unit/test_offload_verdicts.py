@@ -85,6 +85,9 @@ def test_a_free_after_the_next_phase_is_never_freed_not_late():
     _, finding = _offload(run)
     assert finding.cause == "still_referenced"  # allocated shows it: the tensors were still referenced
     assert "only after the phase ended" not in finding.message
+    # offload_late_phases=2 reaches the phase after the next: there it is a late free
+    (two,) = check_offload_drop(run, Thresholds(offload_late_phases=2)).findings
+    assert two.cause == "freed_late" and two.numbers["next_phase"] == "train"
 
 
 def test_the_process_exit_is_not_a_late_free():
