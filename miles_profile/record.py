@@ -21,6 +21,7 @@ import psutil
 from miles_profile import host_sampler, names
 from miles_profile.errors import MilesProfileError
 from miles_profile.identity import RUN_ID_ENV
+from miles_profile.lifetime import child_dies_with_us
 from miles_profile.logdir.layout import PHASE_SELECTION_KEY
 from miles_profile.phase_select import parse_phases
 from miles_profile.recorder import (
@@ -103,9 +104,10 @@ def split_nproc(trainer_args: list[str]) -> tuple[int, list[str]] | None:
 
 
 def torchrun_command(nproc: int, trainer_args: list[str]) -> list[str]:
-    """torchrun running `nproc` ranks of the trainer as our child; each rank (and its engine process)
-    records itself into the run through MILES_PROFILE_RUN_DIR."""
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
+    """torchrun (through trainer.launch: its ranks die with it, a stop is one line) running `nproc`
+    ranks of the trainer as our child; each rank (and its engine process) records itself into the
+    run through MILES_PROFILE_RUN_DIR."""
+    return [sys.executable, "-m", "trainer.launch", "--standalone", "--nproc-per-node", str(nproc),
             "-m", "trainer.train", *trainer_args]
 
 
@@ -181,7 +183,9 @@ def run_child(args: argparse.Namespace, command: list[str]) -> int:
     try:
         # In our process group (no setpgrp): the command may read the terminal, and the terminal's
         # signals (Ctrl-C, Ctrl-\, hangup, Ctrl-Z) reach it directly, as without `record`.
-        child = subprocess.Popen(command, env=env)
+        # It dies with us, even of SIGKILL (a killed `record` left it, torchrun's ranks and their engine
+        # servers running, reparented to init); Popen runs on the main thread, which lives as long as we do.
+        child = subprocess.Popen(command, env=env, preexec_fn=child_dies_with_us(signal.SIGKILL))
     except OSError as exc:
         if host is not None:
             host_sampler.leave(host)

@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import datetime
 import os
+import signal
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
+from miles_profile.lifetime import die_with_parent
 from trainer.errors import TrainerError
 
 # A peer that died leaves the others blocked in a collective; gloo and NCCL give up after this.
@@ -46,6 +48,26 @@ def from_env(env: dict | None = None) -> Rank:
 def launched_by_torchrun(env: dict | None = None) -> bool:
     env = os.environ if env is None else env
     return "TORCHELASTIC_RUN_ID" in env or ("RANK" in env and "WORLD_SIZE" in env)
+
+
+# Set by trainer/launch.py: its pid (a rank dies with it), and a file that exists once a user's
+# Ctrl-C or SIGTERM asked the run to stop (the launcher then says so once, the ranks say nothing).
+LAUNCHER_PID_ENV = "TRAINER_LAUNCHER_PID"
+STOP_FILE_ENV = "TRAINER_STOP_FILE"
+
+
+def die_with_launcher(env: dict | None = None) -> None:
+    """A rank must not outlive torchrun (a `kill -9` of it, or of `record`, left ranks holding memory
+    and writing into the run): SIGKILL when it dies. torchrun forks the ranks on its main thread."""
+    env = os.environ if env is None else env
+    launcher = env.get(LAUNCHER_PID_ENV)
+    die_with_parent(signal.SIGKILL, int(launcher) if launcher and launcher.isdigit() else None)
+
+
+def stop_was_asked(env: dict | None = None) -> bool:
+    """Whether the launcher was told to stop (Ctrl-C, SIGTERM): then a rank's stop is no error of its own."""
+    path = (os.environ if env is None else env).get(STOP_FILE_ENV)
+    return bool(path) and os.path.exists(path)
 
 
 def init(rank: Rank, device: torch.device, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:

@@ -8,7 +8,6 @@ engine into its own weights; the staging tensor is kept alive until the reply, t
 """
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import signal
@@ -25,6 +24,7 @@ from typing import Iterable, Sequence
 import torch
 
 from miles_profile import names, recorder
+from miles_profile.lifetime import child_dies_with_us
 from miles_profile.names import BUILTIN, TORCH_MEMORY_SAVER
 from trainer import engine_http as api
 from trainer import memory_backend as memory_backend_lib
@@ -35,7 +35,6 @@ START_TIMEOUT_S = 300.0  # the gpu preset allocates a 12 GiB pool and may captur
 STOP_TIMEOUT_S = 10.0
 REQUEST_TIMEOUT_S = 600.0
 ROLE_ENV = "MILES_PROFILE_ROLE"  # read by the recorder for the process meta's role
-PR_SET_PDEATHSIG = 1
 
 
 @dataclass(frozen=True)
@@ -76,7 +75,9 @@ class RemoteEngine:
         rec = recorder.active()
         if rec is not None and rec.run_dir is not None:  # `record` in this process: the engine joins its run
             env.setdefault(names.RUN_DIR_ENV, str(rec.run_dir))
-        proc = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent)
+        # SIGTERM when the rank dies, even by SIGKILL (the server stops cleanly on it); started on the
+        # rank's main thread, which lives as long as the rank (PR_SET_PDEATHSIG follows the thread).
+        proc = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL, preexec_fn=child_dies_with_us(signal.SIGTERM))
         try:
             port = _wait_for_port(proc, port_file)
             engine = cls(proc, f"http://127.0.0.1:{port}", workdir, device)
@@ -169,14 +170,6 @@ def _message(payload: bytes) -> str:
         return reply.get("error", {}).get("message") or reply.get("message") or str(reply)
     except (ValueError, AttributeError):
         return payload.decode(errors="replace")[:200]
-
-
-def _die_with_parent() -> None:
-    """In the child before exec: SIGTERM when the rank dies, even by SIGKILL (Linux)."""
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-    except (OSError, AttributeError):
-        pass  # not Linux: the server's getppid watchdog still stops it
 
 
 def _wait_for_port(proc: subprocess.Popen, port_file: Path) -> int:

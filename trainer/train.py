@@ -262,7 +262,7 @@ class Stopped(TrainerError):
 
 
 def _on_sigterm(signum, frame) -> None:
-    exc = Stopped(f"rank {dist.from_env().rank}: stopped by signal {signum} "
+    exc = Stopped("" if dist.stop_was_asked() else f"rank {dist.from_env().rank}: stopped by signal {signum} "
                   "(torchrun stops the others when a rank fails)")
     exc.exit_code = 128 + signum
     raise exc
@@ -276,14 +276,17 @@ def main(argv: list[str] | None = None) -> int:
     cfg = parse_args(argv)  # exits 2 with one line on bad flags
     if dist.launched_by_torchrun():
         os.environ.setdefault(ROLE_ENV, "actor")  # before the first phase starts this rank's recorder
+        dist.die_with_launcher()
         signal.signal(signal.SIGTERM, _on_sigterm)
     try:
         run(cfg)
     except TrainerError as exc:
-        print(f"trainer: error: {exc}", file=sys.stderr, flush=True)
+        if str(exc):  # empty: a stop the launcher was asked for, and says once
+            print(f"trainer: error: {exc}", file=sys.stderr, flush=True)
         return exc.exit_code
     except KeyboardInterrupt:  # Ctrl-C: `run` has cleaned up on the way out (offload files, threads)
-        print("trainer: interrupted", file=sys.stderr, flush=True)
+        if not os.environ.get(dist.STOP_FILE_ENV):  # under trainer.launch, the launcher says it once
+            print("trainer: interrupted", file=sys.stderr, flush=True)
         return 130
     return 0
 

@@ -105,3 +105,87 @@ def test_a_small_tree_is_still_read_exactly_at_each_boundary(tmp_path):
     assert probe.read() == (3 * (INLINE_MAX_ENTRIES // 2) + 5,)  # no stale value for a small dir
     assert probe.describe()["watched"][0]["mode"] == "inline"
     probe.close()
+
+
+# -- item 2: children die with their recorder ---------------------------------------------------------
+def _alive(processes: list[psutil.Process]) -> list[str]:
+    alive = []
+    for p in processes:
+        try:
+            if p.status() != psutil.STATUS_ZOMBIE:
+                alive.append(f"{p.pid} {' '.join(p.cmdline()[:4])}")
+        except psutil.NoSuchProcess:
+            pass
+    return alive
+
+
+def _descendants_once(parent: subprocess.Popen, count: int, timeout: float = 240) -> list[psutil.Process]:
+    """`parent`'s descendants once there are `count` of them (torchrun, its ranks, their engines)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = psutil.Process(parent.pid).children(recursive=True)
+        if len(found) >= count:
+            return found
+        assert parent.poll() is None, parent.stderr.read()
+        time.sleep(0.2)
+    pytest.fail(f"never {count} descendants of {parent.args}")
+
+
+def _kill_all(processes: list[psutil.Process]) -> None:
+    for p in processes:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+
+
+def _all_gone_within(processes: list[psutil.Process], seconds: float) -> list[str]:
+    deadline = time.monotonic() + seconds
+    while _alive(processes) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return _alive(processes)
+
+
+def test_kill_9_of_record_ends_its_exec_child(tmp_path):
+    record = _record("--log-dir", str(tmp_path), "--exec", "--", sys.executable, "-c", "import time; time.sleep(120)")
+    children = _descendants_once(record, 1)
+    try:
+        os.kill(record.pid, signal.SIGKILL)
+        record.wait(10)
+        assert _all_gone_within(children, 5) == []
+    finally:
+        _kill_all(children)
+
+
+DIST = ["--", "--nproc-per-node", "2", "--preset", "tiny", "--num-rollout", "1000", "--rollout-engine", "server"]
+
+
+@pytest.mark.parametrize("victim", ["record", "torchrun"])
+def test_kill_9_of_record_or_its_torchrun_leaves_no_rank_or_engine(tmp_path, victim):
+    record = _record("--log-dir", str(tmp_path), *DIST)
+    family = _descendants_once(record, 5)  # the launcher, two ranks, two engine servers
+    try:
+        launcher = next(p for p in family if p.ppid() == record.pid)
+        os.kill(record.pid if victim == "record" else launcher.pid, signal.SIGKILL)
+        record.wait(30)
+        assert _all_gone_within(family, 10) == []
+        if victim == "torchrun":  # `record` reports the launcher's death as its exit code
+            assert record.returncode == 128 + signal.SIGKILL
+    finally:
+        _kill_all(family)
+
+
+def test_sigterm_of_a_distributed_run_is_143_and_one_line(tmp_path):
+    record = _record("--log-dir", str(tmp_path), *DIST)
+    family = _descendants_once(record, 5)
+    try:
+        time.sleep(1.0)  # the ranks past their start
+        record.send_signal(signal.SIGTERM)
+        _, stderr = record.communicate(timeout=120)
+        assert record.returncode == 143, stderr
+        assert "Traceback" not in stderr and "trainer: error" not in stderr, stderr
+        stops = [line for line in stderr.splitlines() if "stopped" in line or "interrupted" in line]
+        assert stops == ["trainer: stopped by SIGTERM; every rank stopped"], stderr
+        assert _all_gone_within(family, 10) == []
+    finally:
+        _kill_all(family)

@@ -53,6 +53,6 @@ def test_split_nproc_rejects(argv):
 
 
 def test_torchrun_command_runs_the_trainer_module_standalone():
-    command = torchrun_command(2, ["--preset", "tiny"])
-    assert command[1:] == ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+    command = torchrun_command(2, ["--preset", "tiny"])  # torchrun through trainer.launch (issue 19 item 2)
+    assert command[1:] == ["-m", "trainer.launch", "--standalone", "--nproc-per-node", "2",
                            "-m", "trainer.train", "--preset", "tiny"]

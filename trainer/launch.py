@@ -1,0 +1,56 @@
+"""python -m trainer.launch <torchrun arguments>: torchrun, dying with its parent and stopping in one line.
+
+What `record -- --nproc-per-node N ...` runs. Two things torchrun does not do:
+- its ranks die with it (PR_SET_PDEATHSIG, trainer/dist.py), as it dies with `record` (which starts
+  it so) and each engine server with its rank: a `kill -9` of any leaves nothing behind;
+- Ctrl-C or SIGTERM ends with 130 / 143 and one line, not exit 1 and a traceback per process: the
+  ranks, told by a file this launcher creates that the stop was asked for, stop without a word.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+import tempfile
+from pathlib import Path
+
+from trainer.dist import LAUNCHER_PID_ENV, STOP_FILE_ENV
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    from torch.distributed.elastic.multiprocessing import api as elastic_api
+    from torch.distributed.run import main as torchrun_main
+
+    with tempfile.TemporaryDirectory(prefix="trainer-launch-") as workdir:
+        stop_file = Path(workdir) / "stopped"
+        os.environ[STOP_FILE_ENV] = str(stop_file)
+        os.environ[LAUNCHER_PID_ENV] = str(os.getpid())
+        _mark_stops(elastic_api, stop_file)
+        # Its warnings while stopping ("Sending process ... closing signal") are not the user's news.
+        logging.getLogger("torch.distributed.elastic").setLevel(logging.ERROR)
+        try:
+            torchrun_main(argv)
+        except elastic_api.SignalException as exc:
+            signum = int(exc.sigval)
+            print(f"trainer: stopped by {signal.Signals(signum).name}; every rank stopped", file=sys.stderr,
+                  flush=True)
+            return 128 + signum
+    return 0
+
+
+def _mark_stops(elastic_api, stop_file: Path) -> None:
+    """torchrun turns SIGINT/SIGTERM/SIGHUP/SIGQUIT into SignalException, then SIGTERMs the ranks:
+    the stop file exists before they get it, so they know it was asked for (not a peer's failure)."""
+    original = elastic_api._terminate_process_handler
+
+    def terminate(signum, frame):
+        stop_file.touch()
+        original(signum, frame)
+
+    elastic_api._terminate_process_handler = terminate  # read when torchrun registers its handlers
+
+
+if __name__ == "__main__":
+    sys.exit(main())
