@@ -351,13 +351,15 @@ class Recorder:
         sampler, events = self._sampler, self._events
         if sampler is None:  # stopped, or inherited across a fork: not ours to write
             return 0
+        # Before the "before" row: a process without the host role reads NVML only for its own GPU, known
+        # once CUDA is noted, and the first phase after CUDA init needs that reading before it.
+        self._note_cuda()
         t = self._guarded("samples", sampler.sample, then=opened)  # the "before" row, in the enclosing phase
         if t is None:  # the row failed before `opened` ran
             t = opened(time.time())
         self._guarded("events", events.write, names.BEGIN, name, attrs, t=t, id=phase_id,
                       parent=stack[-1] if stack else None)
         stack.append(phase_id)
-        self._note_cuda()
         return phase_id
 
     def end(self, phase_id: int, name: str, status: str = "ok") -> None:

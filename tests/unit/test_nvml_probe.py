@@ -2,6 +2,7 @@
 module (NVML itself can't run here; tests/unit/test_probes.py reads the real one on the H200)."""
 from __future__ import annotations
 
+import os
 from types import SimpleNamespace
 
 from miles_profile.probes.nvml import NvmlProbe
@@ -51,3 +52,43 @@ def test_a_process_without_the_host_role_reads_its_own_gpu_at_its_boundaries_onl
     assert probe.read(full=False) == [None] * 4  # never between boundaries
     assert probe.read(full=True) == [None, None, 3 * GiB, GiB]  # its GPU only
     assert "boundary" in probe.describe()["reads"] and "own GPU" in probe.describe()["reads"]
+
+
+class StandInForThisProcess(StandInNvml):
+    """One GPU; this process holds 3 GiB on it (the pid the recorder's own-process probe asks for)."""
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle):
+        return [SimpleNamespace(pid=os.getpid(), usedGpuMemory=3 * GiB)]
+
+
+def test_a_rank_without_the_host_role_reads_nvml_at_the_begin_of_its_first_phase_after_cuda_init(
+        tmp_path, monkeypatch):
+    # Item 4 of issue 21: a rank (or engine server) whose host is sampled by another process has NVML only
+    # at its own phase boundaries; the begin row of its first phase after CUDA was initialised must have it,
+    # else that phase (a torch_memory_saver offload, judged on NVML alone) has no level before it.
+    from miles_profile import recorder as recorder_mod
+    from miles_profile.host_sampler import HostRole
+    from miles_profile.identity import host_name
+    from miles_profile.logdir.reader import load_run
+
+    cuda = {"initialised": False}
+    identity = {"gpu_uuid": "GPU-0", "cuda_devices": [{"index": 0, "uuid": "GPU-0", "name": "stand-in",
+                                                      "total": 80 * GiB}]}
+    monkeypatch.setattr(recorder_mod, "cuda_identity", lambda: identity if cuda["initialised"] else None)
+    monkeypatch.setattr(recorder_mod, "open_nvml", lambda pids, interval_s=None, which=None: (
+        probe := NvmlProbe(StandInForThisProcess(), [0], pids, interval_s, which), probe.describe()))
+    run_dir = recorder_mod.create_run(tmp_path, ["test"], 10.0)
+    host_role = HostRole(run_dir, host_name())
+    assert host_role.take(fallback=False)  # another process of the host holds the host role
+    rec = recorder_mod.Recorder(run_dir=run_dir, interval_ms=10.0, disable=("torch_allocator",)).start()
+    try:
+        cuda["initialised"] = True  # the program initialised CUDA, then begins its first phase
+        begin = rec.begin("offload_train", {"expected_bytes": GiB})
+        rec.end(begin, "offload_train")
+    finally:
+        rec.stop()
+        host_role.release()
+    run = load_run(run_dir)
+    start = float(run.phases["start"].iloc[0])
+    rows = run.samples[run.samples["t"] <= start]
+    assert rows["gpu0_boundary_proc"].iloc[-1] == 3 * GiB  # the "before" row has this process's NVML bytes
