@@ -4,11 +4,23 @@
 These are measured facts about the sources, kept beside the series they describe (docs/checks.md,
 "Resolution", says how each was measured):
 
-- allocator allocated (`gpu{i}_alloc`): the caching allocator rounds every block up (512 B in the small
-  pool, 2 MiB segments for it); small tensors of a step and the autograd workspace move it by a few MiB.
-- allocator reserved (`gpu{i}_reserved`): whole segments come and go, 20 MiB and more in the large pool.
-- NVML (`gpu{i}_proc`, `gpu{i}_used`): sees segments, plus the CUDA context and the driver's own
-  granularity (2 MiB pages); read every 100 ms and at phase boundaries.
+- allocator allocated (`gpu{i}_alloc`, `gpu{i}_alloc_peak`), 2 MiB: PyTorch's caching allocator counts
+  the blocks it hands out, each request rounded up to 512 B; a block cut from a large-pool segment is
+  split only when more than 1 MiB would remain, so one tensor can count up to 1 MiB above its bytes.
+  Freeing one or two tensors therefore moves allocated by their bytes within 2 MiB (on the H200 runs
+  in sample_logs/h200 every offload_train's allocated fell by its declared bytes to the KiB).
+- allocator reserved (`gpu{i}_reserved`), 20 MiB: memory comes from and goes back to the driver in whole
+  segments: 2 MiB segments for blocks of up to 1 MiB (the small pool), 20 MiB segments for requests of
+  1-10 MiB, larger requests rounded up to 2 MiB; a segment goes back (empty_cache) only when no block in
+  it is live, so a few small tensors can hold 20 MiB.
+- NVML per process (`gpu{i}_proc`, read every 100 ms and at phase boundaries by the process holding the
+  host role; `gpu{i}_boundary_proc`, read by any other process at its own phase boundaries), 20 MiB: what
+  the driver gave the process, in 2 MiB pages: the allocator's segments (so reserved's 20 MiB), plus the
+  CUDA context (about 0.5 GiB on the H200, created once: constant across an offload) and library
+  workspaces (cuBLAS, NCCL) that come and go with their own sizes.
+- NVML device used (`gpu{i}_used`, `gpu{i}_boundary_used`), 20 MiB: the same granularity, summed over
+  every process on the GPU: another process's work moves it too, so checks judge it only where nothing
+  per process was recorded.
 - host RSS (`rss`, `rss_peak`): pages come and go with glibc's arenas, Python's allocator and the
   kernel's readahead. Measured on healthy CPU runs here (2-core VM, `python -m bench.rss_floor_noise`,
   the per-iteration RSS floor after warm-up around its Theil-Sen line, 11 iterations each):
