@@ -12,7 +12,10 @@
         iteration, the value on screen (GiB), its exact bytes, and `lane`, `t0`, `t1` to link to.
     gpu_process_stack(samples_by_process, device_used=None, *, device_total=None, t0=0.0) -> go.Figure
         One GPU's timeline: its processes' (already reduced) series stacked as areas (actor first, then
-        engine, then others), NVML's device used as a line over them and the device's total dashed.
+        engine, then others), NVML's device used as a line over them and the device's total dashed
+        (when within 2x of the data, else named in the title; the y axis fits the data). `phases`
+        (lane_phases(run, processes)) are shaded behind, coloured as in the timeline.
+    lane_phases(run, processes) -> DataFrame   # start, end, name of the phases to shade on one lane
         Inputs: {label: pd.Series indexed by Unix seconds | (t, bytes) numpy arrays}. Each process
         holds its last value until its next sample (the stack is summed on the union of the times).
 """
@@ -25,7 +28,11 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from miles_profile.report import fleet
+from miles_profile.report.phase_style import loop_sorted, phase_color
 from miles_profile.report.series import GiB
+from miles_profile.report.timeline_marks import fitted_range
+
+SHADED_PHASES_MAX = 400  # bands drawn up to this many phases in view (as in the timeline)
 
 ROW_LABELS_MAX = 64
 _COLORSCALE = "YlOrRd"
@@ -109,26 +116,73 @@ def _hold(t: np.ndarray, y: np.ndarray, grid: np.ndarray) -> np.ndarray:
     return np.where(j >= 0, y[np.maximum(j, 0)], 0.0)
 
 
+def lane_phases(run, processes) -> pd.DataFrame:
+    """The top-level phases (start, end, name; Unix seconds) to shade behind one lane: those of its
+    first process that recorded any, an actor before an engine. `processes`: (host, pid) pairs."""
+    phases = run.phases
+    empty = pd.DataFrame({"start": [], "end": [], "name": []})
+    if phases.empty:
+        return empty
+    top = phases[phases["depth"] == 0]
+    roles = {int(p.get("pid", -1)): str(p.get("role") or "") for p in run.processes}
+    for host, pid in sorted(processes, key=lambda hp: (_stack_order(roles.get(int(hp[1]), "")), hp[1])):
+        mine = top[top["pid"] == int(pid)]
+        if "host" in mine and host:
+            mine = mine[mine["host"].astype(str) == str(host)]
+        if len(mine):
+            return mine[["start", "end", "name"]].astype({"name": str}).reset_index(drop=True)
+    return empty
+
+
+def _phase_band_shapes(phases: pd.DataFrame | None, t0: float) -> tuple[list[dict], list[go.Scatter]]:
+    """Bands behind the plot, one per phase, and one legend entry per phase name (loop order)."""
+    if phases is None or phases.empty or len(phases) > SHADED_PHASES_MAX:
+        return [], []
+    shapes = [dict(type="rect", xref="x", yref="y domain", x0=float(s) - t0, x1=float(e) - t0, y0=0, y1=1,
+                   fillcolor=phase_color(str(n)), opacity=0.2, line_width=0, layer="below")
+              for s, e, n in zip(phases["start"], phases["end"], phases["name"])]
+    # no legend group: in a horizontal legend a group is a column, and the phases belong on one line
+    legend = [go.Scatter(x=[None], y=[None], mode="markers", name=name,
+                         marker=dict(symbol="square", size=11, color=phase_color(name)),
+                         hoverinfo="skip") for name in loop_sorted(phases["name"])]
+    return shapes, legend
+
+
 def gpu_process_stack(samples_by_process: Mapping[str, object], device_used=None, *, device_total: float | None = None,
-                      t0: float = 0.0, title: str = "") -> go.Figure:
+                      t0: float = 0.0, title: str = "", phases: pd.DataFrame | None = None) -> go.Figure:
+    """`phases` (start, end, name in Unix seconds; lane_phases): shaded behind the stack. The y axis
+    fits the data; the total is a dashed line when within 2x of it, else named in the title."""
     series = {label: _as_arrays(v) for label, v in samples_by_process.items()}
     labels = sorted(series, key=_stack_order)  # stable: the caller's order within actor / engine / others
     grid = np.unique(np.concatenate([t for t, _ in series.values()])) if series else np.empty(0)
     figure = go.Figure()
+    stacked = np.zeros(len(grid))
     for label in labels:
         t, y = series[label]
+        held = _hold(t, y, grid)
+        stacked += held
         figure.add_trace(go.Scatter(
-            x=grid - t0, y=_hold(t, y, grid) / GiB, name=label, mode="lines", stackgroup="processes",
+            x=grid - t0, y=held / GiB, name=label, mode="lines", stackgroup="processes",
             line=dict(width=0.5, shape="hv"), hovertemplate=f"{label}: %{{y:.3f}} GiB<extra></extra>"))
+    data_max = float(stacked.max()) if len(stacked) else 0.0
     if device_used is not None:
         t, y = _as_arrays(device_used)
         figure.add_trace(go.Scatter(x=t - t0, y=y / GiB, name="NVML used (device)", mode="lines",
                                     line=dict(color="#1f1f1f", width=1.5, shape="hv"),
                                     hovertemplate="device used: %{y:.3f} GiB<extra></extra>"))
-    if device_total is not None and np.isfinite(device_total):
-        figure.add_hline(y=device_total / GiB, line=dict(color="#d62728", dash="dash", width=1),
-                         annotation_text=f"total {device_total / GiB:.1f} GiB", annotation_position="top left")
-    figure.update_layout(title=dict(text=title, x=0, font_size=13), hovermode="x unified",
-                         yaxis_title="GiB", xaxis_title="seconds", margin=dict(l=10, r=10, t=40, b=10),
-                         legend=dict(orientation="h", y=-0.2))
+        if np.isfinite(y).any():
+            data_max = max(data_max, float(np.nanmax(y)))
+    total = float(device_total) if device_total is not None and np.isfinite(device_total) else None
+    top, shown = fitted_range(data_max, total)
+    if shown is not None:
+        figure.add_hline(y=shown / GiB, line=dict(color="#c62828", dash="dash", width=1),
+                         annotation_text=f"total {shown / GiB:.1f} GiB", annotation_position="top left")
+    elif total is not None:
+        title = f"{title} · total {total / GiB:.1f} GiB (above the plotted range)"
+    shapes, legend = _phase_band_shapes(phases, t0)
+    figure.add_traces(legend)
+    figure.update_layout(title=dict(text=title, x=0, font_size=13), hovermode="x unified", template="plotly_white",
+                         shapes=list(figure.layout.shapes) + shapes,
+                         yaxis=dict(title="GiB", range=[0, top / GiB], autorange=False), xaxis_title="seconds",
+                         margin=dict(l=10, r=10, t=40, b=10), legend=dict(orientation="h", y=-0.2, traceorder="normal"))
     return figure

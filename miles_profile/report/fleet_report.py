@@ -154,13 +154,10 @@ def lane_figure(run, table: pd.DataFrame, lane: dict, *, max_points: int = 20_00
                 others[label] = _reduced(rows_["t"].to_numpy(float), rows_["bytes"].to_numpy(float), n)
     total = float(lane["total"]) if np.isfinite(lane["total"]) else None
     what = f"{lane['label']} — ranks {lane['ranks'] or '?'} ({lane['roles'] or '?'})"
-    stacked = sum(float(np.nanmax(y)) for _, y in {**series, **others}.values() if np.isfinite(y).any())
-    if total is not None and not on_gpu and stacked < 0.25 * total:
-        # a host's total dwarfs a few ranks' RSS: name it rather than flatten the stack under it
-        what += f" · host total {total / 1024 ** 3:.1f} GiB (not drawn)"
-        total = None
+    # a total far above the data (a host's RAM under a few ranks' RSS) is named in the title, not drawn
+    phases = fleet_figures.lane_phases(run, {(str(lane["host"]), pid) for pid in pids})
     return fleet_figures.gpu_process_stack({**series, **others}, used, device_total=total, t0=run_start(run),
-                                           title=what)
+                                           title=what, phases=phases)
 
 
 # -- per-process checks, aggregated -------------------------------------------------------------
