@@ -20,6 +20,7 @@ import pandas as pd
 
 from miles_profile import names
 from miles_profile.report import fleet, floor_trend
+from miles_profile.verdicts.common import size
 from miles_profile.verdicts.resolution import resolution_of
 from miles_profile.verdicts.trend import judge_floors, step_cause_of
 from miles_profile.verdicts.types import TOO_SMALL, CheckResult, Finding, gib
@@ -221,7 +222,7 @@ def _imbalance_finding(w: dict, col, value: float, median: float, spread: float,
     name = w["label"] + (f" pid {w['pid']}" if "pid" in w else "") + f" (ranks {w['ranks'] or '?'})"
     status = "fail" if cells_over else (TOO_SMALL if small else "pass")
     message = (f"{name}: {col['label']} peak {gib(value)}, median of {peers} {peers_name} {gib(median)} "
-               f"({excess / median:+.1%}, peers' spread ±{gib(spread)})")
+               f"({excess / median:+.1%}, peers' spread ±{size(spread)})")
     if status == "fail":
         message += f"; {cells_over} cells over: an outlier among its peers"
     elif status == TOO_SMALL:
@@ -248,10 +249,10 @@ def check_floor_trend_leak(table: pd.DataFrame, th: FleetThresholds) -> FleetChe
     lane_rows = {r["lane"]: r for r in fleet.lanes(df).to_dict("records")}
     findings, worst, judged = [], None, {"lanes": 0, "processes": 0}
     for key in ("lane", "pid"):
-        for _, floors in floor_trend.dense_floors(df, key).groupby(key, sort=False):
-            finding = _floor_finding(floors.iloc[th.floor_trend_skip_iterations:], key, lane_rows, th)
-            if finding is None:
-                continue
+        floors = floor_trend.dense_floors(df, key)
+        rows = floors[["lane", "pid", "role", "rank", "phase", "iteration", "t0", "t1", "series"]].to_dict("records")
+        for at, x, y in floor_trend.groups(floors, key, th.floor_trend_skip_iterations):
+            finding = _floor_finding(rows[at[0]], rows[at[-1]], x, y, key, lane_rows, th)
             findings.append(finding)
             if finding.status == "n/a":
                 continue
@@ -280,11 +281,10 @@ def _measured(n: dict) -> str:
             f"allowed {gib(n['allowed'])}")
 
 
-def _floor_finding(floors: pd.DataFrame, key: str, lane_rows: dict, th: FleetThresholds) -> Finding | None:
-    """One lane's or process's floors (after warm-up) judged by verdicts/trend.py."""
-    if floors.empty:
-        return None
-    last = floors.iloc[-1]
+def _floor_finding(first: dict, last: dict, x: np.ndarray, y: np.ndarray, key: str, lane_rows: dict,
+                   th: FleetThresholds) -> Finding:
+    """One lane's or process's floors after warm-up (the rows of its first and last, the iterations, the
+    bytes) judged by verdicts/trend.py."""
     lane = lane_rows[last["lane"]]
     series = str(last["series"])
     res = resolution_of(series)
@@ -292,7 +292,7 @@ def _floor_finding(floors: pd.DataFrame, key: str, lane_rows: dict, th: FleetThr
     allowed = max(th.floor_trend_abs_bytes, th.floor_trend_share * total if np.isfinite(total) else 0.0,
                   th.floor_trend_resolution_multiple * res)
     kind = "host" if series == "rss" else ("alloc" if series == "alloc" else "device")
-    judged = judge_floors(floors["iteration"], floors["floor"], resolution=res, allowed=allowed,
+    judged = judge_floors(x, y, resolution=res, allowed=allowed,
                           min_iterations=th.floor_trend_min_iterations, step_cause=step_cause_of(kind))
     pid = int(last["pid"]) if key == "pid" else None
     who = lane["label"] + (f" pid {pid} ({last['role'] or '?'} rank {last['rank']})" if pid is not None else "")
@@ -301,7 +301,7 @@ def _floor_finding(floors: pd.DataFrame, key: str, lane_rows: dict, th: FleetThr
     numbers = _where(lane, pid=pid, **judged.numbers, series=what, limit=float(allowed))
     if "growth" in numbers:
         numbers["rise"] = numbers["growth"]
-    return Finding(status, f"{who}: {judged.text}", (float(floors["t0"].iloc[0]), float(last["t1"])),
+    return Finding(status, f"{who}: {judged.text}", (float(first["t0"]), float(last["t1"])),
                    str(last["phase"]), int(last["iteration"]), numbers, cause=judged.cause, series=what,
                    resolution=res)
 
