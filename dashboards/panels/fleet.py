@@ -166,7 +166,9 @@ def gpu_figure(run, view: FleetView, index: dict, lane: str, window: tuple[float
                zoom: tuple[float, float] | None = None, height: int = 320, points: int = POINTS_PER_SERIES):
     series, used, total, label = lane_series(run, view, index, lane, window, points)
     title = label if zoom is None else f"{label}: {zoom[1] - zoom[0]:.2f} s from {zoom[0] - view.t0:.2f} s"
-    figure = fleet_figures.gpu_process_stack(series, used, device_total=total, t0=view.t0, title=title)
+    rows = view.table[view.table["lane"] == lane]
+    phases = fleet_figures.lane_phases(run, set(zip(rows["host"].astype(str), rows["pid"].astype(int))), window)
+    figure = fleet_figures.gpu_process_stack(series, used, device_total=total, t0=view.t0, title=title, phases=phases)
     figure.update_layout(height=height, uirevision=f"{lane}-{zoom}")
     if zoom is not None:
         figure.update_xaxes(range=[zoom[0] - view.t0, zoom[1] - view.t0], autorange=False)

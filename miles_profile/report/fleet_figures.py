@@ -116,10 +116,13 @@ def _hold(t: np.ndarray, y: np.ndarray, grid: np.ndarray) -> np.ndarray:
     return np.where(j >= 0, y[np.maximum(j, 0)], 0.0)
 
 
-def lane_phases(run, processes) -> pd.DataFrame:
+def lane_phases(run, processes, window: tuple[float, float] | None = None) -> pd.DataFrame:
     """The top-level phases (start, end, name; Unix seconds) to shade behind one lane: those of its
-    first process that recorded any, an actor before an engine. `processes`: (host, pid) pairs."""
+    first process that recorded any, an actor before an engine. `processes`: (host, pid) pairs;
+    `window` (Unix seconds): only the phases that overlap it."""
     phases = run.phases
+    if window is not None and not phases.empty:
+        phases = phases[(phases["end"] >= window[0]) & (phases["start"] <= window[1])]
     empty = pd.DataFrame({"start": [], "end": [], "name": []})
     if phases.empty:
         return empty
