@@ -141,3 +141,28 @@ def test_x():
                                         "-p", "no:cacheprovider")
     assert result.ret != 0
     result.stdout.fnmatch_lines(["*'memory_limit' not found in `markers` configuration option*"])
+
+
+MARKED = '''
+import pytest
+@pytest.mark.memory_limit({kwargs})
+def test_marked():
+    pass
+'''
+
+
+@pytest.mark.parametrize("kwargs, options, says", [
+    ('host="1 GiB"', ["--memory-interval-ms", "0"], "--memory-interval-ms: interval must be positive"),
+    ('host="1 GiB"', ["--memory-interval-ms", "inf"], "--memory-interval-ms: interval must be between"),
+    ('host="1 GiB"', ["--memory-interval-ms", "0.5"], "--memory-interval-ms: interval must be between"),
+    ('host="1 GiB"', ["--memory-log-dir", "/dev/null"], "--memory-log-dir /dev/null: not a directory"),
+    ('host="1 GiB", phase=5', [], "memory_limit: phase= takes a phase name"),
+    ("host=None, gpu=None", [], "memory_limit: give gpu= or host="),
+])
+def test_a_bad_option_or_marker_is_one_usage_error_before_any_test_runs(inner, kwargs, options, says):
+    """Each used to fail every marked test with a traceback (or, gpu=None/host=None, pass checking nothing)."""
+    inner.makepyfile(test_inner=MARKED.format(kwargs=kwargs))
+    result = run_inner(inner, *options)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR, result.stdout.str()
+    assert "Traceback" not in result.stderr.str() + result.stdout.str()
+    result.stderr.fnmatch_lines([f"ERROR: *{says}*"])
