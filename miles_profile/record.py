@@ -6,7 +6,8 @@ child, sampled from outside; the child's own `phase()` calls land in the same ru
 With --exec the command behaves as if run without `record`: it shares our process group (it may
 read the terminal; Ctrl-C, Ctrl-\\, Ctrl-Z and a hangup reach it from the terminal directly), a
 signal sent to the recorder is passed on to it, its stop stops the recorder, and its exit code (128+N
-for signal N) is ours, whatever happened to the log.
+for signal N) is ours, except that a job that succeeded exits 1 when its run directory was deleted
+mid-run (the log is gone, and we say so).
 """
 from __future__ import annotations
 
@@ -22,12 +23,16 @@ from miles_profile import host_sampler, names
 from miles_profile.errors import MilesProfileError
 from miles_profile.identity import RUN_ID_ENV
 from miles_profile.lifetime import child_dies_with_us
-from miles_profile.logdir.layout import PHASE_SELECTION_KEY
+from miles_profile.logdir.layout import PHASE_SELECTION_KEY, is_run_dir
 from miles_profile.phase_select import parse_phases
 from miles_profile.recorder import (
     DEFAULT_INTERVAL_MS, DEFAULT_LOG_DIR, OPTIONAL_PROBES, Recorder, check_interval_ms, create_run,
 )
 
+
+# Our exit code when the job succeeded but its run directory was deleted mid-run (a failed job's own
+# code wins: it says more).
+LOG_LOST = 1
 
 # Signals that belong to the command: sent to the recorder by a user, they are passed on. Those about
 # the recorder's own faults, files and timers (SEGV, PIPE, XFSZ, PROF, ...) stay here; SIGKILL and
@@ -129,13 +134,14 @@ def run_trainer(args: argparse.Namespace, trainer_args: list[str]) -> int:
     recorder = start_or_warn(Recorder(args.log_dir, interval_ms=args.interval_ms, watch_dirs=args.watch_dir,
                                       command=sys.argv, disable=args.disable_probe, run_id=args.run_id,
                                       run_meta=run_meta(args)))
+    logged = False
     try:
         code = train_main(trainer_args)
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else 1
     finally:
-        stop_and_tell(recorder, args)
-    return int(code or 0)
+        logged = stop_and_tell(recorder, args)
+    return int(code or 0) if logged else with_log_lost(int(code or 0))
 
 
 def run_meta(args: argparse.Namespace) -> dict:
@@ -155,11 +161,24 @@ def start_or_warn(recorder: Recorder) -> Recorder | None:
     return recorder
 
 
-def stop_and_tell(recorder: Recorder | None, args: argparse.Namespace) -> None:
-    if recorder is not None:
-        recorder.stop()
-        print(f"miles_profile: log written; report it with: python -m miles_profile.visualize {args.log_dir}",
+def stop_and_tell(recorder: Recorder | None, args: argparse.Namespace) -> bool:
+    """Stop recording and say where the log is; False when its run directory was deleted mid-run
+    (the log is gone: promising a report of it would point at nothing, or at another run)."""
+    if recorder is None:
+        return True
+    recorder.stop()
+    if not is_run_dir(recorder.run_dir):
+        print(f"miles_profile: the log is gone: its run directory {recorder.run_dir} was deleted during the run",
               file=sys.stderr)
+        return False
+    print(f"miles_profile: log written; report it with: python -m miles_profile.visualize {args.log_dir}",
+          file=sys.stderr)
+    return True
+
+
+def with_log_lost(code: int) -> int:
+    """The job's exit code, non-zero when it succeeded but its log is gone (LOG_LOST)."""
+    return code if code != 0 else LOG_LOST
 
 
 def run_child(args: argparse.Namespace, command: list[str]) -> int:
@@ -197,17 +216,19 @@ def run_child(args: argparse.Namespace, command: list[str]) -> int:
         recorder = None if run_dir is None else start_or_warn(Recorder(
             run_dir=run_dir, interval_ms=args.interval_ms, watch_dirs=args.watch_dir, child_pid=child.pid,
             command=command, disable=args.disable_probe))
+        logged = False
         try:
             code = wait_forwarding(child)
         finally:
-            stop_and_tell(recorder, args)
+            logged = stop_and_tell(recorder, args)
             if host is not None:
                 host_sampler.leave(host)
     finally:
         while signal.sigtimedwait(watched, 0) is not None:  # what came after the child ended: not for us
             pass
         signal.pthread_sigmask(signal.SIG_UNBLOCK, watched)
-    return 128 - code if code < 0 else code
+    code = 128 - code if code < 0 else code
+    return code if logged else with_log_lost(code)
 
 
 def wait_forwarding(child: subprocess.Popen) -> int:

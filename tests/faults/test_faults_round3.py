@@ -189,3 +189,27 @@ def test_sigterm_of_a_distributed_run_is_143_and_one_line(tmp_path):
         assert _all_gone_within(family, 10) == []
     finally:
         _kill_all(family)
+
+
+# -- item 6: a run directory deleted mid-run is said, not reported as written --------------------------
+def test_exec_run_whose_directory_was_deleted_says_the_log_is_gone(tmp_path):
+    job = "import os, shutil; shutil.rmtree(os.environ['MILES_PROFILE_RUN_DIR'])"
+    record = _record("--log-dir", str(tmp_path), "--exec", "--", sys.executable, "-c", job)
+    _, stderr = record.communicate(timeout=120)
+    assert record.returncode == 1, stderr  # the job succeeded, but the log it was run for is gone
+    assert "log written" not in stderr and "the log is gone" in stderr, stderr
+    assert "Traceback" not in stderr, stderr
+
+
+def test_trainer_run_whose_directory_was_deleted_says_the_log_is_gone(tmp_path):
+    import shutil
+    record = _record("--log-dir", str(tmp_path), "--", "--preset", "tiny", "--num-rollout", "40")
+    deadline = time.monotonic() + 120
+    while not list(tmp_path.glob("run-*/*.samples.csv")) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    (run_dir,) = tmp_path.glob("run-*")
+    shutil.rmtree(run_dir)
+    _, stderr = record.communicate(timeout=300)
+    assert record.returncode == 1, stderr
+    assert "log written" not in stderr and f"the log is gone: its run directory {run_dir} was deleted" in stderr, stderr
+    assert "Traceback" not in stderr, stderr
