@@ -155,3 +155,10 @@ def test_engine_server_log_has_no_fast_rising_floor_from_sparse_reads():
     slopes = fleet.rank_outliers(t).floor_slope
     assert len(slopes) == 2 and set(slopes["own_series"]) == {"reserved"}  # NVML per process is sparse there
     assert (slopes["value"].abs() < 0.1 * GiB).all(), slopes[["pid", "value"]]
+
+
+def test_without_scipy_the_leak_check_says_so(monkeypatch):
+    # the GPU machine has torch but not the report extra: the check must not crash the run's checks
+    monkeypatch.setitem(__import__("sys").modules, "scipy.stats", None)
+    result = check_leak(_run([GiB + 200 * MiB * k for k in range(8)]), TH)
+    assert result.status == "n/a" and "needs scipy" in _host(result).message
