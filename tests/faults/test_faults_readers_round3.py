@@ -217,3 +217,49 @@ def test_host_header_with_junk_after_the_name_is_refused(header):
     from dashboards.hosts import HostPolicy
     assert not HostPolicy().allows(header)
     assert HostPolicy().allows("127.0.0.1:8050") and HostPolicy().allows("[::1]:8050")
+
+
+# -- items 7, 13: Miles dashboard directories -----------------------------------------------------
+def miles_dump(base: Path) -> Path:
+    from tests.unit.test_miles_dashboard_import import write_miles_dashboard
+    return write_miles_dashboard(base / "dump" / "dashboard", iterations=2)
+
+
+def test_a_fifo_in_a_miles_stream_folder_is_skipped_with_a_warning(tmp_path):
+    root = miles_dump(tmp_path)
+    os.mkfifo(root / "gpu_util" / "20990101_00.jsonl")
+    os.mkfifo(root / "phases.jsonl")
+    result = child(f"""
+        from miles_profile.importers.miles_dashboard import load_miles_dashboard
+        run = load_miles_dashboard({str(root)!r})
+        result = {{"warnings": run.warnings, "gpus": len(run.gpu_samples)}}
+    """, timeout=60)
+    assert result["gpus"] > 0
+    assert sum("a FIFO" in w for w in result["warnings"]) == 2, result["warnings"]
+
+
+def test_miles_streams_with_nested_json_or_negative_memory_are_skipped_with_a_warning(tmp_path):
+    from miles_profile.importers.miles_dashboard import load_miles_dashboard
+    root = miles_dump(tmp_path)
+    deep = "[" * 100_000 + "]" * 100_000 + "\n"
+    for stream in ("gpu_util", "phases", "topology"):
+        path = root / f"{stream}.jsonl"
+        with open(path, "a") as f:
+            f.write(deep)
+    with open(root / "gpu_util.jsonl", "a") as f:
+        f.write(json.dumps({"ts": 1_767_225_541.0, "node": "10.0.0.1", "gpu": 0, "mem_mb": -5}) + "\n")
+    run = load_miles_dashboard(root)
+    assert (run.gpu_samples["used"] >= 0).all()
+    assert any("negative mem_mb" in w for w in run.warnings), run.warnings
+    assert any(w.startswith("gpu_util: skipped 1 malformed") for w in run.warnings), run.warnings
+
+
+def test_unreadable_gpu_util_lines_are_not_blamed_on_nvml(tmp_path):
+    from miles_profile.errors import MilesProfileError
+    from miles_profile.importers.miles_dashboard import load_miles_dashboard
+    root = miles_dump(tmp_path)
+    for path in (root / "gpu_util").glob("*.jsonl"):
+        path.write_text("not json\n{broken\n")
+    with pytest.raises(MilesProfileError) as info:
+        load_miles_dashboard(root)
+    assert "NVML" not in str(info.value) and "malformed" in str(info.value)
