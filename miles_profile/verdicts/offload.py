@@ -152,8 +152,9 @@ def _read(s: OffloadSeries, start: float, end: float, late_end: float, expected:
         r.outcome, r.note = TOO_SMALL, f"expected {gib(expected)} below the resolution {gib(s.resolution)} of {r.label}"
     elif r.inside > need:
         r.outcome = PASS
-    elif r.residual < s.resolution:
-        r.outcome, r.note = TOO_SMALL, f"{gib(r.residual)} left below the resolution {gib(s.resolution)} of {r.label}"
+    elif max(r.residual, need - r.inside) < s.resolution:  # the shortfall (need > expected when a share > 1)
+        short = max(r.residual, need - r.inside)
+        r.outcome, r.note = TOO_SMALL, f"{gib(short)} left below the resolution {gib(s.resolution)} of {r.label}"
     else:
         r.outcome = LATE if r.late > need else KEPT
     return r
