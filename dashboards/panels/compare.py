@@ -1,4 +1,5 @@
-"""Comparison panel: two or more runs overlaid, aligned by phase, and each phase's peak per run (the report's).
+"""Comparison panel: two or more runs side by side, phase by phase (the report's small multiples of the
+ledger), and each phase's highest peak per run (the report's run x phase matrices).
 
 A compared run that is still being recorded is followed like the timeline follows it: every
 SUMMARY_EVERY_S the panel reads what the runs appended and redraws when one changed. The comparison is
@@ -17,7 +18,7 @@ from dashboards.messages import describe, message
 from dashboards.panels.phases import TABLE_STYLE
 from dashboards.panels.refresh import SUMMARY_EVERY_S, due
 from dashboards.runs import list_runs
-from miles_profile.report.compare import comparison_figure, phase_peak_comparison
+from miles_profile.report.compare import comparison_figure, peak_matrix
 from miles_profile.report.series import GiB
 
 MAX_RUNS = 6
@@ -58,6 +59,26 @@ def peak_table(frame: pd.DataFrame) -> dash_table.DataTable:
                                 page_size=20, **TABLE_STYLE)
 
 
+def matrix_table(matrix: pd.DataFrame, table_id: str) -> dash_table.DataTable:
+    """compare.peak_matrix (runs x phases in loop order, bytes) in GiB: one row per run, its name
+    first and readable, one column per phase."""
+    data = [{"run": str(name), **{str(p): None if pd.isna(v) else round(int(v) / GiB, 2) for p, v in row.items()}}
+            for name, row in matrix.iterrows()]
+    columns = [{"name": "run", "id": "run"}] + [{"name": str(p), "id": str(p), "type": "numeric"} for p in matrix.columns]
+    return dash_table.DataTable(id=table_id, data=data, columns=columns, sort_action="native", **TABLE_STYLE)
+
+
+def peak_tables(runs) -> html.Div:
+    """The highest peak of each phase per run, GPU then host (GiB), as in the report."""
+    parts = []
+    for kind, what, table_id in (("device", "GPU memory of the main process", "compare-table"),
+                                 ("host", "host RSS of the main process", "compare-table-host")):
+        matrix = peak_matrix(runs, kind)
+        if not matrix.empty:
+            parts += [html.H3(f"{what}: highest peak per phase (GiB)"), matrix_table(matrix, table_id)]
+    return html.Div(parts)
+
+
 def with_zoom(figure: go.Figure, zoom: object) -> go.Figure:
     """`figure` showing the x range of `zoom` (from compare-zoom), or as it is (no zoom, autorange, garbage).
     A copy: the comparison is shared between requests."""
@@ -83,7 +104,7 @@ def register(app, state) -> None:
                 # For legend clicks across redraws. The x zoom is put back by with_zoom: uirevision alone
                 # lost it on these redraws (seen in the browser test with a real drag).
                 figure.update_layout(uirevision="compare")
-                newest.update(key=key, value=(figure, phase_peak_comparison(runs)))
+                newest.update(key=key, value=(figure, peak_tables(runs)))
             return newest["value"]
 
     # The timeline's browser-side filter: only a relayout that moves the x axis is kept.
@@ -120,4 +141,4 @@ def register(app, state) -> None:
         except Exception as exc:  # noqa: BLE001 - a message in the page, never a traceback
             return message(describe(exc)), {"data": [], "layout": {}}, None, {}, None, None
         note = message(f"showing the first {MAX_RUNS} runs", "info") if len(run_ids) > MAX_RUNS else None
-        return note, with_zoom(figure, zoom), peak_table(peaks), {}, key, None if chosen_now else no_update
+        return note, with_zoom(figure, zoom), peaks, {}, key, None if chosen_now else no_update

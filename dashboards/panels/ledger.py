@@ -8,7 +8,7 @@ from dash.exceptions import PreventUpdate
 
 from dashboards.messages import describe, message
 from dashboards.panels.refresh import due
-from miles_profile.report.figures import run_start
+from miles_profile.report.figures import run_start, time_range
 from dashboards.panels.fleet import compute as fleet_compute
 from miles_profile.report.ledger import LEDGER_MAX_PROCESSES, fleet_ledger, ledger
 from miles_profile.report.ledger_figures import ledger_area_figure, ledger_bar_figure
@@ -41,7 +41,9 @@ def compute(run, processes=None):
     """The run's ledger frame and the figures of it (per phase, not per sample); with `processes`
     ((host, pid) of one fleet lane), the ledger of that lane's GPU."""
     frame = ledger(run) if processes is None else fleet_ledger(run, processes)
-    return frame, ledger_bar_figure(frame), ledger_area_figure(frame, run_start(run)), add_up_text(frame)
+    # the timeline's seconds: the same origin and range as the timeline panel's x axis
+    area = ledger_area_figure(frame, run_start(run), x_range=time_range(run))
+    return frame, ledger_bar_figure(frame), area, add_up_text(frame)
 
 
 def _lane_processes(live_run, lane: str) -> set[tuple[str, int]]:

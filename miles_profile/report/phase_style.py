@@ -23,7 +23,7 @@ import math
 PHASE_COLORS = {
     "generate": "#2F6DB5", "train": "#7E57C2",
     # darkest to lightest: offload_train and offload_weights often follow each other
-    "offload_train": "#9E1B1B", "offload_weights": "#D6461F", "offload_rollout": "#F28E2B", "offload_kv": "#F9C74F",
+    "offload_train": "#8B1A1A", "offload_weights": "#C8401A", "offload_rollout": "#F28E2B", "offload_kv": "#FBD26A",
     "onload_weights": "#0F6E63", "onload_train": "#4FA33B", "onload_kv": "#8FD3C8",
     "update_weights": "#4D5968", "eval": "#8E8E8E", "clear_memory": "#C8C2B8",
 }

@@ -88,7 +88,9 @@ def phase_peak_lines(run, phases: pd.DataFrame, rows: list[tuple[str, int, str, 
         for k, peak in enumerate(peaks):
             if np.isfinite(peak):
                 lines[k].append(f"{title} peak {peak / GiB:.3f} GiB")
-    return ["<br>".join(parts) for parts in lines]
+    # a phase shorter than the sampling interval holds no sample: its peak is in the next sample's
+    return ["<br>".join(parts) if parts else "no sample inside (shorter than the sampling interval): its "
+            "true peak is in the next sample's" for parts in lines]
 
 
 def fitted_range(data_max: float, total: float | None) -> tuple[float, float | None]:
