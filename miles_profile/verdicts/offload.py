@@ -181,6 +181,8 @@ def _combine(readings: list[Reading], label: str, expected: float, need: float, 
             ("series", r.label), ("before", r.before), ("after", r.at_end), ("later_low", r.later_low),
             ("dropped", r.inside), ("residual", r.residual), ("resolution", r.series.resolution),
             ("outcome", r.outcome))})
+    # what report/summary.py reads for the bytes measured gone on each question
+    numbers.update({key: r.inside for key, r in (("dropped_alloc", held), ("dropped_driver", driver)) if r is not None})
     failing = next((r for r in (held, driver) if r is not None and r.outcome in (LATE, KEPT)), None)
     if failing is not None:
         cause = _cause(failing, held, paused)
