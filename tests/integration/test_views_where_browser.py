@@ -1,0 +1,62 @@
+"""The views show where, measured in headless Chromium at 1500 x 1000 (issue 18): the comparison of the
+H200 configurations fits a few screens, a folded run opens at full width, and every phase of a
+timeline is a bar at least 3 px wide on screen. Screenshots go to artifacts/."""
+from __future__ import annotations
+
+import pytest
+
+from miles_profile.visualize import main
+from tests.conftest import REPO
+from test_visualize_browser import _open_offline
+
+pytestmark = pytest.mark.browser
+
+H200 = REPO / "sample_logs" / "h200"
+PAGE_HEIGHT_MAX = 15_000
+
+# Width on screen (px) of each phase bar of a timeline: a bar is a line segment start-middle-end, gap.
+BAR_WIDTHS = """(id) => { const g = document.getElementById(id); const xa = g._fullLayout.xaxis;
+  return g._fullData.filter(d => d.legendgroup === 'phases' && d.mode === 'lines').flatMap(d => {
+    const out = []; for (let i = 0; i + 2 < d.x.length; i += 4) out.push(xa.l2p(d.x[i + 2]) - xa.l2p(d.x[i]));
+    return out; }); }"""
+
+
+@pytest.fixture(scope="module")
+def h200_report(tmp_path_factory):
+    out = tmp_path_factory.mktemp("h200") / "h200.html"
+    assert main([str(H200), "-o", str(out), "--no-check"]) == 0
+    return out
+
+
+def test_the_h200_comparison_fits_in_a_few_screens(browser, artifacts, h200_report):
+    page, requests, errors = _open_offline(browser, h200_report, width=1500)
+    try:
+        assert not errors and not requests
+        page.set_viewport_size({"width": 1500, "height": 1000})
+        page.wait_for_selector("#comparison-figure .main-svg")
+        height = page.evaluate("document.body.scrollHeight")
+        assert height <= PAGE_HEIGHT_MAX, height
+        # the run x phase matrix: one row per configuration, phases in loop order
+        rows = page.locator("#comparison-matrix-device tbody tr")
+        assert rows.count() == len(list(H200.iterdir())) == 9
+        header = page.locator("#comparison-matrix-device thead th").all_inner_texts()
+        assert header[:3] == ["run", "generate", "offload_rollout"] and header.index("train") < header.index("offload_train")
+        page.screenshot(path=str(artifacts / "h200-comparison-first-screen.png"))
+    finally:
+        page.close()
+
+
+def test_a_folded_run_opens_with_its_timeline_at_full_width_and_every_phase_visible(browser, artifacts, h200_report):
+    page, _, errors = _open_offline(browser, h200_report, width=1500)
+    try:
+        page.locator("#run-4 details.run-fold > summary").click()
+        page.wait_for_timeout(500)  # the toggle handler resizes the figures drawn while folded
+        width = page.evaluate("document.getElementById('timeline-4')._fullLayout.width")
+        assert width > 1200, width  # not Plotly's 700 px default for a figure drawn while hidden
+        widths = page.evaluate(BAR_WIDTHS, "timeline-4")
+        assert len(widths) >= 30 and min(widths) >= 3, min(widths)
+        assert page.locator("#timeline-4 .annotation-text", has_text="peak ").count() >= 1
+        page.locator("#timeline-4").screenshot(path=str(artifacts / "h200-timeline-where.png"))
+        assert not errors
+    finally:
+        page.close()
