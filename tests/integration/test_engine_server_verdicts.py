@@ -16,7 +16,8 @@ import pytest
 
 import miles_profile as mp
 from miles_profile import visualize
-from miles_profile.verdicts import fleet_checks, fleet_report
+from miles_profile.verdicts.engine import judge
+from miles_profile.verdicts.per_process import per_process_checks
 from miles_profile.report.phase_table import phase_table
 from tests.conftest import REPO, python_env
 
@@ -27,8 +28,7 @@ GiB = 1024 ** 3
 
 def _verdicts(path) -> dict:
     run = mp.load(path)
-    results = fleet_report.per_process_checks(run) + fleet_checks.run_fleet_checks(phase_table(run))
-    return {r.name: r for r in results}
+    return {r.name: r for r in judge(run).checks}  # per process and across the fleet, as every view shows
 
 
 def _phases(pid: int, name: str) -> list[dict]:
@@ -188,7 +188,7 @@ def test_cpu_engine_server_rollout_offloads_are_judged_on_the_engine(tmp_path, c
     run = mp.load(run_dir)
     engine = next(p["pid"] for p in run.processes if p.get("role") == "engine")
     rank = next(p["pid"] for p in run.processes if p.get("role") == "in_process")
-    verdicts = {r.name: r for r in fleet_report.per_process_checks(run)}
+    verdicts = {r.name: r for r in per_process_checks(run)}
     delegated = [f for f in verdicts["offload_drop"].findings
                  if f.numbers.get("pid") == rank and f.phase == "offload_rollout"]
     assert len(delegated) == 3 and all(f.status == "pass" and f.numbers["holder_pid"] == engine for f in delegated)
