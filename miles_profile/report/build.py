@@ -132,9 +132,11 @@ def _verdict_lines(reports) -> list[str]:
     lines = []
     for report in reports:
         verdict = report.verdict
-        lines.append(f"{verdict.run_name}: {STATUS_LABEL[verdict.status]}")
+        lines.append(f"{verdict.run_name}:")
         if not verdict.checked:
             lines.append("  checks not run (--no-check)")
+        else:  # the first screen's facts in one short block; the failing checks are the lines below
+            lines += [f"  {line}" for line in report.summary.lines(failing=False)]
         width = max((len(r.name) for r in verdict.checks), default=0)
         for r in verdict.checks:
             lines.append(f"  {STATUS_LABEL[r.status]:5} {r.name:{width}}  {r.summary}")
@@ -148,7 +150,7 @@ def visualize(options: VisualizeOptions, echo: Callable[[str], None] = print) ->
     from miles_profile.report import export
     from miles_profile.report.compare import comparison_html
     from miles_profile.report.html import build_run_report, write_html
-    from miles_profile.verdicts.engine import exit_code_of
+    from miles_profile.verdicts.engine import STATUS_LABEL, exit_code_of, overall_of
     from miles_profile.verdicts.selection import apply_selection, selection_for
 
     started = time.perf_counter()
@@ -203,7 +205,10 @@ def visualize(options: VisualizeOptions, echo: Callable[[str], None] = print) ->
             echo(f"{report.run.name}: {line}")
     if failed:  # exit 2 even though the HTML exists: a CI step reading the missing file must not go on
         raise MilesProfileError(f"{'; '.join(failed)} (the report {output} was written)")
-    return exit_code_of(verdicts)
+    code = exit_code_of(verdicts)
+    echo(f"verdict: {STATUS_LABEL[overall_of(verdicts)]} (exit code {code}: checks and gates of "
+         f"{len(verdicts)} run{'s' if len(verdicts) > 1 else ''})")
+    return code
 
 
 def _load_baseline(path: str):
