@@ -163,7 +163,7 @@ def visualize(options: VisualizeOptions, echo: Callable[[str], None] = print) ->
         for run, selection in zip(runs, selections):
             report = build_run_report(run, thresholds=options.thresholds, check=options.check,
                                       max_points=options.max_points, progress=bar, lanes=options.lanes,
-                                      fleet_thresholds=options.fleet_thresholds, selection=selection,
+                                      fleet_thresholds=options.fleet_thresholds, selection=options.phases,
                                       baseline=baseline, baseline_thresholds=options.baseline_thresholds,
                                       baseline_by_iteration=options.baseline_by_iteration)
             report, _ = apply_selection(report, selection, options.max_points)

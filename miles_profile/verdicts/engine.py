@@ -100,7 +100,8 @@ def judge(run, *, thresholds=None, fleet_thresholds=None, selection: str | Phase
 
 
 def resolve_selection(run, selection: str | PhaseSelection | None) -> PhaseSelection | None:
-    """The selection as a PhaseSelection; one given (text or object) must match a recorded phase."""
+    """The selection as a PhaseSelection; one given (text or object) must match a recorded phase, the
+    run's recorded default (selection None) need not (a run just started has no phase yet)."""
     from miles_profile.verdicts.selection import selection_for
     if isinstance(selection, PhaseSelection):
         return selection_for(run, selection.text)

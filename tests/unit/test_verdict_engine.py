@@ -109,6 +109,18 @@ def test_a_phase_selection_filters_findings_and_one_matching_nothing_is_an_error
         judge(run, selection="trian")
 
 
+def test_a_recorded_default_selection_is_not_held_to_match():
+    """`record --phase eval` on a run that has not opened `eval` yet: the dashboard shows its checks."""
+    from dataclasses import replace
+
+    from miles_profile.logdir.layout import PHASE_SELECTION_KEY
+    run = load_run(CPU)
+    waiting = replace(run, meta={**run.meta, PHASE_SELECTION_KEY: "eval"})
+    assert judge(waiting).checks  # no error: judged, with every phased finding left out
+    with pytest.raises(MilesProfileError, match="matches none"):
+        judge(waiting, selection="eval")
+
+
 def test_a_baseline_sharing_nothing_is_an_error_not_a_pass():
     current, baseline = _measures(10 * GiB, 10 * GiB, key="gpu|a|GPU-1", base_key="gpu|b|GPU-2")
     baseline["rank_key"] = "gpu|ranks 7"
