@@ -130,6 +130,7 @@ def write_json(reports, path: str | Path) -> Path:
     runs = []
     for report, verdict in zip(reports, verdicts):
         run = {**verdict.to_dict(), "name": report.run.name, "path": str(report.run.path),
+               "summary": _jsonable(report.summary.to_dict()) if verdict.checked else None,
                "warnings": report.skipped,
                "phases": _jsonable(report.phases.astype(object).where(report.phases.notna(), None).to_dict("records"))}
         if run["gates"]:

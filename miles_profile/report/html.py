@@ -17,6 +17,7 @@ import datetime as _dt
 import html
 import json
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 
 import numpy as np
@@ -31,6 +32,8 @@ from miles_profile.report.figures import run_start, timeline_figure
 from miles_profile.report.run_fold import FOLD_SCRIPT, fold_close, fold_open
 from miles_profile.report.forecast_html import forecast_html
 from miles_profile.report.series import GiB
+from miles_profile.report.summary import Summary, summarize
+from miles_profile.report.summary_html import SUMMARY_CSS, SUMMARY_SCRIPT, summary_html
 from miles_profile.report.stats import phase_instances, phase_table, stat_metrics
 
 TABLE_ROW_LIMIT = 200
@@ -51,6 +54,11 @@ class RunReport:
     @property
     def checks(self) -> list[checks_mod.CheckResult]:
         return self.verdict.checks
+
+    @cached_property
+    def summary(self) -> Summary:
+        """The first screen (report/summary.py), from this verdict: the HTML, the CLI and --json render it."""
+        return summarize(self.run, self.verdict.checks, self.verdict.status)
 
 
 def build_run_report(run, *, thresholds: checks_mod.Thresholds | None = None, check: bool = True,
@@ -229,16 +237,19 @@ def _run_section(report: RunReport, k: int, single: bool) -> str:
     if report.ledger is not None:  # also for a few processes in the fleet view (an actor and its engine server)
         from miles_profile.report.ledger_html import ledger_html
         timeline += ledger_html(report.ledger, t0, suffix, align_to=report.figure)
+    # First screen: the summary (verdict, peak, offloads, failing checks), then the memory itself; the
+    # checks' details and the run's facts follow.
     return f"""
 <section class="run" id="run{suffix}">
-  <h2>{_e(run.name)} <span class="badge {cls}">{text}</span></h2>
+  <h2>{_e(run.name)}{"" if report.verdict.checked else f' <span class="badge {cls}">{text}</span>'}</h2>
+  {summary_html(report.summary, t0, f"run{suffix}") if report.verdict.checked else ""}
   {fold_open(single)}
   {fleet}
-  {_facts_html(run)}
   {skipped}
+  {timeline}
   <h3>Checks</h3>
   {_checks_html(report.checks, t0, "checks" + suffix)}
-  {timeline}
+  <details class="run-facts"><summary>Run details (command, host, devices, processes)</summary>{_facts_html(run)}</details>
   <h3>Per phase</h3>{per_phase_note}
   {_phase_table_html(run, report.phases, False, "phases" + suffix)}
   <details><summary>Per iteration</summary>
@@ -290,7 +301,7 @@ def render_html(reports: list[RunReport], *, comparison: str | None = None, note
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>{_e(title)}</title>
 <meta name="viewport" content="width=device-width, initial-scale=1">
-<style>{_CSS}</style>
+<style>{_CSS}{SUMMARY_CSS}</style>
 <script type="text/javascript">{get_plotlyjs()}</script>
 </head><body><main>
 <h1>{_e(title)}</h1>
@@ -299,6 +310,7 @@ def render_html(reports: list[RunReport], *, comparison: str | None = None, note
 <span class="muted small" id="overall-exit">exit code {1 if overall == "fail" else 0}</span></p>
 {note_html}{nav}{extra}{comparison_html}{body}
 <script type="application/json" id="report-data">{_report_data(reports, overall)}</script>
+<script>{SUMMARY_SCRIPT}</script>
 {_zoom_script(reports)}{"" if single else FOLD_SCRIPT}
 </main></body></html>
 """

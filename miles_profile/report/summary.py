@@ -44,7 +44,10 @@ class OffloadKind:
             status.append(f"{self.too_small} too small to judge")
         if self.not_judged:
             status.append(f"{self.not_judged} not judged")
-        parts.append(("; " if self.declared is not None else "") + (", ".join(status) if status else "all passed"))
+        verdict = ", ".join(status) if status else "all passed"
+        if self.declared is not None:
+            parts[-1] += ";"
+        parts.append(verdict)
         if self.worst is not None and self.failed:
             parts.append(f"— worst: {self.worst.message}")
         return " ".join(parts)
@@ -57,14 +60,14 @@ class Summary:
     offloads: list[OffloadKind] = field(default_factory=list)
     failing: list[tuple[CheckResult, Finding | None]] = field(default_factory=list)
 
-    def lines(self) -> list[str]:
+    def lines(self, failing: bool = True) -> list[str]:
         out = [f"verdict: {self.status.upper()}"]
         out.append(self.peak.text() if self.peak else "peak: no memory samples")
         for kind in self.offloads:
             out.append(f"offload {kind.text()}")
         if not self.offloads:
             out.append("offloads: none in this run")
-        for check, finding in self.failing:
+        for check, finding in self.failing if failing else ():
             out.append(f"FAIL {check.name}: {finding.message if finding else check.summary}")
         return out
 
