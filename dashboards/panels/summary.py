@@ -10,6 +10,7 @@ from dash.exceptions import PreventUpdate
 
 from dashboards.messages import describe, message
 from dashboards.panels.refresh import due
+from dashboards.verdicts import verdict_of
 from miles_profile.report.figures import run_start
 from miles_profile.report.peak import iteration_text
 from miles_profile.report.series import GiB
@@ -24,12 +25,6 @@ def layout() -> html.Section:
         dcc.Store(id="summary-spans"),
         dcc.Store(id="summary-rendered"),
     ])
-
-
-def verdict_of(live_run, phases: str | None):
-    """The run's one verdict (verdicts/engine.judge), memoized per version: the checks panel reads it too."""
-    from miles_profile.verdicts.engine import judge
-    return live_run.memo("verdict", lambda run: judge(run, selection=phases))
 
 
 def compute(run, verdict) -> tuple[Summary, float]:
