@@ -21,7 +21,7 @@ import miles_profile as mp
 from miles_profile.names import (CLEAR_MEMORY, CUDA_GRAPH, GENERATE, KV_CACHE, OFFLOAD_KV, OFFLOAD_ROLLOUT,
                                  OFFLOAD_TRAIN, OFFLOAD_WEIGHTS, ONLOAD_KV, ONLOAD_TRAIN, ONLOAD_WEIGHTS,
                                  TORCH_MEMORY_SAVER, TRAIN, UPDATE_WEIGHTS, WEIGHTS)
-from trainer import dist, memory_backend, task
+from trainer import dist, memory_backend, offload_dirs, task
 from trainer.actor import Actor, Batch, TrainStats
 from trainer.args import RunConfig, parse_args
 from trainer.config import gib, model_config
@@ -212,11 +212,20 @@ def _start_engine(cfg: RunConfig, model_cfg, device: torch.device) -> RolloutEng
 
 
 def _own_disk_dir(cfg: RunConfig) -> Path | None:
-    """A subdirectory of --offload-train-disk-dir that this process alone writes and removes."""
+    """A subdirectory of --offload-train-disk-dir that this process alone writes and removes; those
+    left by trainers killed before they could remove theirs are removed (or named) first."""
     if cfg.offload_train_target != "disk":
         return None
+    for stale in offload_dirs.remove_stale(cfg.offload_train_disk_dir):
+        if stale.removable:
+            print(f"trainer: removed {stale.path} ({gib(stale.nbytes)}): offload files of pid {stale.pid}, "
+                  "which is gone", flush=True)
+        else:
+            print(f"trainer: warning: {stale.path} ({gib(stale.nbytes)}) holds offload files of pid {stale.pid}, "
+                  "which is gone from this host; remove it if no other host writes there", file=sys.stderr,
+                  flush=True)
     mp.watch_dir(cfg.offload_train_disk_dir)
-    return cfg.offload_train_disk_dir / f"trainer-{os.getpid()}"
+    return offload_dirs.claim(cfg.offload_train_disk_dir)
 
 
 def _print_setup(cfg: RunConfig, actor: Actor, engine: RolloutEngine) -> None:

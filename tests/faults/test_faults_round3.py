@@ -213,3 +213,63 @@ def test_trainer_run_whose_directory_was_deleted_says_the_log_is_gone(tmp_path):
     assert record.returncode == 1, stderr
     assert "log written" not in stderr and f"the log is gone: its run directory {run_dir} was deleted" in stderr, stderr
     assert "Traceback" not in stderr, stderr
+
+
+# -- item 3: offload directories of killed trainers don't stay forever ---------------------------------
+DISK_TRAIN = ["-m", "trainer.train", "--preset", "tiny", "--offload-train", "--offload-train-target", "disk"]
+
+
+def test_a_killed_disk_offload_run_leaves_a_directory_the_next_run_removes(tmp_path):
+    offload = tmp_path / "offload"
+    killed = subprocess.Popen([sys.executable, *DISK_TRAIN, "--num-rollout", "1000", "--offload-train-disk-dir",
+                               str(offload)], cwd=REPO, env=python_env(), stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL)
+    left = offload / f"trainer-{killed.pid}"
+    deadline = time.monotonic() + 120
+    while not list(left.glob("*.safetensors")) and time.monotonic() < deadline:
+        assert killed.poll() is None
+        time.sleep(0.05)
+    killed.kill()
+    killed.wait()
+    assert list(left.glob("*.safetensors"))  # SIGKILL: nothing could remove them
+    done = subprocess.run([sys.executable, *DISK_TRAIN, "--num-rollout", "1", "--offload-train-disk-dir",
+                           str(offload)], cwd=REPO, env=python_env(), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert not left.exists()
+    assert f"trainer: removed {left} (" in done.stdout and f"pid {killed.pid}, which is gone" in done.stdout
+    assert list(offload.iterdir()) == []  # and its own, on the way out
+
+
+def test_only_directories_of_gone_owners_are_removed(tmp_path):
+    from trainer import offload_dirs
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        started = psutil.Process(sleeper.pid).create_time()
+
+        def owned(pid: int, start_time: float | None, size: int) -> Path:
+            path = tmp_path / f"trainer-{pid}"
+            path.mkdir()
+            (path / "chunk").write_bytes(b"x" * size)
+            if start_time is not None:
+                (path / offload_dirs.OWNER_FILE).write_text(json.dumps(
+                    {"pid": pid, "start_time": start_time, "host": os.uname().nodename}))
+            return path
+
+        live = owned(sleeper.pid, started, 10)
+        reused = owned(os.getppid(), psutil.Process(os.getppid()).create_time() - 3600, 20)  # pid now another's
+        gone_pid = sleeper.pid  # reused below once the sleeper is dead
+        unknown_live = owned(other.pid, None, 30)  # no owner file, its pid alive: may be a newcomer's
+        reused_bytes = sum(f.stat().st_size for f in reused.iterdir())  # its chunk and owner file
+        stale = offload_dirs.remove_stale(tmp_path)
+        assert [(s.path, s.removable, s.nbytes) for s in stale] == [(reused, True, reused_bytes)]
+        assert live.exists() and unknown_live.exists() and not reused.exists()
+        sleeper.kill()
+        sleeper.wait()
+        (live / offload_dirs.OWNER_FILE).unlink()  # a directory from before owners were recorded
+        stale = offload_dirs.remove_stale(tmp_path)
+        assert [(s.path, s.pid, s.removable, s.nbytes) for s in stale] == [(live, gone_pid, False, 10)]
+        assert live.exists()  # named with its size, never removed: it may be another host's
+    finally:
+        sleeper.kill()
+        other.kill()
