@@ -263,3 +263,144 @@ def test_unreadable_gpu_util_lines_are_not_blamed_on_nvml(tmp_path):
     with pytest.raises(MilesProfileError) as info:
         load_miles_dashboard(root)
     assert "NVML" not in str(info.value) and "malformed" in str(info.value)
+
+
+# -- the sweep: every damage above, through the CLI ---------------------------------------------------
+def _fifo(path: Path) -> None:
+    path.unlink(missing_ok=True)
+    os.mkfifo(path)
+
+
+def _zero_link(path: Path) -> None:
+    path.unlink(missing_ok=True)
+    path.symlink_to("/dev/zero")
+
+
+def _sparse(path: Path, head: str = "") -> None:
+    path.write_text(head)
+    os.truncate(path, 2 * 1024 ** 3)
+
+
+def _host_files(run: Path, stem: str = "h-9") -> None:
+    (run / f"{stem}.host.json").write_text(json.dumps({"format_version": 1, "host": "h"}))
+    (run / f"{stem}.host.csv").write_text("t,host_available\n1000.5,5\n")
+
+
+def _forecast_then_lost_events(run: Path) -> None:
+    meta = json.loads((run / "h-7.meta.json").read_text())
+    meta["annotations"] = {"forecast": {"device": "cpu", "phases": [
+        {"phase": "train", "device": "host", "peak": 100, "allocator": 0}]}}
+    (run / "h-7.meta.json").write_text(json.dumps(meta))
+    (run / "h-7.events.jsonl").write_text("")
+
+
+def _account_overflow(run: Path) -> None:
+    with open(run / "h-7.events.jsonl", "a") as f:
+        f.write(json.dumps({"t": 1002.0, "kind": "account", "name": "kv_cache", "pid": 7,
+                            "attrs": {"device": "host", "bytes": 10 ** 20}}) + "\n")
+
+
+def _empty_processes(run: Path) -> None:
+    for k in range(300):
+        for suffix in (".meta.json", ".samples.csv", ".events.jsonl"):
+            (run / f"e-{k}{suffix}").write_bytes(b"")
+
+
+SINGLE = {
+    "samples-fifo": lambda r: _fifo(r / "h-7.samples.csv"),
+    "events-fifo": lambda r: _fifo(r / "h-7.events.jsonl"),
+    "meta-fifo": lambda r: _fifo(r / "h-7.meta.json"),
+    "host-json-fifo": lambda r: (_host_files(r), _fifo(r / "h-9.host.json")),
+    "host-csv-fifo": lambda r: (_host_files(r), _fifo(r / "h-9.host.csv")),
+    "host-csv-dev-zero": lambda r: (_host_files(r), _zero_link(r / "h-9.host.csv")),
+    "events-dev-zero": lambda r: _zero_link(r / "h-7.events.jsonl"),
+    "host-csv-sparse": lambda r: (_host_files(r), _sparse(r / "h-9.host.csv", "t,host_available\n1000.5,5\n")),
+    "meta-sparse": lambda r: _sparse(r / "h-7.meta.json", '{"format_version": 1'),
+    "meta-empty": lambda r: (r / "h-7.meta.json").write_bytes(b""),
+    "events-empty": lambda r: (r / "h-7.events.jsonl").write_bytes(b""),
+    "host-stem-is-a-path": lambda r: (_host_files(r), (r / "h-9.host.json").write_text(
+        json.dumps({"format_version": 1, "host": "h", "stem": "../../../etc/passwd"}))),
+    "host-json-version-9": lambda r: (_host_files(r), (r / "h-9.host.json").write_text(
+        json.dumps({"format_version": 9}))),
+    "account-over-int64": _account_overflow,
+    "forecast-then-lost-events": _forecast_then_lost_events,
+    "300-empty-processes": _empty_processes,
+}
+
+
+def _multi(tmp_path: Path, damage: str) -> list[str]:
+    run = two_rank_run(tmp_path)
+    if damage.startswith("rank-1-without-"):
+        (run / f"h-8.{damage[len('rank-1-without-'):]}").unlink()
+    elif damage == "copy-beside-it":
+        meta = json.loads((run / "meta.json").read_text())
+        (run / "meta.json").write_text(json.dumps({**meta, "run_id": "job"}))
+        shutil.copytree(run, run.with_name(run.name + ".bak"))
+    elif damage == "same-pid-two-hosts-a-day-apart":
+        from tests.unit.test_logdir_multihost import write_host_run
+        write_host_run(tmp_path / "logs" / "a", "node-a", "job", begin=1.0)
+        write_host_run(tmp_path / "logs" / "b", "node-b", "job", begin=1.0 + 86400)
+        shutil.rmtree(run)
+    return [str(tmp_path / "logs")]
+
+
+MULTI = ["rank-1-without-samples.csv", "rank-1-without-events.jsonl", "rank-1-without-meta.json",
+         "copy-beside-it", "same-pid-two-hosts-a-day-apart"]
+
+
+def _miles(tmp_path: Path, damage: str) -> list[str]:
+    root = miles_dump(tmp_path)
+    if damage == "fifo-partition":
+        os.mkfifo(root / "gpu_util" / "20990101_00.jsonl")
+    elif damage == "nested-json":
+        for stream in ("gpu_util", "phases", "topology"):
+            (root / f"{stream}.jsonl").write_text("[" * 100_000 + "]" * 100_000 + "\n")
+    elif damage == "negative-mem":
+        (root / "gpu_util.jsonl").write_text(json.dumps({"ts": 1_767_225_541.0, "node": "10.0.0.1", "gpu": 0,
+                                                         "mem_mb": -5}) + "\n")
+    elif damage == "sparse-meta":
+        _sparse(root / "meta.json", '{"run_name": "x", "start_ts": 1}')
+    return [str(root.parent)]
+
+
+def _visualize_never_hangs_nor_crashes(tmp_path: Path, args: list[str], readable: bool = True) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    done = cli("-m", "miles_profile.visualize", *args, "--json", str(out / "v.json"), "-o", str(out / "r.html"),
+               timeout=120)  # a hang fails here as TimeoutExpired
+    assert "Traceback" not in done.stderr, done.stderr
+    if readable:
+        assert done.returncode in (0, 1), done.stderr
+    else:
+        assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
+# report/forecast.py `outside()`: `comparison[comparison["outside"]]` on the empty comparison of a run
+# without phases indexes columns by an empty object Series, so `bad["error"]` is a KeyError (exit 2).
+# A line in report/ (not the readers): `comparison[comparison["outside"].astype(bool)]`. Strict: once
+# fixed there, this mark must go.
+FORECAST_FIX_PENDING = pytest.mark.xfail(strict=True, reason="report/forecast.py outside() on an empty comparison")
+
+
+@pytest.mark.parametrize("damage", [pytest.param(d, marks=FORECAST_FIX_PENDING) if d.startswith("forecast") else d
+                                    for d in sorted(SINGLE)])
+def test_sweep_single_process_runs(tmp_path, damage):
+    run = make_run(tmp_path / "logs")
+    write_process_meta(run, "h-8", {"pid": 8, "role": "in_process", "stem": "h-8", "end_time": 1020.0})
+    intact = SampleWriter(run, "h-8", ["rss", "rss_peak"])  # the readable process the report must show
+    intact.append(1000.5, "", [1, 2])
+    intact.close()
+    EventWriter(run, "h-8").close()
+    SINGLE[damage](run)
+    _visualize_never_hangs_nor_crashes(tmp_path, [str(run)])
+
+
+@pytest.mark.parametrize("damage", MULTI)
+def test_sweep_multi_process_runs(tmp_path, damage):
+    _visualize_never_hangs_nor_crashes(tmp_path, _multi(tmp_path, damage))
+
+
+@pytest.mark.parametrize("damage", ["fifo-partition", "nested-json", "negative-mem", "sparse-meta"])
+def test_sweep_miles_dumps(tmp_path, damage):
+    # a sparse meta.json is no Miles dump and no run: refused in one line, as any unreadable input
+    _visualize_never_hangs_nor_crashes(tmp_path, _miles(tmp_path, damage), readable=damage != "sparse-meta")
