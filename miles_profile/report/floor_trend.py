@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from miles_profile.verdicts.trend import robust_slope
+from miles_profile.verdicts.trend import slopes_of
 
 # the share of a key's phase instances (and of each iteration's) that must hold a value of the series
 MIN_COVERAGE = 0.9
@@ -67,15 +67,13 @@ def groups(floors: pd.DataFrame, key: str, skip: int = 0):
 def floor_trends(df: pd.DataFrame, key: str, skip: int = 0) -> pd.DataFrame:
     """Per key, the Theil-Sen slope of its dense floors after the first `skip` iterations: `slope`,
     `slope_low`, `slope_high` (bytes/iteration, 95 % interval), `n`, `rise` (slope x the iterations
-    spanned), `series`; the row is the floor's phase instance in the last iteration (a link target)."""
+    spanned), `series`; the row is the floor's phase instance in the last iteration (a link target).
+    Keys with the same iterations (usually all of them) are fitted together in one numpy pass."""
     floors = dense_floors(df, key)
-    last, fits = [], []
-    for at, x, y in groups(floors, key, skip):
-        fit = robust_slope(x, y) if len(at) >= 2 else None
-        if fit is not None:
-            last.append(at[-1])
-            fits.append((fit.slope, fit.low, fit.high, fit.n, fit.slope * fit.span, y[0]))
+    parts = [p for p in groups(floors, key, skip) if len(p[0]) >= 2]
+    fits = slopes_of([(x, y) for _, x, y in parts])
+    values = np.array([(f.slope, f.low, f.high, f.n, f.slope * f.span, y[0]) for f, (_, _, y) in zip(fits, parts)],
+                      dtype=float).reshape(-1, 6)
+    out = floors.iloc[[at[-1] for at, _, _ in parts]].reset_index(drop=True)
     names = ["slope", "slope_low", "slope_high", "n", "rise", "first_floor"]
-    out = floors.iloc[last].reset_index(drop=True)
-    values = np.array(fits, dtype=float).reshape(-1, len(names))
     return out.assign(**{n: values[:, k] for k, n in enumerate(names)})

@@ -22,7 +22,7 @@ from miles_profile import names
 from miles_profile.report import fleet, floor_trend
 from miles_profile.verdicts.common import size
 from miles_profile.verdicts.resolution import resolution_of
-from miles_profile.verdicts.trend import judge_floors, step_cause_of
+from miles_profile.verdicts.trend import judge_floors, slopes_of, step_cause_of
 from miles_profile.verdicts.types import TOO_SMALL, CheckResult, Finding, gib
 
 GiB = 1024 ** 3
@@ -250,9 +250,13 @@ def check_floor_trend_leak(table: pd.DataFrame, th: FleetThresholds) -> FleetChe
     findings, worst, judged = [], None, {"lanes": 0, "processes": 0}
     for key in ("lane", "pid"):
         floors = floor_trend.dense_floors(df, key)
-        rows = floors[["lane", "pid", "role", "rank", "phase", "iteration", "t0", "t1", "series"]].to_dict("records")
-        for at, x, y in floor_trend.groups(floors, key, th.floor_trend_skip_iterations):
-            finding = _floor_finding(rows[at[0]], rows[at[-1]], x, y, key, lane_rows, th)
+        parts = list(floor_trend.groups(floors, key, th.floor_trend_skip_iterations))
+        ends = [p[0][0] for p in parts] + [p[0][-1] for p in parts]  # only these rows become dicts
+        columns = ["lane", "pid", "role", "rank", "phase", "iteration", "t0", "t1", "series"]
+        rows = dict(zip(ends, floors[columns].iloc[ends].to_dict("records")))
+        fits = slopes_of([(x, y) for _, x, y in parts])  # one numpy pass for all, not one call each
+        for (at, x, y), fit in zip(parts, fits):
+            finding = _floor_finding(rows[at[0]], rows[at[-1]], x, y, fit, key, lane_rows, th)
             findings.append(finding)
             if finding.status == "n/a":
                 continue
@@ -281,7 +285,7 @@ def _measured(n: dict) -> str:
             f"allowed {gib(n['allowed'])}")
 
 
-def _floor_finding(first: dict, last: dict, x: np.ndarray, y: np.ndarray, key: str, lane_rows: dict,
+def _floor_finding(first: dict, last: dict, x: np.ndarray, y: np.ndarray, fit, key: str, lane_rows: dict,
                    th: FleetThresholds) -> Finding:
     """One lane's or process's floors after warm-up (the rows of its first and last, the iterations, the
     bytes) judged by verdicts/trend.py."""
@@ -293,7 +297,7 @@ def _floor_finding(first: dict, last: dict, x: np.ndarray, y: np.ndarray, key: s
                   th.floor_trend_resolution_multiple * res)
     kind = "host" if series == "rss" else ("alloc" if series == "alloc" else "device")
     judged = judge_floors(x, y, resolution=res, allowed=allowed,
-                          min_iterations=th.floor_trend_min_iterations, step_cause=step_cause_of(kind))
+                          min_iterations=th.floor_trend_min_iterations, step_cause=step_cause_of(kind), fit=fit)
     pid = int(last["pid"]) if key == "pid" else None
     who = lane["label"] + (f" pid {pid} ({last['role'] or '?'} rank {last['rank']})" if pid is not None else "")
     what = "NVML used" if series == "used" else f"own memory ({series})"

@@ -14,7 +14,7 @@ from miles_profile.report import fleet
 from miles_profile.report.phase_table import phase_table
 from miles_profile.verdicts.checks import Thresholds, check_leak
 from miles_profile.verdicts.fleet_checks import FleetThresholds, check_floor_trend_leak
-from miles_profile.verdicts.trend import judge_floors
+from miles_profile.verdicts.trend import judge_floors, theil_sen
 from miles_profile.verdicts.types import TOO_SMALL
 from test_fleet import row, table
 from test_report_fakes import GiB, MiB, make_run
@@ -157,8 +157,21 @@ def test_engine_server_log_has_no_fast_rising_floor_from_sparse_reads():
     assert (slopes["value"].abs() < 0.1 * GiB).all(), slopes[["pid", "value"]]
 
 
-def test_without_scipy_the_leak_check_says_so(monkeypatch):
-    # the GPU machine has torch but not the report extra: the check must not crash the run's checks
+def test_theil_sen_gives_scipys_numbers_with_ties_gaps_and_unsorted_iterations():
+    from scipy.stats import theilslopes
+    rng = np.random.default_rng(3)
+    for n in (2, 3, 5, 8, 19, 30):
+        x = rng.permutation(np.arange(n) * 2 + rng.integers(0, 2, n).cumsum())  # gaps, any order
+        Y = rng.integers(0, 4, (6, n)).astype(float) * MiB  # many ties
+        Y[0] = 5 * GiB  # all equal
+        slope, low, high = theil_sen(x, Y)
+        for k, y in enumerate(Y):
+            want = theilslopes(y, x, alpha=0.95)
+            assert (slope[k], low[k], high[k]) == pytest.approx((want.slope, want.low_slope, want.high_slope)), (n, k)
+
+
+def test_the_gpu_machine_needs_no_scipy(monkeypatch):
+    # the GPU machine has torch but not the report extra: the leak trend must run without scipy
+    monkeypatch.setitem(__import__("sys").modules, "scipy", None)
     monkeypatch.setitem(__import__("sys").modules, "scipy.stats", None)
-    result = check_leak(_run([GiB + 200 * MiB * k for k in range(8)]), TH)
-    assert result.status == "n/a" and "needs scipy" in _host(result).message
+    assert check_leak(_run([GiB + 200 * MiB * k for k in range(8)]), TH).status == "fail"

@@ -195,7 +195,7 @@ def test_visualize_and_dashboard_list_it(dashboard, tmp_path):
     lines: list[str] = []
     code = visualize(VisualizeOptions([str(dashboard.parent)], output=str(out)), echo=lines.append)
     assert code == 0, lines
-    assert any("leak" in line and "PASS" in line for line in lines)
+    assert any("leak" in line and "N/A" in line for line in lines)  # 4 iterations: below the 5 a trend needs
     html = out.read_text()
     assert "sampled levels only" in html and "true peaks between samples are kept" not in html
     assert "2 hosts: 10.0.0.1, 10.0.0.2" in html and "total unknown" in html
