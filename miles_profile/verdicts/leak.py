@@ -60,7 +60,7 @@ def _judge_track(run, track: Track, spans, th: Thresholds) -> Finding | None:
         text += _declared_host_state(run, track.pid, judged.numbers["step"])
     span = (float(spans["start"].iloc[0]), float(spans["end"].iloc[-1])) if len(spans) else None
     status = TOO_SMALL if judged.status == "too small to judge" else judged.status
-    numbers = dict(judged.numbers, series=track.label)
+    numbers = dict(judged.numbers, series=track.label, limit=allowed)  # growth / limit ranks the worst process
     return Finding(status, f"{track.name}: {text}", span, numbers=numbers, cause=judged.cause, series=track.label,
                    resolution=resolution)
 
