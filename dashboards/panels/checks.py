@@ -10,6 +10,7 @@ from dash.exceptions import PreventUpdate
 
 from dashboards.messages import describe, message
 from dashboards.panels.refresh import due
+from dashboards.panels.summary import verdict_of
 from dashboards.runs import summarize
 from miles_profile.report.figures import run_start
 from miles_profile.verdicts.engine import judge
@@ -44,8 +45,11 @@ def _item(index: int, check: CheckResult, t0: float) -> html.Div | html.Button:
 def compute(run, phases: str | None = None) -> tuple[list[CheckResult], float]:
     """The engine's checks of the run, failures first, and the run's time origin (for the spans shown).
     `phases`: --phase (None: the run's recorded default); a selection matching no phase is an error."""
-    results = judge(run, selection=phases).checks
-    return sorted(results, key=lambda r: STATUS_ORDER.get(r.status, 9)), run_start(run)
+    return failures_first(judge(run, selection=phases).checks), run_start(run)
+
+
+def failures_first(results: list[CheckResult]) -> list[CheckResult]:
+    return sorted(results, key=lambda r: STATUS_ORDER.get(r.status, 9))
 
 
 def register(app, state) -> None:
@@ -63,7 +67,9 @@ def register(app, state) -> None:
             if key is None and rendered.get("recording") == recording:
                 raise PreventUpdate
             key = {**(key or rendered), "recording": recording}
-            results, t0 = live_run.memo("checks", lambda run: compute(run, state.phases))
+            # the verdict the summary panel renders too: judged once per version of the run
+            results = failures_first(verdict_of(live_run, state.phases).checks)
+            t0 = run_start(live_run.current)
         except PreventUpdate:
             raise
         except Exception as exc:  # noqa: BLE001 - a message in the page, never a traceback
