@@ -15,7 +15,8 @@ The rule (docs/checks.md, "leak"):
   caching allocator's blocks) is retention, not a leak;
 - fail (`sustained_growth`) only when the interval's lower bound times the iterations judged exceeds
   the allowed growth (the caller derives it from the series' resolution and the run's peak);
-- growth that is real (lower bound above zero) but below the series' resolution: too small to judge.
+- growth that is real (lower bound above zero), estimated below the series' resolution while the
+  interval reaches it: too small to judge; an interval wholly below the resolution is flat (pass).
 
 No scipy at run time (the GPU machine has none): the tests check `theil_sen` against scipy's.
 """
@@ -151,7 +152,9 @@ def judge_floors(iterations, floors, *, resolution: float, allowed: float, min_i
     if growth_low > allowed:
         return FloorVerdict("fail", "sustained_growth", f"sustained growth: {measured}; at least "
                             f"{_gib(growth_low)} over the run, allowed {_gib(allowed)}", numbers)
-    if fit.low > 0 and growth < resolution:
+    # a rise the interval says is real, estimated below what the series resolves but not excluded above
+    # it: neither flat nor a leak. (An interval wholly below the resolution is flat: a pass.)
+    if fit.low > 0 and growth < resolution <= fit.high * fit.span:
         return FloorVerdict("too small to judge", None, f"too small to judge (growth {_gib(growth)} below the "
                             f"resolution {_gib(resolution)} of the series): {measured}", numbers)
     return FloorVerdict("pass", None, f"{measured}; allowed {_gib(allowed)} over the run", numbers)

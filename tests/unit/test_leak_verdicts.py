@@ -98,11 +98,19 @@ def test_too_few_iterations_are_not_judged():
 
 
 def test_growth_below_the_resolution_is_too_small_to_judge():
-    result = check_leak(_run([GiB + 512 * 1024 * k for k in range(10)]), TH)  # 0.5 MiB an iteration
+    # 0.6 MiB an iteration under 1 MiB of scatter: a real rise (its interval lies above zero), estimated
+    # at 7 MiB over the run, below the 8 MiB RSS resolution, which the interval still reaches
+    judged = 1024 * MiB + 0.6 * MiB * np.arange(12) + np.random.default_rng(3).normal(0, MiB, 12)
+    result = check_leak(_run([judged[0]] + list(judged)), TH)
     assert result.status == TOO_SMALL
     finding = _host(result)
     assert finding.status == TOO_SMALL and finding.cause is None
-    assert "too small to judge (growth 0.004 GiB below the resolution 0.008 GiB" in finding.message
+    assert "too small to judge (growth 0.007 GiB below the resolution 0.008 GiB" in finding.message
+
+
+def test_a_rise_wholly_below_the_resolution_is_flat():
+    result = check_leak(_run([GiB + 512 * 1024 * k for k in range(10)]), TH)  # exactly 0.5 MiB an iteration
+    assert result.status == "pass" and _host(result).numbers["growth"] == 8 * 512 * 1024
 
 
 def test_a_series_read_only_at_some_phase_ends_gives_no_floor():
