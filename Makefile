@@ -1,7 +1,10 @@
 # The README's two commands: `make demo` and `make test`. Each sets up .venv first if needed.
 VENV ?= .venv
 PY := $(VENV)/bin/python
-DEMO_LOGS ?= /tmp/memory_logs/demo
+# The demo writes only under this checkout (so per user and per checkout): two people or two checkouts
+# on one machine never delete, overwrite or report each other's runs. Each `make demo` records into a
+# new directory there and reports that one; nothing is deleted.
+DEMO_DIR ?= $(CURDIR)/.demo
 # The CPU wheel of torch that lies on this machine's disk; a torch already importable by python3
 # (a CUDA build on a GPU host) is kept instead.
 TORCH_PIN ?= torch==2.13.0
@@ -23,12 +26,13 @@ $(VENV)/.installed: pyproject.toml
 # forecast), then its report written and checked.
 DEMO_ARGS ?= --preset cpu --num-rollout 2 --offload-train --offload-rollout \
 	--colocate-memory-peak-device gpu --offload-rollout-level kv_cache weight --optimizer-cpu-offload \
-	--offload-train-target disk --offload-train-disk-dir /tmp/miles_offload
+	--offload-train-target disk --offload-train-disk-dir $(DEMO_DIR)/offload
 
 demo: setup
-	rm -rf $(DEMO_LOGS)
-	$(PY) -m miles_profile.record --heap --log-dir $(DEMO_LOGS) -- $(DEMO_ARGS)
-	$(PY) -m miles_profile.visualize $(DEMO_LOGS) -o $(DEMO_LOGS)/report.html
+	@mkdir -p $(DEMO_DIR)
+	logs=$$(mktemp -d $(DEMO_DIR)/logs-XXXXXX) && \
+	$(PY) -m miles_profile.record --heap --log-dir $$logs -- $(DEMO_ARGS) && \
+	$(PY) -m miles_profile.visualize $$logs -o $$logs/report.html
 
 test: setup
 	$(PY) -m pytest -q

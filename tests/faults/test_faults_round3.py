@@ -273,3 +273,18 @@ def test_only_directories_of_gone_owners_are_removed(tmp_path):
     finally:
         sleeper.kill()
         other.kill()
+
+
+# -- item 16: `make demo` keeps to its checkout and never deletes a run ---------------------------------
+def test_make_demo_writes_only_under_its_checkout_and_deletes_nothing():
+    import shutil
+    if shutil.which("make") is None:
+        pytest.skip("needs make")
+    plan = subprocess.run(["make", "-n", "demo"], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert plan.returncode == 0, plan.stderr
+    recipe = plan.stdout
+    assert "/tmp" not in recipe and "rm -" not in recipe, recipe  # shared paths, or another run's deletion
+    assert f"--offload-train-disk-dir {REPO}/.demo/offload" in recipe, recipe
+    # A new log directory per demo, and the report of that directory alone.
+    assert f"logs=$(mktemp -d {REPO}/.demo/logs-XXXXXX)" in recipe, recipe
+    assert "--log-dir $logs --" in recipe and "visualize $logs -o $logs/report.html" in recipe, recipe
