@@ -207,3 +207,19 @@ def test_a_two_rank_recording_is_one_verdict_in_every_view(tmp_path):
     # against the one-process CPU log nothing matches (other roles, other phases): exit 2, not a pass
     with pytest.raises(MilesProfileError, match="nothing to compare"):
         judge(run, baseline=load_run(CPU))
+
+
+# -- "too small to judge" in every emitter ---------------------------------------------------------
+def test_too_small_to_judge_renders_in_the_cli_html_and_json():
+    from types import SimpleNamespace
+
+    from miles_profile.report.build import _verdict_lines
+    from miles_profile.report.html import _checks_html
+    verdict = RunVerdict("r", [_check("offload_drop", TOO_SMALL), _check("leak", "n/a")])
+    no_summary = SimpleNamespace(lines=lambda failing=False: [])  # report/summary.py's block: not this test's
+    lines = _verdict_lines([SimpleNamespace(verdict=verdict, summary=no_summary)])
+    assert lines[0] == "r:" and any(line.startswith("  SMALL offload_drop") for line in lines)
+    assert any(line.startswith("  N/A   leak") for line in lines)
+    table = _checks_html(verdict.checks, 0.0, "checks")
+    assert '<span class="badge small">TOO SMALL</span>' in table and 'data-status="too small to judge"' in table
+    assert verdict.to_dict()["checks"][0]["status"] == TOO_SMALL and verdict.to_dict()["status"] == TOO_SMALL
