@@ -11,7 +11,8 @@ import numpy as np
 
 from miles_profile.report.series import Track, main_pid
 from miles_profile.report.stats import phase_instances
-from miles_profile.verdicts.common import Tracks, nanmax, nanmin, not_applicable, unfinished_iterations, verdict, window
+from miles_profile.verdicts.common import (
+    Tracks, nanmax, nanmin, not_applicable, unfinished_iterations, verdict, window)
 from miles_profile.verdicts.resolution import resolution_of
 from miles_profile.verdicts.trend import judge_floors, step_cause_of
 from miles_profile.verdicts.types import TOO_SMALL, CheckResult, Finding, Thresholds, gib

@@ -88,7 +88,7 @@ def robust_slope(x, y) -> Slope | None:
     if len(np.unique(x)) < 2 or len(np.unique(x)) < len(x):
         return None
     slope, low, high = theil_sen(x, y[None, :])
-    return Slope(float(slope[0]), float(low[0]), float(high[0]), int(len(x)), float(x.max() - x.min()))
+    return Slope(float(slope[0]), float(low[0]), float(high[0]), len(x), float(x.max() - x.min()))
 
 
 def slopes_of(series: list[tuple[np.ndarray, np.ndarray]]) -> list[Slope | None]:
@@ -133,7 +133,7 @@ def judge_floors(iterations, floors, *, resolution: float, allowed: float, min_i
     x, y = x[ok], y[ok]
     if len(x) < min_iterations:
         return FloorVerdict("n/a", None, f"needs {min_iterations} iterations after warm-up with a floor "
-                            f"measured throughout, has {len(x)}", dict(iterations=int(len(x))))
+                            f"measured throughout, has {len(x)}", dict(iterations=len(x)))
     fit = fit or robust_slope(x, y)
     growth, growth_low = fit.slope * fit.span, fit.low * fit.span
     numbers = dict(slope=fit.slope, slope_low=fit.low, slope_high=fit.high, iterations=fit.n, growth=growth,
@@ -141,7 +141,7 @@ def judge_floors(iterations, floors, *, resolution: float, allowed: float, min_i
                    first=float(y[0]), last=float(y[-1]), floors=[float(v) for v in y])
     measured = (f"floor {_gib(y[0])} → {_gib(y[-1])} over {fit.n} iterations, {_mib(fit.slope)}/iteration "
                 f"({CONFIDENCE:.0%} interval {_mib(fit.low)} to {_mib(fit.high)})")
-    step = _one_time_step(x, y, allowed, min_iterations)
+    step = _one_time_step(x, y, allowed)
     if step is not None:
         k, size, rest = step
         numbers.update(step=size, step_after_iteration=int(x[k]), growth_without_step=rest.slope * rest.span)
@@ -160,7 +160,7 @@ def judge_floors(iterations, floors, *, resolution: float, allowed: float, min_i
     return FloorVerdict("pass", None, f"{measured}; allowed {_gib(allowed)} over the run", numbers)
 
 
-def _one_time_step(x: np.ndarray, y: np.ndarray, allowed: float, min_iterations: int):
+def _one_time_step(x: np.ndarray, y: np.ndarray, allowed: float):
     """(k, size, trend without it) when the largest jump, after iteration x[k], is a one-time step:
     larger than `allowed`, with the floors flat once it is taken out. None otherwise."""
     k, size = _largest_jump(x, y)

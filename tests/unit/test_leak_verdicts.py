@@ -8,6 +8,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from test_fleet import row, table
+from test_report_fakes import GiB, MiB, make_run
 
 from miles_profile.logdir.reader import load_run
 from miles_profile.report import fleet
@@ -16,8 +18,6 @@ from miles_profile.verdicts.checks import Thresholds, check_leak
 from miles_profile.verdicts.fleet_checks import FleetThresholds, check_floor_trend_leak
 from miles_profile.verdicts.trend import judge_floors, theil_sen
 from miles_profile.verdicts.types import TOO_SMALL
-from test_fleet import row, table
-from test_report_fakes import GiB, MiB, make_run
 
 TH = Thresholds()
 ENGINE_SERVER = Path(__file__).resolve().parents[2] / "sample_logs" / "h200" / "9-dist-engine-server"
