@@ -150,7 +150,7 @@ def phase_frame(root: Path, warnings: list[str]) -> pd.DataFrame:
 
 def topology(root: Path, warnings: list[str]) -> list[dict]:
     """Snapshots with validity windows [t0, t1) (snapshot N holds until N+1) and their engine workers."""
-    snapshots = []
+    snapshots, bad = [], 0
     for path in stream_files(root, "topology"):
         for line in _complete_lines(path, "topology", warnings).splitlines():
             try:
@@ -164,8 +164,9 @@ def topology(root: Path, warnings: list[str]) -> list[dict]:
                                         "node": str(node), "gpu": int(gpu), "uuid": uuid})
                 snapshots.append({"t0": float(row["ts"]), "workers": workers})
             except (AttributeError, KeyError, TypeError, ValueError, RecursionError):
-                if line.strip():
-                    warnings.append("topology: skipped a malformed snapshot")
+                bad += bool(line.strip())
+    if bad:  # one line however many: a damaged topology stream of 3,000 snapshots is one problem
+        warnings.append(f"topology: skipped {bad} malformed snapshot{'s' * (bad != 1)}")
     snapshots.sort(key=lambda s: s["t0"])
     for snapshot, after in zip(snapshots, snapshots[1:] + [None]):
         snapshot["t1"] = after["t0"] if after else np.inf

@@ -40,8 +40,8 @@ def apply_status(run_dir: Path, processes: list[dict[str, Any]], warnings: list[
     file (writer.WriteFaults): a full disk leaves the meta as it was at start, the status file not."""
     for p in processes:
         stem = p.get("stem")
-        if not isinstance(stem, str) or p.get("end_time") and "dropped" in p:
-            continue
+        if not isinstance(stem, str) or p.get("end_time"):
+            continue  # the meta written at stop holds the end and any drops itself
         try:
             status = json.loads(read_small(run_dir / f"{stem}{STATUS_SUFFIX}", limit=STATUS_BYTES))
         except (MilesProfileError, OSError, ValueError, RecursionError):
