@@ -122,24 +122,23 @@ def _hold(t: np.ndarray, y: np.ndarray, grid: np.ndarray) -> np.ndarray:
 
 
 def lane_phases(run, processes, window: tuple[float, float] | None = None) -> pd.DataFrame:
-    """The top-level phases (start, end, name; Unix seconds) to shade behind one lane: those of its
-    first process that recorded any, an actor before an engine. `processes`: (host, pid) pairs;
-    `window` (Unix seconds): only the phases that overlap it."""
+    """The top-level phases (start, end, name; Unix seconds, by start) to shade behind one lane: those
+    of every process on it (on a shared GPU the actor trains and the engine generates, so neither
+    alone shows the loop). `processes`: (host, pid) pairs; `window` (Unix seconds): only the phases
+    that overlap it."""
     phases = run.phases
-    if window is not None and not phases.empty:
-        phases = phases[(phases["end"] >= window[0]) & (phases["start"] <= window[1])]
     empty = pd.DataFrame({"start": [], "end": [], "name": []})
     if phases.empty:
         return empty
     top = phases[phases["depth"] == 0]
-    roles = {int(p.get("pid", -1)): str(p.get("role") or "") for p in run.processes}
-    for host, pid in sorted(processes, key=lambda hp: (_stack_order(roles.get(int(hp[1]), "")), hp[1])):
-        mine = top[top["pid"] == int(pid)]
-        if "host" in mine and host:
-            mine = mine[mine["host"].astype(str) == str(host)]
-        if len(mine):
-            return mine[["start", "end", "name"]].astype({"name": str}).reset_index(drop=True)
-    return empty
+    if window is not None:
+        top = top[(top["end"] >= window[0]) & (top["start"] <= window[1])]
+    wanted = {(str(h), int(p)) for h, p in processes}
+    hosts = top["host"].astype(str) if "host" in top else pd.Series("", index=top.index)
+    mine = [(h, int(p)) in wanted or ("", int(p)) in wanted or (h == "" and any(q == int(p) for _, q in wanted))
+            for h, p in zip(hosts, top["pid"])]
+    picked = top[np.asarray(mine, dtype=bool)] if len(top) else top
+    return picked[["start", "end", "name"]].astype({"name": str}).sort_values("start").reset_index(drop=True)
 
 
 def _phase_band_shapes(phases: pd.DataFrame | None, t0: float) -> tuple[list[dict], list[go.Scatter]]:
@@ -149,6 +148,10 @@ def _phase_band_shapes(phases: pd.DataFrame | None, t0: float) -> tuple[list[dic
     shapes = [dict(type="rect", xref="x", yref="y domain", x0=float(s) - t0, x1=float(e) - t0, y0=0, y1=1,
                    fillcolor=phase_color(str(n)), opacity=0.2, line_width=0, layer="below")
               for s, e, n in zip(phases["start"], phases["end"], phases["name"])]
+    # the stacked areas cover the bands: a strip of full colour along the top names each phase still
+    shapes += [dict(type="rect", xref="x", yref="y domain", x0=float(s) - t0, x1=float(e) - t0, y0=0.96, y1=1,
+                    fillcolor=phase_color(str(n)), opacity=0.95, line_width=0, layer="above")
+               for s, e, n in zip(phases["start"], phases["end"], phases["name"])]
     # no legend group: in a horizontal legend a group is a column, and the phases belong on one line
     legend = [go.Scatter(x=[None], y=[None], mode="markers", name=name,
                          marker=dict(symbol="square", size=11, color=phase_color(name)),

@@ -123,7 +123,7 @@ def test_a_fleet_lane_shades_its_phases_and_fits_its_y_axis():
     t = np.arange(0.0, 10.0, 0.5)
     phases = __import__("pandas").DataFrame({"start": [1.0, 4.0], "end": [3.0, 8.0], "name": ["generate", "train"]})
     fig = gpu_process_stack({"actor": (t, np.full(len(t), 0.4 * GiB))}, device_total=25 * GiB, phases=phases)
-    bands = [s for s in fig.layout.shapes if s.type == "rect"]
+    bands = [s for s in fig.layout.shapes if s.type == "rect" and s.layer == "below"]
     assert [(b.x0, b.x1, b.fillcolor) for b in bands] == [(1.0, 3.0, phase_color("generate")),
                                                          (4.0, 8.0, phase_color("train"))]
     assert fig.layout.yaxis.range[1] == pytest.approx(0.4 * 1.08)  # 0.4 GiB of data, not 0-25 GiB
@@ -146,3 +146,20 @@ def test_rare_ledger_categories_merge_into_other():
     merged = merge_rare_categories(frame)
     assert merged["category"].nunique() == COMPARISON_CATEGORIES_MAX
     assert merged.loc[merged["category"] == "other", "bytes"].sum() == sum((k + 1) * GiB for k in range(6))
+
+
+def test_the_dashboards_clicked_gpu_timeline_shades_that_gpus_phases(tmp_path):
+    import miles_profile as mp
+    from bench.make_fleet_log import write_fleet_run
+    from dashboards.panels import fleet as panel
+    run = mp.load(write_fleet_run(tmp_path / "run", hosts=1, gpus=2, minutes=0.2))
+    view = panel.compute(run)
+    lane = view.matrix.lanes["lane"].iloc[0]
+    figure = panel.gpu_figure(run, view, panel._gpu_index(run), lane, None)
+    bands = [s for s in figure.layout.shapes if s.type == "rect" and s.layer == "below"]
+    rows = view.table[view.table["lane"] == lane]
+    # every process on the GPU: the actor's train and the engine's generate alike
+    on_gpu = run.phases[(run.phases["depth"] == 0) & run.phases["pid"].isin(rows["pid"])]
+    assert len(bands) == len(on_gpu) > 0
+    assert {b.fillcolor for b in bands} == {phase_color(n) for n in set(on_gpu["name"])}
+    assert [t.name for t in figure.data if t.mode == "markers"] == [n for n in LOOP_ORDER if n in set(on_gpu["name"])]
