@@ -86,7 +86,11 @@ def judge(run, *, thresholds=None, fleet_thresholds=None, selection: str | Phase
     checks = _checks(run, thresholds, fleet_thresholds, fleet) if check else []
     notes = []
     if chosen is not None:
-        from miles_profile.verdicts.selection import not_selected_note, recorded_phases, select_checks
+        from miles_profile.verdicts.selection import (
+            not_selected_note,
+            recorded_phases,
+            select_checks,
+        )
         checks = select_checks(checks, chosen)
         left_out = chosen.split(recorded_phases(run))[1]
         if left_out:

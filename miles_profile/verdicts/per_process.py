@@ -14,7 +14,8 @@ from dataclasses import replace
 import numpy as np
 import pandas as pd
 
-from miles_profile.verdicts import checks as checks_mod, fleet_checks
+from miles_profile.verdicts import checks as checks_mod
+from miles_profile.verdicts import fleet_checks
 from miles_profile.verdicts.types import STATUS_ORDER, worst_status
 
 # How close a finding came to failing, from the numbers the checks record: (value, limit) pairs where
@@ -28,7 +29,11 @@ def _label(meta: dict) -> str:
 
 
 def per_process_checks(run, thresholds: checks_mod.Thresholds | None = None) -> list[checks_mod.CheckResult]:
-    from miles_profile.report.fleet_report import _phase_processes, _process_run, judged_processes
+    from miles_profile.report.fleet_report import (
+        _phase_processes,
+        _process_run,
+        judged_processes,
+    )
     judged = judged_processes(run)
     total = len(_phase_processes(run))
     rows_of = run.samples.groupby("pid").indices if len(run.samples) else {}

@@ -16,8 +16,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 from miles_profile import names
-from miles_profile.logdir.layout import PHASE_SELECTION_KEY
 from miles_profile.errors import MilesProfileError
+from miles_profile.logdir.layout import PHASE_SELECTION_KEY
 from miles_profile.phase_select import PhaseSelection, parse_phases
 from miles_profile.verdicts.types import TOO_SMALL
 

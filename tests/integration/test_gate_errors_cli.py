@@ -20,7 +20,7 @@ PREFIX = "miles_profile.visualize: error: "
 
 def visualize(*args, stdout=subprocess.PIPE) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "miles_profile.visualize", *map(str, args)], env=python_env(),
-                          cwd=REPO, stdout=stdout, stderr=subprocess.PIPE, text=True, timeout=120)
+                          cwd=REPO, stdout=stdout, stderr=subprocess.PIPE, text=True, timeout=120, check=False)
 
 
 def one_line_error(done: subprocess.CompletedProcess) -> str:

@@ -15,9 +15,18 @@ from miles_profile.errors import MilesProfileError
 from miles_profile.logdir.reader import load_run
 from miles_profile.verdicts.checks import run_checks
 from miles_profile.verdicts.engine import (
-    STATUS_LABEL, RunVerdict, exit_code_of, judge, judge_test_limits, overall_of,
+    STATUS_LABEL,
+    RunVerdict,
+    exit_code_of,
+    judge,
+    judge_test_limits,
+    overall_of,
 )
-from miles_profile.verdicts.gate import MEASURE_COLUMNS, RegressionThresholds, compare_runs
+from miles_profile.verdicts.gate import (
+    MEASURE_COLUMNS,
+    RegressionThresholds,
+    compare_runs,
+)
 from miles_profile.verdicts.memory_limit import judge_limits
 from miles_profile.verdicts.per_process import _aggregate
 from miles_profile.verdicts.types import STATUS_ORDER, TOO_SMALL, CheckResult, Finding
@@ -34,8 +43,8 @@ def _check(name: str, status: str) -> CheckResult:
 
 
 def _measures(before: float, now: float, key: str = "gpu|h|GPU-1", base_key: str | None = None):
-    row = dict(phase="train", iteration=-2, rank_key="gpu|ranks 0", subject="h:gpu0", gpu="h:gpu0",
-               memory="GPU used (NVML, device)", floor=float("nan"))
+    row = {"phase": "train", "iteration": -2, "rank_key": "gpu|ranks 0", "subject": "h:gpu0", "gpu": "h:gpu0",
+           "memory": "GPU used (NVML, device)", "floor": float("nan")}
     return (pd.DataFrame([{**row, "exact_key": key, "peak": now}], columns=MEASURE_COLUMNS),
             pd.DataFrame([{**row, "exact_key": base_key or key, "peak": before}], columns=MEASURE_COLUMNS))
 
