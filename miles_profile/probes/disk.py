@@ -24,9 +24,9 @@ log = logging.getLogger("miles_profile")
 INLINE_MAX_ENTRIES = 256
 # A background walk gives up past these (the reading is then skipped): a bounded cost whatever is watched.
 WALK_MAX_ENTRIES = 2_000_000
-WALK_MAX_S = 30.0
-# Between two background walks the walker sleeps this many times the last walk's duration: it holds
-# the GIL (the job's too) at most 1 / (1 + BACKGROUND_PAUSE) of the time.
+WALK_MAX_S = 30.0  # of walking, the pauses not counted
+# A background walk sleeps this many times each stretch of its work (walk_tree): it holds the GIL, which
+# the job's Python thread needs, at most 1 / (1 + BACKGROUND_PAUSE) of the time (/usr: ~5 s a walk).
 BACKGROUND_PAUSE = 9.0
 # A background reading older than this many walk cycles (and STALE_MIN_S) is skipped, not written.
 STALE_CYCLES, STALE_MIN_S = 3.0, 5.0
@@ -42,20 +42,30 @@ class Walk:
 
 
 def walk_tree(path: str, max_entries: int, max_s: float | None = None,
-              cancelled: threading.Event | None = None) -> Walk:
+              cancelled: threading.Event | None = None, pause: float = 0.0) -> Walk:
     """Bytes of the regular files below `path` (symlinks not followed), stopping past `max_entries`
-    entries, `max_s` seconds or once `cancelled` is set. Iterative: a deep tree can't exhaust the
-    recursion limit."""
-    start = time.monotonic()
+    entries, `max_s` seconds of walking or once `cancelled` is set. With `pause`, it sleeps `pause`
+    times each stretch of CHECK_EVERY entries after it: a background walk then holds the GIL (which
+    the job's Python thread needs) at most 1 / (1 + pause) of the time. Iterative: a deep tree can't
+    exhaust the recursion limit."""
     total = entries = 0
+    busy, stretch = 0.0, time.monotonic()
     pending = [path]
     while pending:
         try:
             with os.scandir(pending.pop()) as found:
                 for entry in found:
                     entries += 1
-                    if entries > max_entries or (entries % CHECK_EVERY == 0 and _past(start, max_s, cancelled)):
-                        return Walk(total, entries, False, time.monotonic() - start)
+                    if entries > max_entries:
+                        return Walk(total, entries, False, busy + time.monotonic() - stretch)
+                    if entries % CHECK_EVERY == 0:
+                        now = time.monotonic()
+                        busy += now - stretch
+                        if (max_s is not None and busy > max_s) or (cancelled is not None and cancelled.is_set()):
+                            return Walk(total, entries, False, busy)
+                        if pause:
+                            (cancelled or threading.Event()).wait(pause * (now - stretch))
+                        stretch = time.monotonic()
                     try:
                         if entry.is_dir(follow_symlinks=False):
                             pending.append(entry.path)
@@ -65,11 +75,7 @@ def walk_tree(path: str, max_entries: int, max_s: float | None = None,
                         pass
         except OSError:  # removed or unreadable meanwhile
             pass
-    return Walk(total, entries, True, time.monotonic() - start)
-
-
-def _past(start: float, max_s: float | None, cancelled: threading.Event | None) -> bool:
-    return (max_s is not None and time.monotonic() - start > max_s) or (cancelled is not None and cancelled.is_set())
+    return Walk(total, entries, True, busy + time.monotonic() - stretch)
 
 
 @dataclass
@@ -82,13 +88,15 @@ class Watched:
     skipped_reads: int = 0  # rows left empty: no complete walk yet, too old, or past a bound
     max_age_s: float = 0.0  # the oldest background reading written into a row
     truncated: bool = False
+    truncated_at: int | None = None  # entries seen by the walk that stopped at a bound
 
     def describe(self) -> dict[str, Any]:
         walk = self.last[0] if self.last else None
         return {"path": self.path, "mode": "background" if self.background else "inline",
                 "entries": walk.entries if walk else None, "walk_s": round(walk.seconds, 4) if walk else None,
                 "stale_reads": self.stale_reads, "skipped_reads": self.skipped_reads,
-                "max_age_s": round(self.max_age_s, 3), "truncated": self.truncated}
+                "max_age_s": round(self.max_age_s, 3), "truncated": self.truncated,
+                **({"truncated_at_entries": self.truncated_at} if self.truncated else {})}
 
 
 class DiskProbe:
@@ -138,12 +146,16 @@ class DiskProbe:
             self._to_background(watched)
         last = watched.last
         age = now - last[1] if last else None
-        if last is None or watched.truncated or age > max(STALE_MIN_S, STALE_CYCLES * (1 + BACKGROUND_PAUSE) * last[0].seconds):
+        if last is None or watched.truncated or age > self._stale_after(last[0]):
             watched.skipped_reads += 1
             return None
         watched.stale_reads += 1
         watched.max_age_s = max(watched.max_age_s, age)
         return last[0].bytes
+
+    def _stale_after(self, walk: Walk) -> float:
+        """Older than this, a background reading says more about the walker than the directory."""
+        return max(STALE_MIN_S, STALE_CYCLES * ((1 + BACKGROUND_PAUSE) * walk.seconds + self.INTERVAL_S))
 
     def _to_background(self, watched: Watched) -> None:
         watched.background = True
@@ -157,23 +169,22 @@ class DiskProbe:
 
     def _walk_forever(self) -> None:
         while not self._stop.is_set():
-            spent = 0.0
             for watched in self._watched:
                 if watched.background and not self._stop.is_set():
-                    spent += self._walk_background(watched)
-            self._stop.wait(max(self.INTERVAL_S, BACKGROUND_PAUSE * spent))
+                    self._walk_background(watched)
+            self._stop.wait(self.INTERVAL_S)
 
-    def _walk_background(self, watched: Watched) -> float:
-        walk = walk_tree(watched.path, WALK_MAX_ENTRIES, WALK_MAX_S, self._stop)
+    def _walk_background(self, watched: Watched) -> None:
+        walk = walk_tree(watched.path, WALK_MAX_ENTRIES, WALK_MAX_S, self._stop, pause=BACKGROUND_PAUSE)
         if self._stop.is_set():
-            return walk.seconds
+            return
         if not walk.complete and not watched.truncated:
             log.warning("miles_profile: --watch-dir %s: a walk stopped after %d entries / %.1f s; its disk bytes "
                         "are not recorded", watched.path, walk.entries, walk.seconds)
         watched.truncated = not walk.complete
+        watched.truncated_at = None if walk.complete else walk.entries
         if walk.complete:
             watched.last = (walk, time.monotonic())
-        return walk.seconds
 
     def describe(self) -> dict[str, Any]:
         return {"name": self.name, "active": True, "dirs": list(self.dirs),
