@@ -134,7 +134,6 @@ def run_trainer(args: argparse.Namespace, trainer_args: list[str]) -> int:
     recorder = start_or_warn(Recorder(args.log_dir, interval_ms=args.interval_ms, watch_dirs=args.watch_dir,
                                       command=sys.argv, disable=args.disable_probe, run_id=args.run_id,
                                       run_meta=run_meta(args)))
-    logged = False
     try:
         code = train_main(trainer_args)
     except SystemExit as exc:
@@ -204,7 +203,8 @@ def run_child(args: argparse.Namespace, command: list[str]) -> int:
         # signals (Ctrl-C, Ctrl-\, hangup, Ctrl-Z) reach it directly, as without `record`.
         # It dies with us, even of SIGKILL (a killed `record` left it, torchrun's ranks and their engine
         # servers running, reparented to init); Popen runs on the main thread, which lives as long as we do.
-        child = subprocess.Popen(command, env=env, preexec_fn=child_dies_with_us(signal.SIGKILL))
+        # (The preexec_fn only calls prctl, resolved before the fork: it takes no lock a thread may hold.)
+        child = subprocess.Popen(command, env=env, preexec_fn=child_dies_with_us(signal.SIGKILL))  # noqa: PLW1509
     except OSError as exc:
         if host is not None:
             host_sampler.leave(host)
@@ -216,7 +216,6 @@ def run_child(args: argparse.Namespace, command: list[str]) -> int:
         recorder = None if run_dir is None else start_or_warn(Recorder(
             run_dir=run_dir, interval_ms=args.interval_ms, watch_dirs=args.watch_dir, child_pid=child.pid,
             command=command, disable=args.disable_probe))
-        logged = False
         try:
             code = wait_forwarding(child)
         finally:

@@ -11,7 +11,6 @@ import os
 import signal
 import subprocess
 import sys
-import textwrap
 import time
 from pathlib import Path
 
@@ -61,7 +60,7 @@ with mp.Recorder(sys.argv[1], interval_ms=20, watch_dirs=watch) as rec:
 
 
 def _phases_loop_s(log_dir: Path, *watch: Path) -> float:
-    done = subprocess.run([sys.executable, "-c", PHASES_JOB, str(log_dir), *map(str, watch)], cwd=REPO,
+    done = subprocess.run([sys.executable, "-c", PHASES_JOB, str(log_dir), *map(str, watch)], cwd=REPO, check=False,
                           env=python_env(), capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     return float(done.stdout.split()[-1])
@@ -233,7 +232,8 @@ def test_a_killed_disk_offload_run_leaves_a_directory_the_next_run_removes(tmp_p
     killed.wait()
     assert list(left.glob("*.safetensors"))  # SIGKILL: nothing could remove them
     done = subprocess.run([sys.executable, *DISK_TRAIN, "--num-rollout", "1", "--offload-train-disk-dir",
-                           str(offload)], cwd=REPO, env=python_env(), capture_output=True, text=True, timeout=300)
+                           str(offload)], cwd=REPO, env=python_env(), capture_output=True, text=True, timeout=300,
+                          check=False)
     assert done.returncode == 0, done.stderr
     assert not left.exists()
     assert f"trainer: removed {left} (" in done.stdout and f"pid {killed.pid}, which is gone" in done.stdout
@@ -280,7 +280,7 @@ def test_make_demo_writes_only_under_its_checkout_and_deletes_nothing():
     import shutil
     if shutil.which("make") is None:
         pytest.skip("needs make")
-    plan = subprocess.run(["make", "-n", "demo"], cwd=REPO, capture_output=True, text=True, timeout=60)
+    plan = subprocess.run(["make", "-n", "demo"], cwd=REPO, capture_output=True, text=True, timeout=60, check=False)
     assert plan.returncode == 0, plan.stderr
     recipe = plan.stdout
     assert "/tmp" not in recipe and "rm -" not in recipe, recipe  # shared paths, or another run's deletion
