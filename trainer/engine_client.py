@@ -77,8 +77,8 @@ class RemoteEngine:
             env.setdefault(names.RUN_DIR_ENV, str(rec.run_dir))
         # SIGTERM when the rank dies, even by SIGKILL (the server stops cleanly on it); started on the
         # rank's main thread, which lives as long as the rank (PR_SET_PDEATHSIG follows the thread).
-        proc = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL,  # noqa: PLW1509 (prctl only)
-                                preexec_fn=child_dies_with_us(signal.SIGTERM))
+        proc = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL,
+                                preexec_fn=child_dies_with_us(signal.SIGTERM))  # noqa: PLW1509 (prctl only)
         try:
             port = _wait_for_port(proc, port_file)
             engine = cls(proc, f"http://127.0.0.1:{port}", workdir, device)
