@@ -25,8 +25,10 @@ These are measured facts about the sources, kept beside the series they describe
   kernel's readahead. Measured on healthy CPU runs here (2-core VM, `python -m bench.rss_floor_noise`,
   the per-iteration RSS floor after warm-up around its Theil-Sen line, 11 iterations each):
   `record -- --preset cpu --num-rollout 12`: scatter 0.01 MiB (MAD as a standard deviation), largest
-  residual 0.04 MiB; `--torch-loop 12` (an MLP, AdamW, recorded with `record --exec`): 1.57 MiB,
-  largest 6.98 MiB. The resolution, 8 MiB, lies above the largest residual seen.
+  residual 0.04 MiB; the same with `--num-rollout 8 --offload-train --offload-train-target disk
+  --offload-rollout` (7 iterations): 0.05 MiB, largest 0.11 MiB; `--torch-loop 12` (an MLP, AdamW,
+  recorded with `record --exec`): 1.57 MiB, largest 6.98 MiB. The resolution, 8 MiB, lies above the
+  largest residual seen.
 - glibc heap (`heap_used`): byte-exact counts (mallinfo2), but freed memory can stay in the heap;
   1 MiB keeps a few small arena moves from counting.
 """
