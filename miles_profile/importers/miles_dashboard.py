@@ -152,7 +152,7 @@ def _processes(ph: pd.DataFrame, snapshots: list[dict], uuids, start: float, las
     rank_on_gpu = {(p["host"], p["gpu_index"]): p["rank"] for p in processes}
     worker_pid: dict[tuple[str, str, int], int] = {}
     for snapshot in snapshots:
-        for w in snapshot["workers"]:
+        for w in snapshot["new"]:  # each worker once, not once per snapshot that lists it
             key = (w["addr"], w["node"], w["gpu"])
             if key in worker_pid:
                 continue
@@ -324,7 +324,7 @@ def load_miles_dashboard(path: str | Path) -> Run:
         raise MilesProfileError(f"{root}: the Miles dashboard holds no gpu_util samples and no phases")
     if gpu.empty:
         raise MilesProfileError(_no_gpu_samples(root, warnings))
-    uuids = {(w["node"], w["gpu"]): w["uuid"] for s in snapshots for w in s["workers"] if w["uuid"]}
+    uuids = {(w["node"], w["gpu"]): w["uuid"] for s in snapshots for w in s["new"] if w["uuid"]}
     stamps = [*gpu["ts"].iloc[[0, -1]]] if len(gpu) else []
     stamps += [float(ph["t0"].min()), float(ph.loc[ph["t1"] != OPEN_T1, "t1"].max())] if len(ph) else []
     stamps = [t for t in stamps if np.isfinite(t)]

@@ -404,3 +404,21 @@ def test_sweep_multi_process_runs(tmp_path, damage):
 def test_sweep_miles_dumps(tmp_path, damage):
     # a sparse meta.json is no Miles dump and no run: refused in one line, as any unreadable input
     _visualize_never_hangs_nor_crashes(tmp_path, _miles(tmp_path, damage), readable=damage != "sparse-meta")
+
+
+def test_engines_registering_one_at_a_time_are_built_once_not_per_snapshot(tmp_path):
+    from miles_profile.importers.miles_dashboard import load_miles_dashboard
+    from miles_profile.importers.miles_dashboard_streams import topology
+    root = miles_dump(tmp_path)
+    start = 1_767_225_540.0
+    engines = [{"addr": f"http://n{e // 8}:{30000 + e}", "engine_rank": e, "gpus": [[f"n{e // 8}", e % 8]],
+                "gpu_uuids": [None]} for e in range(300)]
+    lines = [json.dumps({"ts": start + 2 + k * 1e-3, "engines": engines[: k + 1]}) for k in range(300)]
+    lines.insert(5, json.dumps({"ts": start + 2.0041, "engines": engines[:4] + [{"addr": "x", "gpus": [7]}]}))
+    (root / "topology.jsonl").write_text("\n".join(lines) + "\n")  # one damaged snapshot among them
+    warnings: list[str] = []
+    snapshots = topology(root, warnings)
+    assert len(snapshots) == 300 and warnings == ["topology: skipped 1 malformed snapshot"]
+    assert len({id(w) for s in snapshots for w in s["workers"]}) == 300  # 45,150 listings, 300 dicts
+    run = load_miles_dashboard(root)
+    assert sum(p["role"] == "engine" for p in run.processes) == 300
