@@ -2,6 +2,7 @@
 
     apply_status(run_dir, processes, warnings)   # <stem>.status.json fills what a full disk kept out of a meta
     warn_incomplete(processes, warnings)         # processes whose recording dropped rows or events
+    warn_unended(dirs, processes, warnings)      # nobody recorded an end, and nothing is being written
     warn_missing_files(run_dir, processes, warnings)  # a process without its samples, events or meta
     warn_missing_ranks(processes, warnings)      # world_size says N ranks; fewer wrote a meta
     warn_clock_skew(dirs, processes, warnings)   # merged directories whose clocks disagree
@@ -9,8 +10,11 @@
 """
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import re
+import time
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +27,7 @@ from miles_profile.logdir.layout import (
 # Merged hosts whose recordings start this far apart were not recording one run on one clock.
 CLOCK_SKEW_WARN_S = 3600.0
 SHOWN = 3  # files named in a collapsed warning
+STALE_S = 600.0  # a live recorder writes samples every interval and flushes at least every second
 
 
 def _who(p: dict[str, Any]) -> str:
@@ -71,6 +76,26 @@ def warn_incomplete(processes: list[dict[str, Any]], warnings: list[str]) -> Non
     if lossy:
         error = next((str(p["write_error"]) for p in processes if p.get("write_error")), "a write failed")
         warnings.append(f"the log is incomplete ({error}): {_listed(lossy)}; the report shows only what was written")
+
+
+def warn_unended(dirs: list[Path], processes: list[dict[str, Any]], warnings: list[str],
+                 now: float | None = None) -> None:
+    """No process recorded an end (no `end_time` in any meta or status file) and no file changed for
+    STALE_S: the recording stopped without a clean stop (killed with the job, a full disk on a log
+    without status files), so the log may end early. A run still being written changes its files."""
+    if not processes or any(p.get("end_time") for p in processes):
+        return
+    newest = 0.0
+    for folder in dirs:
+        with contextlib.suppress(OSError):
+            for entry in os.scandir(folder):
+                with contextlib.suppress(OSError):
+                    newest = max(newest, entry.stat(follow_symlinks=False).st_mtime)
+    idle = (time.time() if now is None else now) - newest
+    if newest and idle > STALE_S:
+        warnings.append(f"no process recorded an end and no file changed for {idle / 60:.0f} minutes: the "
+                        "recording stopped without a clean stop (killed, or a full disk), so the log may "
+                        "end before the job did")
 
 
 def warn_missing_files(run_dir: Path, processes: list[dict[str, Any]], warnings: list[str]) -> None:

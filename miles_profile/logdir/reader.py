@@ -219,6 +219,7 @@ def load_run(*paths: str | Path, sample_pids=None) -> Run:
     events = _alias_event_pids(events, aliases)
     _mark_dead(processes, warnings)
     completeness.warn_incomplete(processes, warnings)
+    completeness.warn_unended([d for d, _ in dirs], processes, warnings)
     completeness.warn_missing_ranks(processes, warnings)
     completeness.warn_clock_skew(dirs, warnings)
     phases = phases_from_events(events, samples)

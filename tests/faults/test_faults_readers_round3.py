@@ -422,3 +422,15 @@ def test_engines_registering_one_at_a_time_are_built_once_not_per_snapshot(tmp_p
     assert len({id(w) for s in snapshots for w in s["workers"]}) == 300  # 45,150 listings, 300 dicts
     run = load_miles_dashboard(root)
     assert sum(p["role"] == "engine" for p in run.processes) == 300
+
+
+def test_a_run_nobody_ended_and_nobody_writes_says_it_may_end_early(tmp_path):
+    run = make_run(tmp_path / "logs")
+    meta = json.loads((run / "h-7.meta.json").read_text())
+    del meta["end_time"]
+    (run / "h-7.meta.json").write_text(json.dumps(meta))
+    (run / "h-7.status.json").unlink()  # a log from before status files (the status would give the end)
+    assert not any("clean stop" in w for w in load_run(run).warnings)  # just written: may be live
+    for path in run.iterdir():
+        os.utime(path, (1000.0, 1000.0))
+    assert any("without a clean stop" in w for w in load_run(run).warnings)
