@@ -21,7 +21,12 @@ from typing import Any
 from miles_profile.errors import MilesProfileError
 from miles_profile.logdir.files import read_small
 from miles_profile.logdir.layout import (
-    EVENTS_SUFFIX, PROCESS_META_SUFFIX, RUN_META, SAMPLES_SUFFIX, STATUS_BYTES, STATUS_SUFFIX,
+    EVENTS_SUFFIX,
+    PROCESS_META_SUFFIX,
+    RUN_META,
+    SAMPLES_SUFFIX,
+    STATUS_BYTES,
+    STATUS_SUFFIX,
 )
 
 # Merged hosts whose recordings start this far apart were not recording one run on one clock.
@@ -148,7 +153,7 @@ def warn_clock_skew(dirs: list[tuple[Path, dict[str, Any]]], warnings: list[str]
                         "times across them do not line up")
 
 
-_FILE_PREFIX = re.compile(r"^(?P<file>[^\s:/]+\.(?:csv|jsonl|json|status\.json)): (?P<rest>.+)$", re.S)
+_FILE_PREFIX = re.compile(r"^(?P<file>[^\s:/]+\.(?:csv|jsonl|json|status\.json)): (?P<rest>.+)$", re.DOTALL)
 
 
 def collapse_repeats(warnings: list[str]) -> list[str]:

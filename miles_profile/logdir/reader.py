@@ -22,6 +22,7 @@ import pyarrow.csv as pacsv
 
 from miles_profile import names
 from miles_profile.logdir import completeness
+from miles_profile.logdir.merge import alias_event_pids, copied_stems, pid_aliases
 from miles_profile.errors import MilesProfileError
 from miles_profile.logdir.events import EventProblems, parse_event_lines
 from miles_profile.logdir.damaged_csv import read_damaged, usable_header
@@ -216,7 +217,7 @@ def load_run(*paths: str | Path, sample_pids=None) -> Run:
     samples = sample_frames[0] if len(sample_frames) == 1 else _merge_samples(sample_frames)
     events = event_frames[0] if len(event_frames) == 1 else events_frame(
         [row for frame in event_frames for row in frame.to_dict("records")])
-    events = _alias_event_pids(events, aliases)
+    events = alias_event_pids(events, aliases)
     _mark_dead(processes, warnings)
     completeness.warn_incomplete(processes, warnings)
     completeness.warn_unended([d for d, _ in dirs], processes, warnings)
@@ -228,27 +229,6 @@ def load_run(*paths: str | Path, sample_pids=None) -> Run:
         samples = _fill_phases_from_timeline(samples, events, outside)
     return Run(run_dir, meta, processes, samples, events, phases, completeness.collapse_repeats(warnings),
                [d for d, _ in dirs], None if sample_pids is None else frozenset(sample_pids))
-
-
-def copied_stems(dirs: list[Path], warnings: list[str] | None = None) -> dict[Path, set[str]]:
-    """{directory: process stems to skip there}: a process (host-pid) whose files a directory read
-    earlier already holds is a copy (`run-a.bak`, or one directory given twice): read once, said once."""
-    seen: dict[str, Path] = {}
-    skip: dict[Path, set[str]] = {}
-    for folder in dirs:
-        for path in folder.glob(f"*{PROCESS_META_SUFFIX}"):
-            stem = path.name[: -len(PROCESS_META_SUFFIX)]
-            if path.name == RUN_META:
-                continue
-            if stem in seen:
-                skip.setdefault(folder, set()).add(stem)
-            else:
-                seen[stem] = folder
-    if warnings is not None:
-        for folder, stems in skip.items():
-            warnings.append(f"{folder.name}: {len(stems)} process(es) also in {seen[next(iter(stems))].name} "
-                            "(a copy of the same run?): read once, from the first")
-    return skip
 
 
 def with_samples(run: Run, pids=None) -> Run:
@@ -296,46 +276,6 @@ def _mark_dead(processes: list[dict[str, Any]], warnings: list[str]) -> None:
                         f"{p.get('host', '?')})" for p in dead[:4])
         more = f" and {len(dead) - 4} more" if len(dead) > 4 else ""
         warnings.append(f"{len(dead)} process(es) died before the run ended (no end_time): {who}{more}")
-
-
-PID_ALIAS_STEP = 2 ** 32  # above any Linux pid (at most 2**22): an alias never meets a real pid
-
-
-def pid_aliases(processes: list[dict[str, Any]], warnings: list[str] | None = None) -> dict[str, int]:
-    """{stem: pid} for processes whose pid another host's process also has (containers start at the
-    same pids). Samples are keyed by pid, so the first host keeps it and the k-th other host's process
-    reads as pid + k * 2**32 (its meta keeps the real one as `os_pid`): never two processes' samples in
-    one series. Events and phases, keyed by (host, pid), get the same alias, so all stays consistent."""
-    hosts_of: dict[Any, list] = {}
-    for p in processes:
-        hosts = hosts_of.setdefault(p.get("pid"), [])
-        if p.get("host") not in hosts:
-            hosts.append(p.get("host"))
-    aliases = {}
-    for p in processes:
-        hosts = hosts_of[p.get("pid")]
-        k = hosts.index(p.get("host"))
-        if k and type(p.get("pid")) is int and isinstance(p.get("stem"), str):
-            p["os_pid"], p["pid"] = p["pid"], p["pid"] + k * PID_ALIAS_STEP
-            aliases[p["stem"]] = p["pid"]
-    shared = sorted(pid for pid, hosts in hosts_of.items() if len(hosts) > 1 and type(pid) is int)
-    if shared and warnings is not None:
-        warnings.append(f"pid {shared[0]} (and {len(shared) - 1} more) runs on several hosts: the processes "
-                        f"of the later hosts are shown as pid + k x {PID_ALIAS_STEP:,} (their meta's os_pid "
-                        "is the real one)")
-    return aliases
-
-
-def _alias_event_pids(events: pd.DataFrame, aliases: dict[str, int]) -> pd.DataFrame:
-    """Events of an aliased process (its host and real pid) carry its alias, as its samples do."""
-    if not aliases or events.empty:
-        return events
-    by_key = {(stem.rsplit("-", 1)[0], pid % PID_ALIAS_STEP): pid for stem, pid in aliases.items()}
-    pids = events["pid"].tolist()
-    new = [by_key.get((h, p), p) for h, p in zip(_hosts(events), pids)]
-    if new != pids:
-        events = events.assign(pid=np.asarray(new, dtype=np.int64))
-    return events
 
 
 def _read_process_metas(run_dir: Path, warnings: list[str], skip: set[str] = frozenset()) -> list[dict[str, Any]]:

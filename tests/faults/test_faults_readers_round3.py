@@ -14,9 +14,12 @@ import pytest
 
 import miles_profile as mp
 from miles_profile.logdir.reader import load_run
-from miles_profile.logdir.writer import EventWriter, SampleWriter, write_process_meta, write_run_meta
+from miles_profile.logdir.writer import EventWriter, SampleWriter, write_process_meta
+from tests.faults import test_faults_recorder as recorder_faults
 from tests.faults.test_faults_files import child, make_run
-from tests.faults.test_faults_recorder import IN_PROCESS_JOB, run_job, small_disk  # noqa: F401 - fixture
+from tests.faults.test_faults_recorder import IN_PROCESS_JOB, run_job
+
+small_disk = recorder_faults.small_disk  # the fixture: a real 1 MiB tmpfs (root) or RLIMIT_FSIZE
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -24,7 +27,7 @@ REPO = Path(__file__).resolve().parents[2]
 def cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=str(REPO))
     return subprocess.run([sys.executable, *args], env=env, cwd=REPO, capture_output=True, text=True,
-                          timeout=timeout)
+                          timeout=timeout, check=False)
 
 
 # -- item 4: a full disk ----------------------------------------------------------------------------
