@@ -71,12 +71,11 @@ def matrix_table(matrix: pd.DataFrame, table_id: str) -> dash_table.DataTable:
 def peak_tables(runs) -> html.Div:
     """The highest peak of each phase per run, GPU then host (GiB), as in the report."""
     parts = []
-    for kind, what, table_id in (("device", "GPU memory of the main process", "compare-table"),
-                                 ("host", "host RSS of the main process", "compare-table-host")):
+    for kind, what in (("device", "GPU memory of the main process"), ("host", "host RSS of the main process")):
         matrix = peak_matrix(runs, kind)
         if not matrix.empty:
-            parts += [html.H3(f"{what}: highest peak per phase (GiB)"), matrix_table(matrix, table_id)]
-    return html.Div(parts)
+            parts += [html.H3(f"{what}: highest peak per phase (GiB)"), matrix_table(matrix, f"compare-table-{kind}")]
+    return html.Div(parts, id="compare-table")
 
 
 def with_zoom(figure: go.Figure, zoom: object) -> go.Figure:
