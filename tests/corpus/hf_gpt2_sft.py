@@ -39,7 +39,8 @@ class Finetune:
     def __init__(self, args):
         self.args, self.device = args, device_of(args)
         self.dtype = torch.bfloat16 if args.device == "cuda" else torch.float32
-        self.model = AutoModelForCausalLM.from_config(GPT2Config(**SIZES[args.size])).to(self.device, self.dtype)
+        with torch.device(self.device):  # initialised where it runs: GPT-2 medium's random init is slow on CPU
+            self.model = AutoModelForCausalLM.from_config(GPT2Config(**SIZES[args.size])).to(dtype=self.dtype)
         self.optimizer = self.new_optimizer()
         self.path = os.path.join(offload_dir("gpt2"), "optimizer.pt")
         self.grad_log = []

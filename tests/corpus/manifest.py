@@ -37,6 +37,8 @@ def _cpu(name, program, defect, check, cause, why, **kw) -> Case:
 
 
 def _cuda(name, program, defect, check, cause, why, args=(), **kw) -> Case:
+    if check == "offload_drop":  # no trend to judge: four iterations keep the H200 script within ~6 minutes
+        args = ("--iters", "4", *args)
     return Case(name, program, defect, "cuda", check, cause, why, args=("--size", "large", *args), timeout_s=180, **kw)
 
 
@@ -77,7 +79,7 @@ CPU_CASES: list[Case] = [
          "each iteration's validation graph (~64 MiB of activations) kept in a list"),
     _cpu("ddp-none-cpu", "ddp_gloo", "none", None, None, HEALTHY + " (8 gloo ranks, same work each)", nproc=8),
     _cpu("ddp-bad_rank-cpu", "ddp_gloo", "bad_rank", "rank_imbalance", "rank_outlier",
-         "rank 0 keeps 8 x 64 MiB of gathered predictions: ~0.5 GiB above 7 peers within a few MiB", nproc=8),
+         "rank 0 keeps 8 x 64 MiB of gathered predictions: 0.5-1.4 GiB above 7 peers within a few MiB", nproc=8),
 ]
 
 CUDA_CASES: list[Case] = [
