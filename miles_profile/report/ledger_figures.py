@@ -272,21 +272,22 @@ def _hbar_traces(runs: list[str], wide: pd.DataFrame, total: pd.Series, colors: 
     return traces
 
 
-def _comparison_cells(both: pd.DataFrame, kinds: list[str], phases: list[str]) -> list[tuple[str, str, int, int]]:
-    """(kind, phase, row, col) of each small multiple: per kind, its phases in rows of _GRID_COLUMNS."""
+def _comparison_cells(both: pd.DataFrame, kinds: list[str], phases: list[str],
+                      columns: int = _GRID_COLUMNS) -> list[tuple[str, str, int, int]]:
+    """(kind, phase, row, col) of each small multiple: per kind, its phases in rows of `columns`."""
     cells, row = [], 0
     for kind in kinds:
         present = [p for p in phases if ((both["kind"] == kind) & (both["phase"] == p)).any()]
         for k, phase in enumerate(present):
-            cells.append((kind, phase, row + 1 + k // _GRID_COLUMNS, 1 + k % _GRID_COLUMNS))
-        row += -(-len(present) // _GRID_COLUMNS)
+            cells.append((kind, phase, row + 1 + k // columns, 1 + k % columns))
+        row += -(-len(present) // columns)
     return cells
 
 
-def _grid_titles(cells: list, rows: int) -> list[str]:
+def _grid_titles(cells: list, rows: int, columns: int) -> list[str]:
     """Titles in make_subplots' order (row by row, every position): an empty grid cell gets ""."""
     named = {(row, col): f"{'GPU' if kind == 'gpu' else 'host RSS'} · {phase}" for kind, phase, row, col in cells}
-    return [named.get((r, c), "") for r in range(1, rows + 1) for c in range(1, _GRID_COLUMNS + 1)]
+    return [named.get((r, c), "") for r in range(1, rows + 1) for c in range(1, columns + 1)]
 
 
 def ledger_comparison_figure(frames: list[pd.DataFrame], run_names: list[str], main_pids: list[int | None],
@@ -303,14 +304,17 @@ def ledger_comparison_figure(frames: list[pd.DataFrame], run_names: list[str], m
     kinds = [k for k in ("gpu", "host") if (both["kind"] == k).any()]
     phases = [p for p in phase_order if (both["phase"] == p).any()]
     phases += sorted(set(both["phase"]) - set(phases))
-    cells = _comparison_cells(both, kinds, phases)
+    # up to _GRID_COLUMNS plots a row; fewer phases take the width between them
+    widest = max((both.loc[both["kind"] == k, "phase"].nunique() for k in kinds), default=1)
+    columns = max(1, min(_GRID_COLUMNS, widest))
+    cells = _comparison_cells(both, kinds, phases, columns)
     rows = max([c[2] for c in cells], default=1)
     runs = [n for n in run_names if (both["run"] == n).any()]
     row_px = 46 + 20 * max(1, len(runs))
     height = rows * row_px + 190
-    fig = make_subplots(rows=rows, cols=_GRID_COLUMNS, horizontal_spacing=0.025,
+    fig = make_subplots(rows=rows, cols=columns, horizontal_spacing=0.025,
                         vertical_spacing=min(0.2, 46 / height) if rows > 1 else 0.1,
-                        subplot_titles=_grid_titles(cells, rows) or None)
+                        subplot_titles=_grid_titles(cells, rows, columns) or None)
     for note in fig.layout.annotations:  # titles of small multiples: they name a phase, not a figure
         note.font = dict(size=12)
     colors = {c: COMPARISON_COLORS[k] if c != OTHER else COMPARISON_COLORS[-1]
@@ -340,12 +344,12 @@ def ledger_comparison_figure(frames: list[pd.DataFrame], run_names: list[str], m
         fig.update_yaxes(categoryorder="array", categoryarray=runs[::-1], showticklabels=col == 1,
                          tickfont=dict(size=11), fixedrange=True, row=row, col=col)
         fig.update_xaxes(matches=None if first_axis[kind] == x_name else first_axis[kind], fixedrange=True,
-                         ticksuffix=" GiB" if col == 1 else "", tickfont=dict(size=10), row=row, col=col)
+                         tickfont=dict(size=10), row=row, col=col)
     batch.into(fig)
     fig.update_layout(barmode="relative", template="plotly_white", height=height, bargap=0.25,
                       margin=dict(l=10 + 7 * max((len(n) for n in runs), default=8), r=20, t=120, b=40),
                       legend=dict(orientation="h", yanchor="top", y=1 - 34 / height, yref="container", x=0),
-                      title=dict(text="What fills memory at the end of each phase (its worst iteration), per run: "
+                      title=dict(text="What fills memory at the end of each phase (its worst iteration), per run, in GiB: "
                                       "GPU of the main process, then its RSS", font=dict(size=14), y=0.99,
                                  yref="container", yanchor="top", x=0),
                       )
