@@ -37,3 +37,28 @@ def test_tiny_engine_server_offloads_are_too_small_on_rss_and_the_run_exits_0(tm
     assert not [f for f in offload.findings if f.status == "fail"]
     assert visualize.main([str(run_dir), "-o", str(tmp_path / "r.html")]) == 0
     assert "FAIL" not in capsys.readouterr().out
+
+
+# -- item 4 on the H200: one rank and its engine server, both torch_memory_saver --------------------------
+TMS_DIST = REPO / "sample_logs" / "h200-tms-dist" / "9-dist-engine-server"
+
+
+def test_torch_memory_saver_actor_offloads_are_judged_on_its_own_boundary_nvml():
+    """Recorded on the H200 (`record -- --nproc-per-node 1 --preset gpu --num-rollout 3 --offload-train
+    --offload-rollout --rollout-engine server --rollout-memory-backend torch_memory_saver
+    --offload-train-backend torch_memory_saver`): `record` holds the host role, so the actor and its
+    engine read NVML only at their own phase boundaries. Every actor offload was once n/a ("no memory
+    series for its process that sees a torch_memory_saver pause (NVML)"); each is now judged there."""
+    run = mp.load(TMS_DIST)
+    actor = next(p["pid"] for p in run.processes if p.get("role") == "actor")
+    engine = next(p["pid"] for p in run.processes if p.get("role") == "engine")
+    offload = next(r for r in per_process_checks(run) if r.name == "offload_drop")
+    mine = [f for f in offload.findings if f.numbers.get("pid") == actor]
+    assert len(mine) == 7 and all(f.status == "pass" for f in mine), [f.message for f in mine]
+    for f in mine:
+        holder = engine if f.phase == "offload_rollout" else actor
+        assert f.series == f"NVML per process at its phase boundaries (gpu0_boundary_proc) of pid {holder}"
+        assert "allocator's counters do not see a pause" in f.message
+        assert f.numbers["dropped_inside"] > f.numbers["expected_bytes"]  # all it declared went back
+    # the first offload_train came right after CUDA init: its NVML reading before it is there too
+    assert mine[0].phase == "offload_train" and mine[0].iteration == -1
