@@ -21,15 +21,16 @@ def fold_close(single: bool) -> str:
 
 
 # Plotly sizes a figure drawn in a closed <details> at its default 700 px: resized when opened.
-# A link into a folded run (a check's span, the run list) opens its fold first.
+# A link to a folded run (the run list) or into one opens its fold first.
 FOLD_SCRIPT = """<script>(function(){
 function resize(d){if(d.open&&window.Plotly){d.querySelectorAll('.js-plotly-plot').forEach(function(g){Plotly.Plots.resize(g);});}}
 document.querySelectorAll('details.run-fold').forEach(function(d){d.addEventListener('toggle',function(){resize(d);});});
-function openTo(id){var el=id&&document.getElementById(id);var d=el&&el.closest('details.run-fold');
+function foldOf(el){return el&&(el.closest('details.run-fold')||el.querySelector(':scope > details.run-fold'));}
+function openTo(id){var el=id&&document.getElementById(id);var d=foldOf(el);
  if(d&&!d.open){d.open=true;}if(el){el.scrollIntoView();}}
 window.addEventListener('hashchange',function(){openTo(decodeURIComponent(location.hash.slice(1)));});
 document.addEventListener('click',function(e){var a=e.target.closest&&e.target.closest('a[href^="#"]');
- if(a){var el=document.getElementById(decodeURIComponent(a.getAttribute('href').slice(1)));
- var d=el&&el.closest('details.run-fold');if(d&&!d.open){d.open=true;}}},true);
+ if(a){var d=foldOf(document.getElementById(decodeURIComponent(a.getAttribute('href').slice(1))));
+ if(d&&!d.open){d.open=true;}}},true);
 if(location.hash){openTo(decodeURIComponent(location.hash.slice(1)));}
 })();</script>"""

@@ -60,3 +60,14 @@ def test_a_folded_run_opens_with_its_timeline_at_full_width_and_every_phase_visi
         assert not errors
     finally:
         page.close()
+
+
+def test_a_link_to_a_folded_run_opens_it(browser, h200_report):
+    page, _, errors = _open_offline(browser, h200_report, width=1500)
+    try:
+        assert not page.locator("#run-2 details.run-fold").evaluate("d => d.open")
+        page.click("a[href='#run-2']")
+        page.wait_for_function("() => document.querySelector('#run-2 details.run-fold').open")
+        assert page.locator("#timeline-2").is_visible() and not errors
+    finally:
+        page.close()
