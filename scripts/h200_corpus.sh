@@ -3,14 +3,15 @@
 # OUT_DIR/<case>/run-*/, then OUT_DIR/corpus_logs.tgz. Judging happens elsewhere (no plotly here):
 #   scripts/h200_corpus.sh OUT_DIR                               # on the H200, from the repo root
 #   tar xzf corpus_logs.tgz -C LOGS && PYTHONPATH=. python3 bench/verdicts.py --device cuda --logs LOGS
-# ONLY="llama mlp-none" records the cases whose names contain one of the words. The rank-imbalance
+# ONLY="llama mlp-none" records the cases whose names contain one of the words; BUDGET_S=N stops recording
+# after N seconds and still packs what was recorded. The rank-imbalance
 # case stays a CPU (gloo, 8 ranks) case: DDP on one GPU cannot show a bad rank among GPU peers.
 set -uo pipefail
 out=${1:?usage: $0 OUT_DIR}
 mkdir -p "$out"
 export PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 device=${DEVICE:-cuda}  # DEVICE=cpu (PYTHON=.venv/bin/python): the same logic over the CPU cases (a dry run on a machine without a GPU)
-"${PYTHON:-python3}" bench/verdicts.py --device "$device" --logs "$out/logs" --record-only ${ONLY:+--only $ONLY} \
+timeout "${BUDGET_S:-0}" "${PYTHON:-python3}" bench/verdicts.py --device "$device" --logs "$out/logs" --record-only ${ONLY:+--only $ONLY} \
   2>&1 | tee "$out/record.log"
 status=${PIPESTATUS[0]}
 # what each program printed last, so a failed case can be read without unpacking
