@@ -28,8 +28,7 @@ def main(argv: list[str] | None = None) -> int:
         os.environ[STOP_FILE_ENV] = str(stop_file)
         os.environ[LAUNCHER_PID_ENV] = str(os.getpid())
         _mark_stops(elastic_api, stop_file)
-        # Its warnings while stopping ("Sending process ... closing signal") are not the user's news.
-        logging.getLogger("torch.distributed.elastic").setLevel(logging.ERROR)
+        _quiet_elastic_warnings()
         try:
             torchrun_main(argv)
         except elastic_api.SignalException as exc:
@@ -38,6 +37,15 @@ def main(argv: list[str] | None = None) -> int:
                   flush=True)
             return 128 + signum
     return 0
+
+
+def _quiet_elastic_warnings() -> None:
+    """Its warnings while stopping ("Received 2 death signal", "Sending process ... closing signal")
+    are not the user's news; its errors (a rank failed) still are. Each of its loggers has a level of
+    its own (torch's get_logger), set at import, so each is lowered after torchrun is imported."""
+    for name in list(logging.root.manager.loggerDict):
+        if name.startswith("torch.distributed.elastic"):
+            logging.getLogger(name).setLevel(logging.ERROR)
 
 
 def _mark_stops(elastic_api, stop_file: Path) -> None:

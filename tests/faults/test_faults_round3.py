@@ -183,6 +183,7 @@ def test_sigterm_of_a_distributed_run_is_143_and_one_line(tmp_path):
         _, stderr = record.communicate(timeout=120)
         assert record.returncode == 143, stderr
         assert "Traceback" not in stderr and "trainer: error" not in stderr, stderr
+        assert "death signal" not in stderr and "closing signal" not in stderr, stderr  # torchrun's warnings
         stops = [line for line in stderr.splitlines() if "stopped" in line or "interrupted" in line]
         assert stops == ["trainer: stopped by SIGTERM; every rank stopped"], stderr
         assert _all_gone_within(family, 10) == []
