@@ -93,6 +93,8 @@ def _echo(line: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.max_points < 1000:  # fewer points than pixels would hide peaks: a user mistake, not a request
+        parser.error(f"--max-points must be at least 1000, got {args.max_points}")
     if not args.path and not args.compare:
         parser.print_usage(sys.stderr)
         print("miles_profile.visualize: error: give a run directory (e.g. /tmp/memory_logs)", file=sys.stderr)
@@ -104,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
         options = VisualizeOptions(
             paths=[p for p in [*args.path, *args.compare] if p], output=args.output, png=args.png,
             trace=args.trace, json=args.json, csv=args.csv, check=args.check,
-            thresholds=thresholds, fleet_thresholds=fleet_thresholds, max_points=max(1000, args.max_points),
+            thresholds=thresholds, fleet_thresholds=fleet_thresholds, max_points=args.max_points,
             lanes=args.lanes, phases=args.phase, baseline=args.baseline,
             baseline_thresholds=RegressionThresholds.parse(args.baseline_threshold),
             baseline_by_iteration=args.baseline_by == "iteration")

@@ -126,7 +126,7 @@ def _rows(phases: list[dict], measured: pd.DataFrame, baseline: float | None, to
 
 def outside(comparison: pd.DataFrame) -> pd.DataFrame:
     """The judged rows whose forecast is off by more than the tolerance, worst first."""
-    bad = comparison[comparison["outside"]]
+    bad = comparison[comparison["outside"].astype(bool)]  # an empty, object-typed column must still select rows
     return bad.reindex(bad["error"].abs().sort_values(ascending=False).index)
 
 

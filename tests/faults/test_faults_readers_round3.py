@@ -378,15 +378,7 @@ def _visualize_never_hangs_nor_crashes(tmp_path: Path, args: list[str], readable
         assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
 
 
-# report/forecast.py `outside()`: `comparison[comparison["outside"]]` on the empty comparison of a run
-# without phases indexes columns by an empty object Series, so `bad["error"]` is a KeyError (exit 2).
-# A line in report/ (not the readers): `comparison[comparison["outside"].astype(bool)]`. Strict: once
-# fixed there, this mark must go.
-FORECAST_FIX_PENDING = pytest.mark.xfail(strict=True, reason="report/forecast.py outside() on an empty comparison")
-
-
-@pytest.mark.parametrize("damage", [pytest.param(d, marks=FORECAST_FIX_PENDING) if d.startswith("forecast") else d
-                                    for d in sorted(SINGLE)])
+@pytest.mark.parametrize("damage", sorted(SINGLE))
 def test_sweep_single_process_runs(tmp_path, damage):
     run = make_run(tmp_path / "logs")
     write_process_meta(run, "h-8", {"pid": 8, "role": "in_process", "stem": "h-8", "end_time": 1020.0})

@@ -152,3 +152,12 @@ def test_damaged_logs_never_traceback(good_log, capsys, data):
         else:
             assert code in (0, 1), (what, code, err)
             assert out.exists() and "report written to" in stdout
+
+
+@pytest.mark.parametrize("points", ["0", "-5", "999"])
+def test_too_few_max_points_is_a_usage_error_not_silently_raised(points, capsys):
+    # 0 used to be raised to 1000 without a word: a flag that does not do what it says is refused
+    with pytest.raises(SystemExit) as exit_info:
+        main(["sample_logs/cpu", "--max-points", points])
+    assert exit_info.value.code == 2
+    assert "--max-points must be at least 1000" in capsys.readouterr().err
