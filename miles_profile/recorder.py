@@ -9,6 +9,7 @@ import contextlib
 import itertools
 import json
 import logging
+import numbers
 import os
 import sys
 import threading
@@ -55,6 +56,8 @@ def active() -> "Recorder | None":
 
 def check_interval_ms(value: float) -> float:
     """The sampling interval, or MilesProfileError when it is outside 1 ms .. 60 s (nan and inf too)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):  # True would read as 1 ms
+        raise MilesProfileError(f"interval must be a number of milliseconds, got {value!r}")
     value = float(value)
     if not value > 0:  # nan too
         raise MilesProfileError(f"interval must be positive, got {value:g} ms")

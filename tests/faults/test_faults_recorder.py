@@ -411,7 +411,7 @@ def test_an_interval_out_of_range_is_a_one_line_error(tmp_path, value):
     assert not list(tmp_path.iterdir())  # refused before any run was made
 
 
-@pytest.mark.parametrize("value", [float("inf"), float("nan"), 1e-9, 0.0, -5.0, 1e9])
+@pytest.mark.parametrize("value", [float("inf"), float("nan"), 1e-9, 0.0, -5.0, 1e9, True, "20", None])
 def test_the_recorder_refuses_an_interval_out_of_range(tmp_path, value):
     with pytest.raises(MilesProfileError, match="interval"):
         mp.Recorder(tmp_path, interval_ms=value)
