@@ -84,9 +84,12 @@ def judge(run_dir: str | os.PathLike, timeout_s: int = 600) -> dict:
     run_dir = Path(run_dir)
     out = run_dir.parent / f"{run_dir.name}.verdict.json"
     started = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "miles_profile.visualize", str(run_dir), "--json", str(out),
-                           "-o", str(out.with_suffix(".html"))], cwd=REPO, env=environment("cpu"),
-                          capture_output=True, text=True, timeout=timeout_s)
+    try:
+        proc = subprocess.run([sys.executable, "-m", "miles_profile.visualize", str(run_dir), "--json", str(out),
+                               "-o", str(out.with_suffix(".html"))], cwd=REPO, env=environment("cpu"),
+                              capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        raise CorpusError(f"{run_dir}: visualize took more than {timeout_s} s") from None
     verdict = {"exit_code": proc.returncode, "judge_s": round(time.monotonic() - started, 1), "checks": {},
                "stderr": proc.stderr.strip().splitlines()[-1:] if proc.returncode == 2 else []}
     if proc.returncode in (0, 1) and out.is_file():
