@@ -99,7 +99,7 @@ def _offload_finding(run, k, row, late: tuple, th: Thresholds) -> Finding:
     where = dict(span=(row["start"], row["end"]), phase=row["name"], iteration=int(row["iteration"]))
     expected = row["expected_bytes"]
     if still_open(row):  # its memory may not be released yet: that is no failure
-        return open_finding(label, where)
+        return open_finding(label, where, run, int(row["pid"]))
     if not (np.isfinite(expected) and expected > 0):
         return Finding("n/a", f"{label}: no expected_bytes", **where)
     target = phases.loc[k, "target"] if "target" in phases else None

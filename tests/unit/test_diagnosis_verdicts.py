@@ -236,3 +236,14 @@ def test_an_open_phase_of_a_killed_process_never_ended_and_of_a_live_one_is_stil
     assert dead[0].status == "n/a" and "never ended: its process stopped during it" in dead[0].message
     live = [f for f in check_serialized_peaks(_killed_rank(died=False), TH).findings if f.phase == "train"]
     assert live[0].status == "n/a" and "still open, judged once it ends" in live[0].message
+
+
+def test_an_offload_its_killed_process_never_ended_says_so():
+    from miles_profile.verdicts.checks import check_offload_drop
+    run = _killed_rank(died=True)
+    killed = make_run({"t": T, "gpu0_alloc": run.samples["gpu0_alloc"].to_numpy(), "rss": np.full(len(T), GiB)},
+                      [dict(name="generate", start=1, end=2.9, rollout_id=0),
+                       dict(name="offload_rollout", start=2.9, end=None, rollout_id=0, expected_bytes=4 * GiB)],
+                      processes=run.processes)
+    (finding,) = check_offload_drop(killed, TH).findings
+    assert finding.status == "n/a" and "never ended: its process stopped during it" in finding.message
