@@ -77,3 +77,28 @@ HEAP_ENV = "MILES_PROFILE_HEAP"
 # Process roles in a run's metas (docs/log-format.md).
 ROLE_ACTOR = "actor"
 ROLE_ENGINE = "engine"
+
+# One vocabulary for iterations in every view (report, dashboard, CLI, JSON messages): a number, or
+# "setup" for the phases before the first iteration (the reader's iteration -1).
+SETUP = "setup"
+
+
+def iteration_text(iteration) -> str:
+    """`3`, or `setup` before the first iteration; `–` when unknown."""
+    try:
+        value = int(iteration)
+    except (TypeError, ValueError):
+        return "–"
+    return SETUP if value < 0 else str(value)
+
+
+def iteration_tag(iteration) -> str:
+    """`#3`, or `setup`: how a phase instance's iteration is written after its name."""
+    text = iteration_text(iteration)
+    return text if text in (SETUP, "–") else f"#{text}"
+
+
+def instance_label(name, iteration) -> str:
+    """A phase instance in messages: `train #3`, `offload_train (setup)`."""
+    tag = iteration_tag(iteration)
+    return f"{name} {tag}" if tag.startswith("#") else f"{name} ({tag})"

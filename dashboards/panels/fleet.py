@@ -19,6 +19,7 @@ from dash.exceptions import PreventUpdate
 from dashboards.messages import describe, message
 from dashboards.panels.refresh import due
 from miles_profile.errors import MilesProfileError
+from miles_profile.names import instance_label
 from miles_profile.report import fleet, fleet_figures
 from miles_profile.report.figures import run_start
 from miles_profile.report.phase_table import phase_table
@@ -203,7 +204,7 @@ def _outlier_items(rows: list[dict]) -> list:
             id={"type": "fleet-outlier", "index": i}, className="checks-item fleet-outlier",
             title="Open this GPU's timeline at this phase",
             children=[html.Span(f"{r['rank']}. {r['label']}", className="checks-name"),
-                      html.Span(f" {r['who']} · #{r['iteration']} {r['phase']} · {r['value']}",
+                      html.Span(f" {r['who']} · {instance_label(r['phase'], r['iteration'])} · {r['value']}",
                                 className="checks-summary")]))
     return items or [message("No outliers.", "info")]
 

@@ -48,6 +48,7 @@ import pandas as pd
 
 from miles_profile import names
 from miles_profile.errors import MilesProfileError
+from miles_profile.names import iteration_tag, iteration_text
 
 SERIES = ("used", "proc", "alloc", "reserved", "rss")
 STATS = ("peak", "floor", "first", "last")
@@ -299,7 +300,7 @@ def cell_columns(df, col, n_cols) -> pd.DataFrame:
 
 
 def _column_labels(columns: pd.DataFrame) -> list[str]:
-    return [f"#{a} {p}" if a == b else f"#{a}–{b} {p}"
+    return [f"{iteration_tag(a)} {p}" if a == b else f"{iteration_tag(a)}–{iteration_text(b)} {p}"
             for a, b, p in zip(columns["iteration"], columns["iteration_last"], columns["phase"])]
 
 

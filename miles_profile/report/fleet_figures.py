@@ -45,11 +45,6 @@ def _row_labels(lanes: pd.DataFrame) -> list[str]:
             for label, r, ro in zip(lanes["label"], ranks, roles)]
 
 
-def setup_named(column_label: str) -> str:
-    """A column label as shown: the iteration before the first rollout is "setup" in every view, not "#-1"."""
-    return "setup " + column_label[4:] if column_label.startswith("#-1 ") else column_label
-
-
 def fleet_heatmap(matrix: fleet.GpuMatrix, *, max_columns: int = 600, height: int | None = None) -> go.Figure:
     matrix = fleet.coarsen(matrix, max_columns)
     rows = _row_labels(matrix.lanes)
@@ -69,7 +64,7 @@ def fleet_heatmap(matrix: fleet.GpuMatrix, *, max_columns: int = 600, height: in
         title=dict(text=f"Peak per GPU and phase: {n} lanes x {len(cols)} (iteration, phase)", x=0, font_size=13),
         yaxis=dict(autorange="reversed", tickmode="array", tickvals=rows[::step], ticktext=rows[::step],
                    tickfont_size=10, type="category"),
-        xaxis=dict(tickmode="array", tickvals=cols[::x_step], ticktext=[setup_named(c) for c in cols[::x_step]], tickangle=-45,
+        xaxis=dict(tickmode="array", tickvals=cols[::x_step], ticktext=cols[::x_step], tickangle=-45,
                    tickfont_size=9, type="category"),
     )
     return figure

@@ -23,6 +23,7 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
+from miles_profile.names import instance_label
 from miles_profile.report import engine_server, fleet, fleet_figures
 from miles_profile.report.phase_table import phase_table
 from miles_profile.report.reduce import reduce_series
@@ -265,7 +266,7 @@ def fleet_html(view: FleetView, k: int, t0: float) -> str:
         else:
             where += ' <span class="muted small">(not drawn: add it with --lanes)</span>'
         rows.append(f'<tr><td>{_e(r["kind"])}</td><td class="num">{r["rank"]}</td><td>{where}</td>'
-                    f'<td>{_e(r["who"])}</td><td>{_e(r["phase"])} #{r["iteration"]}</td>'
+                    f'<td>{_e(r["who"])}</td><td>{_e(instance_label(r["phase"], r["iteration"]))}</td>'
                     f'<td class="num" title="{r["bytes"]:,} B">{_e(r["value"])}</td></tr>')
     table = (f'<table class="data outliers" id="outliers-{k}"><thead><tr><th>outlier</th><th>#</th><th>lane</th>'
              f'<th>who</th><th>phase</th><th>value</th></tr></thead><tbody>{"".join(rows)}</tbody></table>'

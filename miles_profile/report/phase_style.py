@@ -20,6 +20,8 @@ from __future__ import annotations
 import colorsys
 import math
 
+from miles_profile.names import iteration_text  # noqa: F401 - one vocabulary, re-exported for the figures
+
 PHASE_COLORS = {
     "generate": "#2F6DB5", "train": "#7E57C2",
     # darkest to lightest: offload_train and offload_weights often follow each other
@@ -76,11 +78,3 @@ def loop_sorted(names) -> list[str]:
     names = list(dict.fromkeys(str(n) for n in names))
     known = [n for n in LOOP_ORDER if n in names]
     return known + [n for n in names if n not in LOOP_ORDER]
-
-
-def iteration_text(iteration) -> str:
-    try:
-        value = int(iteration)
-    except (TypeError, ValueError):
-        return "–"
-    return "setup" if value < 0 else str(value)

@@ -19,6 +19,7 @@ import numpy as np
 import pandas as pd
 
 from miles_profile import names
+from miles_profile.names import instance_label
 from miles_profile.report import fleet, floor_trend
 from miles_profile.verdicts.common import size
 from miles_profile.verdicts.resolution import resolution_of
@@ -346,7 +347,7 @@ def check_serialized_peaks_per_gpu(table: pd.DataFrame, th: FleetThresholds) -> 
         what = ("NVML used of the GPU" if r["source"] == fleet.SOURCE_USED
                 else "its processes' own levels summed" if on_gpu else "its processes' host RSS summed")
         cause, story = _serialized_cause(r, th) if over else (None, "")
-        message = (f"{lane['label']}: {r['phase']} #{r['iteration']} (pid {r['pid']}, {r['role'] or '?'}) held "
+        message = (f"{lane['label']}: {instance_label(r['phase'], r['iteration'])} (pid {r['pid']}, {r['role'] or '?'}) held "
                    f"{gib(r['together'])} together above their roles' floors ({what}); "
                    f"footprints train {gib(r['f_train'])}, "
                    f"rollout {gib(r['f_rollout'])}, limit {gib(r['limit'])}"

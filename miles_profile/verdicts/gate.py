@@ -34,6 +34,7 @@ import numpy as np
 import pandas as pd
 
 from miles_profile.errors import MilesProfileError
+from miles_profile.names import instance_label
 from miles_profile.sizes import format_size, parse_share, parse_size
 
 MiB = 1024 ** 2
@@ -98,7 +99,7 @@ class Comparison:
 
     @property
     def where(self) -> str:
-        return self.phase if self.iteration is None else f"{self.phase} #{'setup' if self.iteration < 0 else self.iteration}"
+        return self.phase if self.iteration is None else instance_label(self.phase, self.iteration)
 
     @property
     def message(self) -> str:
@@ -273,7 +274,7 @@ def _not_compared(merged: pd.DataFrame, on: list[str], cur_name: str, base_name:
     for (phase, iteration), sides in phase_side.items():
         if "both" not in sides and len(sides) == 1:
             side = next(iter(sides))
-            label = phase if iteration == -2 else f"{phase} #{iteration}"
+            label = phase if iteration == -2 else instance_label(phase, iteration)
             lines.append(f"phase {label}: {where[side]}")
             lonely_phases.add((phase, iteration))
     rest = merged[(merged["_merge"] != "both") &

@@ -4,11 +4,22 @@ from __future__ import annotations
 import numpy as np
 
 from miles_profile import names
+from miles_profile.names import instance_label
 from miles_profile.report.stats import phase_instances
-from miles_profile.verdicts.types import CheckResult, Finding, Thresholds, gib
 from miles_profile.verdicts.common import (
-    Tracks, nanmax, not_applicable, open_finding, size, still_open, tags_of, too_small, track_resolution,
-    verdict, window)
+    Tracks,
+    nanmax,
+    not_applicable,
+    open_finding,
+    size,
+    still_open,
+    tags_of,
+    too_small,
+    track_resolution,
+    verdict,
+    window,
+)
+from miles_profile.verdicts.types import CheckResult, Finding, Thresholds, gib
 
 
 def check_disk_offload_host_flat(run, th: Thresholds) -> CheckResult:
@@ -28,14 +39,14 @@ def check_disk_offload_host_flat(run, th: Thresholds) -> CheckResult:
         track = tracks.host(int(row.pid))
         where = dict(span=(row.start, row.end), phase=row.name, iteration=int(row.iteration))
         if still_open(row):
-            findings.append(open_finding(f"{row.name} #{row.iteration}", where, run, int(row.pid)))
+            findings.append(open_finding(f"{instance_label(row.name, row.iteration)}", where, run, int(row.pid)))
             continue
         if track is None:
             findings.append(Finding("n/a", f"{row.name}: no host RSS", **where))
             continue
         gap = track.sample_gap(row.start, row.end, peak=True)
         if gap:
-            findings.append(Finding("n/a", f"{row.name} #{row.iteration}: not judged, {gap}", **where))
+            findings.append(Finding("n/a", f"{instance_label(row.name, row.iteration)}: not judged, {gap}", **where))
             continue
         before = track.at_or_before(row.start)
         peak = nanmax(track.peak[window(track, row.start, row.end)])
@@ -43,12 +54,12 @@ def check_disk_offload_host_flat(run, th: Thresholds) -> CheckResult:
         allowed = th.host_flat_share * expected + th.host_flat_abs_bytes
         rise = peak - before
         if not np.isfinite(rise):
-            findings.append(Finding("n/a", f"{row.name} #{row.iteration}: no samples in the phase", **where))
+            findings.append(Finding("n/a", f"{instance_label(row.name, row.iteration)}: no samples in the phase", **where))
             continue
         # the allowance holds host_flat_abs_bytes (128 MiB), above RSS's resolution: never too small
         staged = rise > allowed
         findings.append(Finding("fail" if staged else "pass",
-                                f"{row.name} #{row.iteration}: host RSS rose {gib(rise)} (allowed {gib(allowed)})"
+                                f"{instance_label(row.name, row.iteration)}: host RSS rose {gib(rise)} (allowed {gib(allowed)})"
                                 + (": the state was staged in host memory" if staged else ""),
                                 numbers=dict(before=before, peak=peak, rise=rise, allowed=allowed, series=track.label),
                                 cause="host_staging" if staged else None, series=track.label,
@@ -94,7 +105,7 @@ def check_host_weight_copies(run, th: Thresholds) -> CheckResult:
 
 
 def _weight_copy_finding(row, track, weights: float, th: Thresholds, run) -> Finding | None:
-    label = f"{row.name} #{row.iteration}"
+    label = instance_label(row.name, row.iteration)
     where = dict(span=(row.start, row.end), phase=row.name, iteration=int(row.iteration))
     if still_open(row):
         return open_finding(label, where, run, int(row.pid))

@@ -14,13 +14,34 @@ from dataclasses import dataclass
 import numpy as np
 
 from miles_profile import names
+from miles_profile.names import instance_label
 from miles_profile.report.engine_server import engine_of, holder_track, moves_rollout
 from miles_profile.report.stats import phase_instances
-from miles_profile.verdicts.common import nanmin, not_applicable, open_finding, still_open, tags_of, verdict, window
+from miles_profile.verdicts.common import (
+    nanmin,
+    not_applicable,
+    open_finding,
+    still_open,
+    tags_of,
+    verdict,
+    window,
+)
 from miles_profile.verdicts.offload_series import (
-    ALLOCATED, DRIVER, LEVEL, OffloadSeries, offload_series, pids_with_heap)
+    ALLOCATED,
+    DRIVER,
+    LEVEL,
+    OffloadSeries,
+    offload_series,
+    pids_with_heap,
+)
 from miles_profile.verdicts.resolution import resolution_of
-from miles_profile.verdicts.types import TOO_SMALL, CheckResult, Finding, Thresholds, gib
+from miles_profile.verdicts.types import (
+    TOO_SMALL,
+    CheckResult,
+    Finding,
+    Thresholds,
+    gib,
+)
 
 PASS, LATE, KEPT, NOT_JUDGED = "pass", "late", "kept", "n/a"
 
@@ -95,7 +116,7 @@ def _late_windows(inst, count: int) -> dict:
 
 def _offload_finding(run, k, row, late: tuple, th: Thresholds) -> Finding:
     phases = run.phases
-    label = f"{row['name']} #{row['iteration']}"
+    label = instance_label(row['name'], row['iteration'])
     where = dict(span=(row["start"], row["end"]), phase=row["name"], iteration=int(row["iteration"]))
     expected = row["expected_bytes"]
     if still_open(row):  # its memory may not be released yet: that is no failure

@@ -11,13 +11,23 @@ from __future__ import annotations
 import numpy as np
 
 from miles_profile import names
+from miles_profile.names import instance_label
 from miles_profile.report.series import Track, device_track, main_pid
 from miles_profile.report.stats import phase_instances
-from miles_profile.verdicts.types import CheckResult, Finding, Thresholds, gib
 from miles_profile.verdicts.common import (
-    Tracks, nanmax, nanmin, not_applicable, open_finding, size, still_open, too_small, track_resolution,
-    verdict, window)
-
+    Tracks,
+    nanmax,
+    nanmin,
+    not_applicable,
+    open_finding,
+    size,
+    still_open,
+    too_small,
+    track_resolution,
+    verdict,
+    window,
+)
+from miles_profile.verdicts.types import CheckResult, Finding, Thresholds, gib
 
 _ROLLOUT_OFFLOADS = (names.OFFLOAD_ROLLOUT, names.OFFLOAD_KV, names.OFFLOAD_WEIGHTS)
 
@@ -81,7 +91,7 @@ def _resident_finding(row, track: Track, fp: dict, th: Thresholds, run) -> Findi
     if inside.stop <= inside.start:
         return None
     iteration = int(getattr(row, "iteration", -1))
-    label = f"{row.name} #{iteration}"
+    label = instance_label(row.name, iteration)
     where = dict(span=(row.start, row.end), phase=row.name, iteration=iteration)
     if still_open(row):  # its lowest level may be still to come
         return open_finding(label, where, run, int(row.pid))

@@ -3,10 +3,19 @@ from __future__ import annotations
 
 import numpy as np
 
+from miles_profile.names import iteration_tag
 from miles_profile.report.stats import phase_instances
-from miles_profile.verdicts.types import CheckResult, Finding, Thresholds, gib
 from miles_profile.verdicts.common import (
-    Tracks, nanmax, not_applicable, still_open, too_small, track_resolution, verdict, window)
+    Tracks,
+    nanmax,
+    not_applicable,
+    still_open,
+    too_small,
+    track_resolution,
+    verdict,
+    window,
+)
+from miles_profile.verdicts.types import CheckResult, Finding, Thresholds, gib
 
 
 def check_transition_spikes(run, th: Thresholds) -> CheckResult:
@@ -32,7 +41,7 @@ def check_transition_spikes(run, th: Thresholds) -> CheckResult:
                 continue  # no sample between the phases: nothing happened outside them
             written = track.measured_times(peak=True)
             if not len(written) or written[-1] < b.end:  # b's peak may be in the samples not written yet
-                findings.append(Finding("n/a", f"{a.name} → {b.name} (#{b.iteration}): not judged, the samples "
+                findings.append(Finding("n/a", f"{a.name} → {b.name} ({iteration_tag(b.iteration)}): not judged, the samples "
                                                "end before the phase after it does", (a.end, b.start), b.name,
                                         int(b.iteration)))
                 continue
@@ -49,7 +58,7 @@ def check_transition_spikes(run, th: Thresholds) -> CheckResult:
 
 
 def _spike_finding(a, b, spike: float, neighbours: float, track, th: Thresholds) -> Finding:
-    label = f"{a.name} → {b.name} (#{b.iteration})"
+    label = f"{a.name} → {b.name} ({iteration_tag(b.iteration)})"
     where = dict(span=(a.end, b.start), phase=b.name, iteration=int(b.iteration))
     limit = neighbours * (1 + th.transition_tolerance_share) + th.transition_abs_bytes
     numbers = dict(spike=spike, neighbours=neighbours, limit=limit, series=track.label)
