@@ -191,8 +191,22 @@ def _gap(s: OffloadSeries, start: float, end: float) -> str | None:
     return gap
 
 
+def _host_retention(readings: list[Reading]) -> None:
+    """On the host, RSS cannot tell a kept reference from glibc keeping freed pages (a freed block below
+    its mmap threshold, up to 32 MiB, or one served from free space inside the heap, stays resident): an
+    RSS level that did not fall is no failure. Beside the heap probe it is a note (glibc's retention, the
+    heap said the tensors went); alone it is not judged. A fall that came in the next phase still is."""
+    for r in readings:
+        if r.series.track.name == "host" and r.series.role in (DRIVER, LEVEL) and r.outcome == KEPT:
+            r.outcome = NOT_JUDGED
+            r.note = (f"RSS fell {gib(r.inside)}: glibc may keep freed memory resident, so RSS cannot tell a kept "
+                      "reference from retention" + ("" if r.series.role == DRIVER else
+                                                     "; record with --heap to judge what the heap still holds"))
+
+
 def _combine(readings: list[Reading], label: str, expected: float, need: float, paused: bool, where: dict,
              th: Thresholds) -> Finding:
+    _host_retention(readings)
     by_role = {r.series.role: r for r in readings}
     held = by_role.get(ALLOCATED) or by_role.get(LEVEL)
     driver = by_role.get(DRIVER)

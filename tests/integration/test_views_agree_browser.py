@@ -52,7 +52,7 @@ CHECKS_JS = """() => Array.from(document.querySelectorAll('#checks-list .checks-
 
 
 def _record(log_dir: Path, *command: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "miles_profile.record", "--log-dir", str(log_dir), "--exec", "--",
+    return subprocess.Popen([sys.executable, "-m", "miles_profile.record", "--log-dir", str(log_dir), "--heap", "--exec", "--",
                              sys.executable, *command], cwd=REPO, env=python_env(),
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 

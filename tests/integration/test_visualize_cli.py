@@ -20,7 +20,7 @@ PROGRAM = textwrap.dedent("""
     import miles_profile as mp
     log_dir, mode, rounds = sys.argv[1], sys.argv[2], int(sys.argv[3])
     MiB = 1024 ** 2
-    with mp.Recorder(log_dir, interval_ms=10):
+    with mp.Recorder(log_dir, interval_ms=10, heap=True):  # the heap tells a kept reference from glibc retention
         for k in range(rounds):
             with mp.phase("generate", rollout_id=k):
                 kv = bytearray(192 * MiB)

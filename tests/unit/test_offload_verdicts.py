@@ -93,11 +93,25 @@ def test_a_free_after_the_next_phase_is_never_freed_not_late():
 def test_the_process_exit_is_not_a_late_free():
     # The offload is the process's last phase; its memory goes only when the process ends (samples after).
     phases = PHASES[:2]
-    run = make_run({"t": T, "rss": steps(T, [(0, GiB), (1, GiB + DECLARED), (9.0, GiB)])},
-                   [dict(p, target="disk") for p in phases])
+    run = _gpu_run([(0, GiB), (1, GiB + DECLARED), (9.0, GiB)], [(0, GiB), (1, GiB + DECLARED), (9.0, GiB)],
+                   phases=phases)
     result, finding = _offload(run)
-    assert finding.cause == "never_freed" and "never freed" in finding.message, finding.message
+    assert finding.cause == "still_referenced" and "freed only after" not in finding.message, finding.message
     assert finding.numbers["next_phase"] is None and result.status == "fail"
+
+
+def test_host_rss_alone_never_fails_an_offload_it_cannot_tell_from_glibc_retention():
+    # On CPU, RSS that did not fall may be glibc keeping freed pages (a healthy HF loop on CPU failed so):
+    # without the heap probe it is not judged, with it the heap decides and RSS is a note.
+    rss = steps(T, [(0, GiB), (1, GiB + DECLARED)])
+    phases = [dict(p, target="disk") for p in PHASES]
+    _, alone = _offload(make_run({"t": T, "rss": rss}, phases))
+    assert alone.status == "n/a" and "--heap" in alone.message, alone.message
+    heap_fell = steps(T, [(0, GiB), (1, GiB + DECLARED), (3.5, GiB)])
+    _, retained = _offload(make_run({"t": T, "rss": rss, "heap_used": heap_fell}, phases))
+    assert retained.status == "pass" and "cannot tell" in retained.message, retained.message
+    _, kept = _offload(make_run({"t": T, "rss": rss, "heap_used": rss}, phases))
+    assert kept.status == "fail" and kept.cause == "still_referenced", kept.message
 
 
 def test_the_late_window_is_the_same_process_not_another_ones_phases():
@@ -106,11 +120,12 @@ def test_the_late_window_is_the_same_process_not_another_ones_phases():
               dict(name="train", start=4.5, end=9.0, rollout_id=0, pid=other)]
     level = steps(T, [(0, GiB), (1, GiB + DECLARED), (5.0, GiB)])
     samples = {"t": np.concatenate([T, T]), "pid": np.repeat([PID, other], len(T)),
-               "rss": np.concatenate([level, np.full(len(T), GiB)])}
+               "rss": np.concatenate([level, np.full(len(T), GiB)]),
+               "heap_used": np.concatenate([level, np.full(len(T), GiB)])}
     processes = [{"pid": p, "role": "in_process", "rank": 0, "devices": [], "probes": []} for p in (PID, other)]
     run = make_run(samples, phases, processes=processes)
     _, finding = _offload(run)
-    assert finding.cause == "never_freed" and finding.numbers["next_phase"] is None
+    assert finding.cause == "still_referenced" and finding.numbers["next_phase"] is None, finding.message
 
 
 # -- CPU: glibc's heap is the allocator, RSS the driver ---------------------------------------------
@@ -119,10 +134,11 @@ def _cpu_run(heap: list, rss: list):
     return make_run(samples, [dict(p, target="disk") for p in PHASES])
 
 
-def test_cpu_heap_freed_but_rss_kept_is_cached_not_returned():
+def test_cpu_heap_freed_but_rss_kept_is_glibc_retention_not_a_failure():
+    # On the host the same process reuses what glibc keeps: the heap says the tensors went, RSS is a note.
     result, finding = _offload(_cpu_run(heap=[(0, GiB), (1, GiB + DECLARED), (3.4, GiB)],
                                         rss=[(0, 2 * GiB), (1, 2 * GiB + DECLARED)]))
-    assert finding.cause == "cached_not_returned" and "glibc kept the pages" in finding.message
+    assert finding.status == "pass" and "glibc may keep freed memory" in finding.message, finding.message
     assert result.series == "glibc heap and host RSS"
 
 
@@ -164,9 +180,10 @@ def test_a_residual_below_the_resolution_is_too_small_not_a_failure():
     _, finding = _offload(run)
     assert finding.status == TOO_SMALL
     assert f"{res / 2 / GiB:.3f} GiB left below the resolution {res / GiB:.3f} GiB of host RSS" in finding.message
-    big = make_run({"t": T, "rss": steps(T, [(0, GiB), (1, GiB + 4 * declared), (3.4, GiB + 2 * res)])},
+    kept = steps(T, [(0, GiB), (1, GiB + 4 * declared), (3.4, GiB + 2 * res)])
+    big = make_run({"t": T, "rss": kept, "heap_used": kept},
                    [dict(phases[0], expected_bytes=4 * declared)])  # the same share, above the resolution
-    assert _offload(big)[1].cause == "never_freed"
+    assert _offload(big)[1].cause == "still_referenced"
 
 
 # -- torch_memory_saver: the driver's series alone, read at the process's own phase boundaries ------------
