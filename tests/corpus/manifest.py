@@ -5,8 +5,10 @@ CAUSES); `None` for a healthy case, where no check may fail. `why` says what mak
 above all where the series decides the cause:
 
 - a reference kept to offloaded tensors shows as `still_referenced` where an allocated-bytes series exists
-  (the CUDA allocator's `gpu{i}_alloc`; on CPU glibc's heap, recorded with `record --heap`), and as
-  `never_freed` where only RSS is recorded: RSS cannot tell a live reference from freed memory kept;
+  (the CUDA allocator's `gpu{i}_alloc`; on CPU glibc's heap, recorded with `record --heap`); RSS alone
+  cannot tell a live reference from freed memory glibc keeps resident, so offload_drop never fails on it
+  (a healthy HF loop's RSS stayed up when glibc served a 62.5 MiB tensor from free heap space): the CPU
+  reference defects are recorded with `--heap`;
 - CPU has no caching allocator: `no_empty_cache` is a CUDA-only case;
 - a disk offload (`torch.save` + drop) is what lowers RSS on CPU; the CPU programs keep their big tensors
   at 32 MiB or more, which glibc mmaps, so a freed tensor leaves RSS at once.
@@ -63,10 +65,10 @@ CPU_CASES: list[Case] = [
     _cpu("mlp-short-cpu", "mlp_adamw", "none", None, None,
          "trap: two iterations only, too few for a trend", args=("--iters", "2"), flags=("trap",)),
     _cpu("llama-none-cpu", "hf_llama_rl", "none", None, None, HEALTHY, args=("--iters", "4")),
-    _cpu("llama-never_freed-cpu", "hf_llama_rl", "never_freed", "offload_drop", "never_freed",
-         "the reference-policy dict keeps the rollout's first weights (156 MiB) forever; only RSS is recorded, "
-         "which cannot tell a reference from retention, so never_freed (not still_referenced)",
-         args=("--iters", "3")),
+    _cpu("llama-never_freed-cpu", "hf_llama_rl", "never_freed", "offload_drop", "still_referenced",
+         "the reference-policy dict keeps the rollout's first weights (156 MiB) forever; --heap shows them still "
+         "allocated (on RSS alone the check would not judge it: glibc retention looks the same)",
+         args=("--iters", "3"), heap=True),
     _cpu("gpt2-short-cpu", "hf_gpt2_sft", "none", None, None,
          "trap: a healthy three-iteration fine-tune: too short for a trend", args=("--iters", "3"), flags=("trap",)),
     _cpu("gpt2-grads_kept-cpu", "hf_gpt2_sft", "grads_kept", "offload_drop", "still_referenced",

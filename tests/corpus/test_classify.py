@@ -25,6 +25,12 @@ def verdict(exit_code: int, **checks: tuple[str, list[str]]) -> dict:
     (HEALTHY_CASE, verdict(0, leak=("too small to judge", []), offload_drop=("pass", [])), runner.RIGHT),
     (HEALTHY_CASE, verdict(1, leak=("fail", ["sustained_growth"])), runner.FALSE_FAIL),
     (HEALTHY_CASE, verdict(2), runner.ERROR),
+    # a residual another check points back at: a consequence of the defect, not a false alarm ...
+    (LEAK_CASE, verdict(1, leak=("fail", ["sustained_growth"]), serialized_peaks=("fail", ["residual"])),
+     runner.CONSEQUENCE),
+    # ... but never on a healthy run, and never without the defect's own check
+    (HEALTHY_CASE, verdict(1, serialized_peaks=("fail", ["residual"])), runner.FALSE_FAIL),
+    (LEAK_CASE, verdict(1, serialized_peaks=("fail", ["residual"])), runner.FALSE_FAIL),
 ])
 def test_a_verdict_gets_its_class(case, judged, expected):
     assert runner.classify(case, judged) == expected
