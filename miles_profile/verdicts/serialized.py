@@ -57,15 +57,26 @@ def check_serialized_peaks(run, th: Thresholds) -> CheckResult:
     track = _footprint_track(run, Tracks(run), pid)
     if track is None:
         return not_applicable(name, title, explanation, "no memory series")
-    floor = nanmin(track.value[window(track, inst["start"].min(), inst["end"].max())])
-    footprints = dict(floor=floor, train=train, rollout=rollout, resolution=track_resolution(track))
-    findings = [_resident_finding(row, track, footprints, th, run)
+    floors = _iteration_floors(inst, track, th.serialized_overlap_share * min(train, rollout))
+    findings = [_resident_finding(row, track, dict(floor=floors.get(int(row.iteration), np.nan), train=train,
+                                                  rollout=rollout, resolution=track_resolution(track)), th, run)
                 for row in inst[inst["name"].isin([names.TRAIN, names.GENERATE])].itertuples()]
     findings = [f for f in findings if f is not None]
     if not findings:
         return not_applicable(name, title, explanation, "no samples inside train or generate phases")
     return verdict(name, title, explanation, findings, track.label,
                    "train/generate phases held one footprint at a time", "phases held more than one footprint")
+
+
+def _iteration_floors(inst, track: Track, jump: float) -> dict[int, float]:
+    """Per iteration, the floor its phases are judged above: its own lowest level, so that a floor creeping
+    up from one iteration to the next stays the leak check's to judge (against the run's first floor, a
+    leaking HF loop's train phases said 'both footprints' once the leak reached the rollout footprint's
+    size); but the iteration before's when the floor jumped by `jump` or more, which a footprint held
+    through a whole iteration does (the setup iteration, before the engine loads, for the first)."""
+    spans = inst.groupby("iteration").agg(start=("start", "min"), end=("end", "max")).sort_index()
+    own = [nanmin(track.value[window(track, s, e)]) for s, e in zip(spans["start"], spans["end"])]
+    return {int(i): own[k - 1] if k and own[k] - own[k - 1] >= jump else own[k] for k, i in enumerate(spans.index)}
 
 
 def _footprint_track(run, tracks: Tracks, pid) -> Track | None:

@@ -54,7 +54,7 @@ def test_headroom_of_a_multi_process_cpu_run_is_judged_on_the_host(tmp_path):
     assert not any("unknown" in f["message"] for f in headroom["findings"])
 
 
-HF = ROOT / "sample_logs" / "h200-hf"  # tests/corpus/hf_llama_rl.py recorded on the H200 (record --exec)
+HF = ROOT / "sample_logs" / "corpus" / "h200"  # tests/corpus/hf_llama_rl.py recorded on the H200 (record --exec)
 
 
 def test_gradients_kept_across_offload_train_are_not_blamed_on_both_footprints(tmp_path):

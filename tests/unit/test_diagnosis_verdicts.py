@@ -92,6 +92,36 @@ def test_an_excess_unlike_the_other_footprint_is_a_residual():
     _failing_findings_are_diagnosed(result)
 
 
+def _iterations(n: int, creep: float, both_in: int | None = None):
+    """n colocated iterations of 8 s: generate holds the rollout footprint (1 GiB), train the training state
+    (4 GiB); the floor creeps up by `creep` per iteration (a leak); in iteration `both_in` train holds both."""
+    t = np.round(np.arange(0.0, 8.0 * n + 1, 0.05), 6)
+    levels, phases = [(0, GiB)], []
+    for k in range(n):
+        s, base = 8.0 * k, GiB + k * creep
+        held = 4 * GiB + (GiB if k == both_in else 0)
+        levels += [(s + 1, base + GiB), (s + 3, base), (s + 4, base + held), (s + 6, base)]
+        phases += [dict(name="generate", start=s + 1, end=s + 2.9, rollout_id=k),
+                   dict(name="offload_rollout", start=s + 2.9, end=s + 3.1, rollout_id=k, expected_bytes=GiB),
+                   dict(name="train", start=s + 4, end=s + 5.9, rollout_id=k),
+                   dict(name="offload_train", start=s + 5.9, end=s + 6.1, rollout_id=k, expected_bytes=4 * GiB,
+                        target="cpu")]
+    level = steps(t, levels)
+    return make_run({"t": t, "gpu0_alloc": level, "gpu0_alloc_peak": level, "rss": np.full(len(t), GiB)}, phases,
+                    devices=H200)
+
+
+def test_a_floor_that_creeps_up_is_the_leak_checks_not_both_footprints():
+    # A leaking HF loop on the H200: once the leak reached the rollout footprint's size, its train phases
+    # read "both footprints held at once" against the run's first floor
+    result = check_serialized_peaks(_iterations(8, creep=0.3 * GiB), TH)
+    assert result.status == "pass", result.summary
+    # a footprint held through one train phase is still found, with its story
+    held = check_serialized_peaks(_iterations(8, creep=0.3 * GiB, both_in=5), TH)
+    (failed,) = [f for f in held.findings if f.status == "fail"]
+    assert (failed.iteration, failed.cause) == (5, "both_footprints"), failed.message
+
+
 # -- host_weight_copies, transition_spikes -----------------------------------------------------
 def _weight_move_run(weights: float, rss_growth: float):
     rss = steps(T, [(0, GiB), (3.2, GiB + rss_growth), (3.8, GiB)])
