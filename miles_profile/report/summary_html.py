@@ -94,7 +94,7 @@ SUMMARY_CSS = """
 .facts-row{display:flex;gap:18px;flex-wrap:wrap;align-items:flex-start}
 .fact{min-width:260px}.fact-wide{flex:1}.fact-label{font-size:12px;color:#6b7385;text-transform:uppercase;letter-spacing:.03em}
 .fact-value{font-size:26px;font-weight:700;font-variant-numeric:tabular-nums}.fact-detail{font-size:13px}
-table.offloads{width:100%;font-size:13px} table.offloads td.num{text-align:right;font-variant-numeric:tabular-nums}
+table.offloads{width:auto;min-width:480px;font-size:13px} table.offloads td.num{text-align:right;font-variant-numeric:tabular-nums}
 .failing ol{margin:4px 0 0 18px;padding:0} .failing li{margin:2px 0;color:#b71c1c}
 a.zoom-link{color:#1f4e99;text-decoration:underline dotted;cursor:pointer}
 """

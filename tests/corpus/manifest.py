@@ -51,7 +51,8 @@ CPU_CASES: list[Case] = [
     _cpu("mlp-optimizer_kept-cpu", "mlp_adamw", "optimizer_kept", "offload_drop", "still_referenced",
          "the AdamW state (128 MiB) stays referenced; --heap shows it still allocated", heap=True),
     _cpu("mlp-late_free-cpu", "mlp_adamw", "late_free", "offload_drop", "freed_late",
-         "an async writer frees the state 0.4 s after offload_train returned, inside the next phase (eval)"),
+         "an async writer frees the state 0.4 s after offload_train returned, inside the next phase (eval); "
+         "--heap shows when (RSS alone cannot tell it from the next phase's own frees)", heap=True),
     _cpu("mlp-leak-cpu", "mlp_adamw", "leak", "leak", "sustained_growth",
          "a 32 MiB weight snapshot kept every iteration: 7 iterations after warm-up, +224 MiB"),
     _cpu("mlp-retention-cpu", "mlp_adamw", "retention", None, None,

@@ -37,7 +37,7 @@ def test_offload_that_drops_inside_the_phase_passes():
 
 
 def test_offload_that_frees_after_returning_is_flagged():
-    result = check_offload_drop(_offload_run(free_at=5.0), TH)
+    result = check_offload_drop(_offload_run(free_at=5.0, heap=True), TH)
     assert result.status == "fail"
     assert "only after the phase ended" in result.summary
 
