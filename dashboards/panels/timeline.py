@@ -124,7 +124,10 @@ def build_figure(run, run_id: str, window: tuple[float, float] | None, phases: s
     figure = timeline_figure(shown, max_points=MAX_POINTS, t_range=t_range, phase_peaks=False)
     # Beside a training run the page is narrow: the legend goes above the plots, not beside them.
     # Items flow in rows (traceorder "normal"), not one column per legend group.
-    figure.update_layout(uirevision=run_id, margin=dict(t=115, r=20),
+    # Room for the legend's rows above the plots: a run of several processes has twice the entries of one,
+    # and a fixed margin let the rows run over the first plot's title. About two entries fit a row.
+    entries = sum(1 for trace in figure.data if trace.showlegend is not False and trace.name)
+    figure.update_layout(uirevision=run_id, margin=dict(t=max(115, 45 + 18 * -(-entries // 2)), r=20),
                          legend=dict(orientation="h", x=0, y=0.995, yanchor="top", yref="container",
                                      traceorder="normal", entrywidth=0))
     if t_range is None:
