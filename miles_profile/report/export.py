@@ -16,7 +16,6 @@ import os
 import shutil
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 
 from miles_profile.errors import MilesProfileError
@@ -24,6 +23,7 @@ from miles_profile.report.figures import run_start
 from miles_profile.report.reduce import phase_ranges, reduce_series
 from miles_profile.report.series import GiB, series_arrays, timeline_series
 from miles_profile.report.stats import phase_table
+from miles_profile.verdicts.engine import jsonable
 
 CHROMIUM_CANDIDATES = ("/usr/bin/chromium", "/usr/bin/chromium-browser", "/usr/bin/google-chrome")
 
@@ -48,20 +48,6 @@ def write_png(figure, path: str | Path, *, width: int = 1600) -> Path:
     return Path(path)
 
 
-def _jsonable(value):
-    if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
-    if isinstance(value, (np.integer,)):
-        return int(value)
-    if isinstance(value, (float, np.floating)):
-        return float(value) if math.isfinite(value) else None
-    if isinstance(value, (str, int, bool)) or value is None:
-        return value
-    return str(value)
-
-
 def trace_events(run, *, max_points: int = 100_000, pid_offset: int = 0) -> list[dict]:
     """Phases as complete slices ("X") per process, memory series as counter tracks ("C"), marks as instants."""
     t0 = run_start(run)
@@ -76,10 +62,10 @@ def trace_events(run, *, max_points: int = 100_000, pid_offset: int = 0) -> list
     for row in run.phases.itertuples():
         events.append({"ph": "X", "name": str(row.name), "cat": "phase", "ts": us(row.start),
                        "dur": max(0.0, round(float(row.duration) * 1e6, 3)), "pid": int(row.pid) + pid_offset,
-                       "tid": int(row.pid), "args": _jsonable({**(row.attrs or {}), "status": row.status})})
+                       "tid": int(row.pid), "args": jsonable({**(row.attrs or {}), "status": row.status})})
     for row in run.events[~run.events["kind"].isin(["begin", "end", "account"])].itertuples():
         events.append({"ph": "i", "s": "p", "name": f"{row.kind}: {row.name}", "ts": us(row.t),
-                       "pid": int(row.pid) + pid_offset, "tid": int(row.pid), "args": _jsonable(row.attrs)})
+                       "pid": int(row.pid) + pid_offset, "tid": int(row.pid), "args": jsonable(row.attrs)})
     series = timeline_series(run)
     bounds = (run.phases["start"].to_numpy(float), run.phases["end"].to_numpy(float)) if len(run.phases) else None
     n_out = max(200, max_points // max(1, len(series)))
@@ -130,9 +116,9 @@ def write_json(reports, path: str | Path) -> Path:
     runs = []
     for report, verdict in zip(reports, verdicts):
         run = {**verdict.to_dict(), "name": report.run.name, "path": str(report.run.path),
-               "summary": _jsonable(report.summary.to_dict()) if verdict.checked else None,
+               "summary": jsonable(report.summary.to_dict()) if verdict.checked else None,
                "warnings": report.skipped,
-               "phases": _jsonable(report.phases.astype(object).where(report.phases.notna(), None).to_dict("records"))}
+               "phases": jsonable(report.phases.astype(object).where(report.phases.notna(), None).to_dict("records"))}
         if run["gates"]:
             run["baseline"] = run["gates"][0]
         runs.append(run)

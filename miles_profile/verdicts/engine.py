@@ -54,7 +54,7 @@ class RunVerdict:
 
     def to_dict(self) -> dict:
         return {"name": self.run_name, "path": self.run_path, "status": self.status, "exit_code": self.exit_code,
-                "checked": self.checked, "checks": [_plain(asdict(c)) for c in self.checks],
+                "checked": self.checked, "checks": [jsonable(asdict(c)) for c in self.checks],
                 "gates": [gate_dict(g) for g in self.gates], "notes": list(self.notes)}
 
 
@@ -71,7 +71,7 @@ def gate_dict(gate) -> dict:
     return {"name": "baseline", "baseline": gate.baseline, "status": gate.status, "summary": gate.summary,
             "thresholds": gate.thresholds.text, "matched_by": gate.matched_by,
             "not_compared": list(gate.not_compared), "not_selected": list(gate.not_selected),
-            "compared": [{**_plain(asdict(c)), "growth": c.growth} for c in gate.compared]}
+            "compared": [{**jsonable(asdict(c)), "growth": c.growth} for c in gate.compared]}
 
 
 # -- judging ------------------------------------------------------------------------------------
@@ -140,12 +140,12 @@ def judge_test_limits(run, gpu=None, host=None, phase=None) -> RunVerdict:
     return RunVerdict(run.name, limit_results(run, gpu, host, phase), run_path=str(run.path))
 
 
-def _plain(value):
+def jsonable(value):
     """JSON-ready: numpy scalars to Python, non-finite floats to None, tuples to lists."""
     if isinstance(value, dict):
-        return {str(k): _plain(v) for k, v in value.items()}
+        return {str(k): jsonable(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
+        return [jsonable(v) for v in value]
     if isinstance(value, np.integer):
         return int(value)
     if isinstance(value, (float, np.floating)):
