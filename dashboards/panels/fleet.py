@@ -23,6 +23,9 @@ from miles_profile.names import instance_label
 from miles_profile.report import fleet, fleet_figures
 from miles_profile.report.figures import run_start
 from miles_profile.report.phase_table import phase_table
+from miles_profile.report.process_view import (
+    is_fleet,  # the report's rule: both views open on the same view
+)
 from miles_profile.report.reduce import reduce_series
 
 ONE_LANE_EACH = 8  # up to this many lanes each gets its timeline; beyond, `worst:8` unless the user picks
@@ -41,13 +44,6 @@ class FleetView:
     figure: object
     outliers: list[dict]
     t0: float  # the run's time origin: every x axis is seconds since it
-
-
-def is_fleet(run) -> bool:
-    """More than one process with phases, or more than one GPU among the processes' metas."""
-    pids = run.phases[["host", "pid"]].drop_duplicates() if len(run.phases) else []
-    gpus = {(p.get("host"), p.get("gpu_uuid")) for p in run.processes if p.get("gpu_uuid")}
-    return len(pids) > 1 or len(gpus) > 1
 
 
 def one_lane_each(run) -> bool:

@@ -113,7 +113,7 @@ def resolve_selection(run, selection: str | PhaseSelection | None) -> PhaseSelec
 
 
 def _checks(run, thresholds, fleet_thresholds, fleet) -> list[CheckResult]:
-    from miles_profile.report.fleet_report import is_fleet
+    from miles_profile.report.process_view import is_fleet
     from miles_profile.verdicts.checks import run_checks
     if not is_fleet(run):
         if run.samples.empty and getattr(run, "sample_pids", None) is not None:  # loaded lazily

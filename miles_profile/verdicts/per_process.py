@@ -5,7 +5,7 @@ per check: it fails if any process fails, and names how many were judged and the
     per_process_checks(run, thresholds=None) -> list[FleetCheckResult]
 
 (Moved here from report/fleet_report.py so that the verdict engine, engine.py, owns every judgement;
-fleet_report keeps how a process's view of the run is cut out: judged_processes, _process_run.)
+report/process_view.py says which processes are judged and cuts out each one's view of the run.)
 """
 from __future__ import annotations
 
@@ -14,6 +14,11 @@ from dataclasses import replace
 import numpy as np
 import pandas as pd
 
+from miles_profile.report.process_view import (
+    judged_processes,
+    phase_processes,
+    process_view,
+)
 from miles_profile.verdicts import checks as checks_mod
 from miles_profile.verdicts import fleet_checks
 from miles_profile.verdicts.types import STATUS_ORDER, worst_status
@@ -29,17 +34,12 @@ def _label(meta: dict) -> str:
 
 
 def per_process_checks(run, thresholds: checks_mod.Thresholds | None = None) -> list[checks_mod.CheckResult]:
-    from miles_profile.report.fleet_report import (
-        _phase_processes,
-        _process_run,
-        judged_processes,
-    )
     judged = judged_processes(run)
-    total = len(_phase_processes(run))
+    total = len(phase_processes(run))
     rows_of = run.samples.groupby("pid").indices if len(run.samples) else {}
     per_check: dict[str, list] = {}
     for host, pid, meta in judged:
-        sub = _process_run(run, host, pid, rows_of)
+        sub = process_view(run, host, pid, rows_of)
         for result in checks_mod.run_checks(sub, thresholds):
             per_check.setdefault(result.name, []).append((meta, result))
     if not per_check:  # nothing read (no samples): the checks say why, as on one process

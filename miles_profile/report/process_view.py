@@ -1,0 +1,103 @@
+"""Which processes of a run are judged, and each one's view of the run: pure pandas (no plotly), shared by
+the verdict engine (verdicts/per_process.py) and the fleet report.
+
+    is_fleet(run) -> bool                       # more than one process with phases, or processes on >1 GPU
+    phase_processes(run) -> {(host, pid)}       # processes that recorded phases
+    judged_processes(run) -> [(host, pid, meta)]
+    process_view(run, host, pid, rows_of) -> Run   # one process (and the engine server it drives)
+"""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from miles_profile.report import engine_server
+
+# "in_process": the trainer recorded in record's own process (no torchrun), the rank, engine server or not
+_JUDGED_ROLES = ("actor", "in_process", "engine")
+
+
+def phase_processes(run) -> set:
+    if run.phases.empty:
+        return set()
+    hosts = run.phases["host"].fillna("").astype(str) if "host" in run.phases else pd.Series("", index=run.phases.index)
+    return set(zip(hosts, run.phases["pid"].astype(int)))
+
+
+def is_fleet(run) -> bool:
+    """A run of more than one process with phases, or of several processes on more than one GPU.
+    One-process runs never are: their report is what it always was."""
+    if len(run.processes) < 2:
+        return False
+    if len(phase_processes(run)) > 1:
+        return True
+    uuids = {p.get("gpu_uuid") for p in run.processes if p.get("gpu_uuid")}
+    return len(uuids) > 1
+
+
+def process_view(run, host: str, pid: int, rows_of: dict):
+    """A view of the run holding one process (its samples, phases, events, meta), plus the meta and
+    samples of the engine server it drives where it has one (engine_server.engine_of): an offload it declares
+    is done in that engine, and offload_drop judges it there."""
+    from miles_profile.logdir.reader import Run
+    meta = [dict(p) for p in run.processes if int(p.get("pid", -1)) == pid and str(p.get("host") or "") == host]
+    engine = engine_server.engine_of(run.processes, meta[0]) if meta else None
+    parts = [rows_of[p] for p in (pid, engine and int(engine["pid"])) if p is not None and p in rows_of]
+    rows = np.sort(np.concatenate(parts)) if parts else None
+    samples = run.samples.iloc[rows].reset_index(drop=True) if rows is not None else run.samples.iloc[:0]
+    ph = run.phases
+    ph_host = ph["host"].fillna("").astype(str) if "host" in ph else pd.Series("", index=ph.index)
+    phases = _inherit_rollout_ids(ph[(ph["pid"] == pid) & (ph_host == host)].reset_index(drop=True), run, meta)
+    ev = run.events
+    ev_host = ev["host"].fillna("").astype(str) if "host" in ev else pd.Series("", index=ev.index)
+    events = ev[(ev["pid"] == pid) & (ev_host == host)].reset_index(drop=True)
+    if meta and not meta[0].get("devices") and run.devices:
+        meta[0]["devices"] = run.devices  # NVML's list is in the host sampler's meta only
+    meta += [dict(engine, view_peer=True)] if engine is not None else []  # checks.check_headroom skips it
+    return Run(run.path, run.meta, meta, samples, events, phases, [], run.directories)
+
+
+def _inherit_rollout_ids(phases: pd.DataFrame, run, meta: list[dict]) -> pd.DataFrame:
+    """An engine server's phases are requests and carry no rollout_id: each takes the rollout_id of the
+    innermost phase of the process driving it (same host, GPU and rank; engine_server.engine_of) that encloses it
+    in time, of the same name where one does; phases between them carry the last one forward
+    (stats._iterations), and those before the first rollout get -1 (warm-up, weights still loading).
+    Unchanged when the process has rollout_ids of its own or drives nothing it can inherit from."""
+    if phases.empty or not meta or ("rollout_id" in phases and phases["rollout_id"].notna().any()):
+        return phases
+    drivers = {(str(p.get("host") or ""), int(p.get("pid", -1))) for p in run.processes
+               if (e := engine_server.engine_of(run.processes, p)) is not None
+               and int(e.get("pid", -1)) == int(meta[0].get("pid", -2))}
+    ph = run.phases
+    if not drivers or "rollout_id" not in ph:
+        return phases
+    hosts = ph["host"].fillna("").astype(str) if "host" in ph else pd.Series("", index=ph.index)
+    mine = [(h, int(p)) in drivers for h, p in zip(hosts, ph["pid"])]
+    outer = ph[np.array(mine, dtype=bool) & ph["rollout_id"].notna().to_numpy()]
+    if outer.empty:
+        return phases
+    a0, a1 = outer["start"].to_numpy(float), outer["end"].to_numpy(float)
+    a1 = np.where(np.isfinite(a1), a1, np.inf)  # an open phase encloses what started in it
+    a_name, a_id = outer["name"].astype(str).to_numpy(), pd.to_numeric(outer["rollout_id"], errors="coerce").to_numpy()
+    s0, s1 = phases["start"].to_numpy(float), phases["end"].to_numpy(float)
+    s1 = np.where(np.isfinite(s1), s1, s0)
+    names_ = phases["name"].astype(str).to_numpy()
+    ids = np.full(len(phases), np.nan)
+    for c in range(0, len(phases), 512):  # chunks: phases x enclosing phases stays small
+        k = slice(c, c + 512)
+        enclosing = (a0[None, :] <= s0[k, None]) & (a1[None, :] >= s1[k, None])
+        same = enclosing & (a_name[None, :] == names_[k, None])
+        pick = np.where(same.any(axis=1)[:, None], same, enclosing)
+        innermost = np.where(pick, a0[None, :], -np.inf).argmax(axis=1)
+        ids[k] = np.where(pick.any(axis=1), a_id[innermost], np.nan)
+    return phases.assign(rollout_id=ids)
+
+
+def judged_processes(run) -> list[tuple[str, int, dict]]:
+    """(host, pid, meta) of the actor and engine processes with phases whose samples were read (every
+    process with phases when no process has those roles)."""
+    with_phases = phase_processes(run)
+    have = set(run.samples["pid"].unique().tolist()) if len(run.samples) else set()
+    metas = [p for p in run.processes if (str(p.get("host") or ""), int(p.get("pid", -1))) in with_phases]
+    chosen = [p for p in metas if p.get("role") in _JUDGED_ROLES] or metas
+    return [(str(p.get("host") or ""), int(p["pid"]), p) for p in chosen if int(p["pid"]) in have]
