@@ -61,8 +61,7 @@ def _offloads(summary: Summary, spans: list) -> html.Div:
     for kind in summary.offloads:
         state = "fail" if kind.failed else ("pass" if kind.count > kind.too_small + kind.not_judged else
                                             ("too small to judge" if kind.too_small else "n/a"))
-        freed = "–" if kind.freed is None or kind.declared is None else \
-            f"{kind.freed / GiB:.2f} / {kind.declared / GiB:.2f} GiB"
+        freed = kind.freed_text()
         worst = ""
         if kind.failed and kind.worst is not None and kind.worst.span:
             spans.append(list(kind.worst.span))

@@ -18,6 +18,7 @@ from miles_profile.report.series import GiB
 from miles_profile.verdicts.types import TOO_SMALL, CheckResult, Finding
 
 OFFLOAD_CHECK = "offload_drop"
+MiB = 1024 ** 2
 
 
 @dataclass
@@ -32,11 +33,18 @@ class OffloadKind:
     freed: float | None             # median bytes measured gone, on the series judged
     worst: Finding | None           # a failed instance first, else the one that freed the least of its declared
 
+    def freed_text(self, between: str = " / ") -> str:
+        """`0.33 of 0.33 GiB`, in MiB when the declared bytes are under 0.1 GiB (0.00 GiB says nothing)."""
+        if self.declared is None:
+            return "–"
+        unit, scale = ("MiB", MiB) if self.declared < 0.1 * GiB else ("GiB", GiB)
+        freed = "?" if self.freed is None else f"{self.freed / scale:.2f}"
+        return f"{freed}{between}{self.declared / scale:.2f} {unit}"
+
     def text(self) -> str:
         parts = [f"{self.name} ×{self.count}:"]
         if self.declared is not None:
-            freed = "?" if self.freed is None else f"{self.freed / GiB:.2f}"
-            parts.append(f"freed {freed} of {self.declared / GiB:.2f} GiB declared (median)")
+            parts.append(f"freed {self.freed_text(' of ')} declared (median)")
         status = []
         if self.failed:
             status.append(f"{self.failed} FAILED")

@@ -59,14 +59,13 @@ def _offloads_html(summary: Summary, t0: float, section_id: str) -> str:
         counts = [f"{kind.failed} failed"] if kind.failed else []
         counts += [f"{kind.too_small} too small"] if kind.too_small else []
         counts += [f"{kind.not_judged} not judged"] if kind.not_judged else []
-        freed = "–" if kind.freed is None or kind.declared is None else \
-            f"{kind.freed / GiB:.2f} / {kind.declared / GiB:.2f}"
+        freed = kind.freed_text()
         worst = _zoom(kind.worst.span, t0, section_id, kind.worst.message) if kind.worst is not None and kind.failed else ""
         rows.append(f'<tr data-offload="{_e(kind.name)}" data-status="{_e(state)}"><td><b>{_e(kind.name)}</b> ×{kind.count}</td>'
                     f'<td class="num">{freed}</td><td><span class="badge {_BADGE[state]}">{_WORD[state]}</span> '
                     f'<span class="small muted">{_e(", ".join(counts))}</span><div class="small">{worst}</div></td></tr>')
     return ('<div class="fact fact-wide"><div class="fact-label">Did every offload work?</div>'
-            '<table class="offloads"><thead><tr><th>offload</th><th>freed / declared GiB (median)</th><th>verdict</th>'
+            '<table class="offloads"><thead><tr><th>offload</th><th>freed / declared (median)</th><th>verdict</th>'
             f'</tr></thead><tbody>{"".join(rows)}</tbody></table></div>')
 
 
