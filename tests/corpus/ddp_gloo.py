@@ -13,7 +13,6 @@ Defect (planted; healthy = none):
 """
 from __future__ import annotations
 
-import os
 import time
 
 import torch
