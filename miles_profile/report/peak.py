@@ -42,8 +42,7 @@ class Peak:
 
     def text(self) -> str:
         where = f"in {self.phase} of {iteration_text(self.iteration)}" if self.phase else self.outside
-        total = f" of {self.total / GiB:.1f} GiB ({self.share:.0%}, {self.headroom / GiB:.2f} GiB left)" \
-            if self.total else ""
+        total = f" of {self.total / GiB:.1f} GiB ({self.share:.0%})" if self.total else ""
         return f"peak {self.bytes / GiB:.2f} GiB{total} on {self.where} {where} ({self.series})"
 
 

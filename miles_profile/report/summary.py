@@ -18,6 +18,7 @@ from miles_profile.report.series import GiB
 from miles_profile.verdicts.types import TOO_SMALL, CheckResult, Finding
 
 OFFLOAD_CHECK = "offload_drop"
+HEADROOM_CHECK = "headroom"
 MiB = 1024 ** 2
 
 
@@ -61,16 +62,36 @@ class OffloadKind:
         return " ".join(parts)
 
 
+@dataclass(frozen=True)
+class Headroom:
+    """What the headroom check judged closest to its total (its numbers, never computed again here)."""
+    peak: float
+    total: float
+    series: str
+    status: str
+
+    @property
+    def left(self) -> float:
+        return self.total - self.peak
+
+    def text(self) -> str:
+        return (f"headroom {self.left / GiB:.2f} GiB left: {self.series} peaked at {self.peak / GiB:.2f} of "
+                f"{self.total / GiB:.1f} GiB ({self.peak / self.total:.0%})")
+
+
 @dataclass
 class Summary:
     status: str
     peak: Peak | None
     offloads: list[OffloadKind] = field(default_factory=list)
     failing: list[tuple[CheckResult, Finding | None]] = field(default_factory=list)
+    headroom: Headroom | None = None
 
     def lines(self, failing: bool = True) -> list[str]:
         out = [f"verdict: {self.status.upper()}"]
         out.append(self.peak.text() if self.peak else "peak: no memory samples")
+        if self.headroom is not None:
+            out.append(self.headroom.text())
         for kind in self.offloads:
             out.append(f"offload {kind.text()}")
         if not self.offloads:
@@ -88,8 +109,11 @@ class Summary:
                     "phase": p.phase, "iteration": p.iteration, "iteration_text": iteration_text(p.iteration)
                     if p.phase else None, "span": list(p.span) if p.span else None, "outside": p.outside or None,
                     "text": p.text()}
+        headroom = None if self.headroom is None else {
+            "peak_bytes": self.headroom.peak, "total_bytes": self.headroom.total, "left_bytes": self.headroom.left,
+            "series": self.headroom.series, "status": self.headroom.status, "text": self.headroom.text()}
         return {
-            "status": self.status, "peak": peak,
+            "status": self.status, "peak": peak, "headroom": headroom,
             "offloads": [{"name": k.name, "count": k.count, "failed": k.failed, "too_small": k.too_small,
                           "not_judged": k.not_judged, "declared_bytes": k.declared, "freed_bytes": k.freed,
                           "worst": None if k.worst is None else {
@@ -105,7 +129,19 @@ class Summary:
 
 def summarize(run, checks: list[CheckResult], status: str) -> Summary:
     failing = [(c, _first_failure(c)) for c in checks if c.status == "fail"]
-    return Summary(status, highest_peak(run), _offload_kinds(checks), failing)
+    return Summary(status, highest_peak(run), _offload_kinds(checks), failing, _headroom(checks))
+
+
+def _headroom(checks: list[CheckResult]) -> Headroom | None:
+    """The headroom check's finding closest to its total: the summary states it, never a figure of its own."""
+    check = next((c for c in checks if c.name == HEADROOM_CHECK), None)
+    judged = [f for f in (check.findings if check else []) if f.status in ("pass", "fail")
+              and _number(f, ("peak",)) is not None and _number(f, ("total",))]
+    if not judged:
+        return None
+    worst = max(judged, key=lambda f: f.numbers["peak"] / f.numbers["total"])
+    return Headroom(float(worst.numbers["peak"]), float(worst.numbers["total"]),
+                    str(worst.numbers.get("series") or worst.series or check.series), worst.status)
 
 
 def _first_failure(check: CheckResult) -> Finding | None:

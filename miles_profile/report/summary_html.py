@@ -37,8 +37,11 @@ def _peak_html(summary: Summary, t0: float, section_id: str) -> str:
                '<div class="fact-detail">no memory samples</div></div>'
     where = (f"{peak.phase} · {iteration_text(peak.iteration)}" if peak.phase else peak.outside)
     at = f"at {peak.t - t0:.2f} s"
-    share = (f'{peak.share:.0%} of {peak.total / GiB:.1f} GiB · <b>{peak.headroom / GiB:.2f} GiB left</b>'
-             if peak.total else "device total unknown")
+    share = f"{peak.share:.0%} of {peak.total / GiB:.1f} GiB" if peak.total else "device total unknown"
+    if summary.headroom is not None:  # the headroom check's figure: one verdict, not a second computation
+        h = summary.headroom
+        share += (f' · <b>{h.left / GiB:.2f} GiB left</b> <span class="muted" title="{_e(h.text())}">'
+                  f'({_e(h.series)})</span>')
     link = _zoom(peak.span or (peak.t - 0.5, peak.t + 0.5), t0, section_id, f"{where}, {at}")
     return (f'<div class="fact" id="{_e(section_id)}-peak" data-peak-bytes="{int(peak.bytes)}" '
             f'data-peak-phase="{_e(peak.phase or "")}" data-peak-iteration="{"" if peak.iteration is None else peak.iteration}">'

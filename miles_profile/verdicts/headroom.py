@@ -46,6 +46,9 @@ def check_headroom(run, th: Thresholds) -> CheckResult:
                    "of the memories checked kept headroom", "memories near their total")
 
 
+_KIND_TEXT = {"used": "NVML used", "alloc_peak": "allocated, true peak", "reserved": "allocator reserved"}
+
+
 def _gpu_findings(run, th: Thresholds) -> list[Finding]:
     from miles_profile.report.series import pids_with, series_arrays
     findings = []
@@ -60,8 +63,8 @@ def _gpu_findings(run, th: Thresholds) -> list[Finding]:
         owners = {c: [p for p in pids_with(run, c) if p not in peers][:8] for c in columns}
         if not any(owners.values()):
             continue
-        peak = max(nanmax(series_arrays(run, p, c)[1]) for c in columns for p in owners[c])
-        series = f"GPU {i} ({'+'.join(c for c in columns if owners[c])})"
+        peak, column = max((nanmax(series_arrays(run, p, c)[1]), c) for c in columns for p in owners[c])
+        series = f"GPU {i} {_KIND_TEXT.get(column.split('_', 1)[1], column)} (the highest of {', '.join(c for c in columns if owners[c])})"
         findings.append(_headroom_finding(f"GPU {i}", peak, float(total), th, series,
                                           resolution_of([c for c in columns if owners[c]])))
     return findings
