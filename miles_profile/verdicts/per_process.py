@@ -44,7 +44,16 @@ def per_process_checks(run, thresholds: checks_mod.Thresholds | None = None) -> 
             per_check.setdefault(result.name, []).append((meta, result))
     if not per_check:  # nothing read (no samples): the checks say why, as on one process
         return checks_mod.run_checks(run, thresholds)
-    return [_aggregate(items, len(judged), total) for items in per_check.values()]
+    results = [_aggregate(items, len(judged), total) for items in per_check.values()]
+    return [_whole_run_headroom(run, thresholds) or r if r.name == "headroom" else r for r in results]
+
+
+def _whole_run_headroom(run, thresholds) -> checks_mod.CheckResult | None:
+    """Headroom is a device's (and a host's), not a process's: an actor and its engine server on one GPU
+    each stay below the total their sum reaches. Judged on the whole run (NVML device used from the host
+    sampler, the host's used memory) where it can be; else the per-process verdicts stand."""
+    whole = checks_mod.check_headroom(run, thresholds or checks_mod.Thresholds())
+    return whole if whole.status != "n/a" else None
 
 
 def _severity(finding: checks_mod.Finding) -> float:
