@@ -29,3 +29,13 @@ def test_the_summary_restates_the_verdicts(log):
     assert all(f is not None and f.status == "fail" for _, f in summary.failing)
     lines = summary.lines()
     assert lines[0] == f"verdict: {verdict.status.upper()}" and any(line.startswith("headroom ") for line in lines)
+
+
+def test_a_shared_gpus_headroom_is_judged_on_what_the_device_holds():
+    # an actor and its engine server on one H200: per process each stayed under the 22.32 GiB their sum
+    # reached, and the summary's 'GiB left' disagreed with its own peak by 2.2 GiB
+    run = load_run("sample_logs/h200-tms-dist/9-dist-engine-server")
+    verdict = judge(run)
+    summary = summarize(run, verdict.checks, verdict.status)
+    assert summary.peak.where == "GPU 0" and summary.headroom.peak == summary.peak.bytes
+    assert summary.headroom.peak > 22 * 1024 ** 3
