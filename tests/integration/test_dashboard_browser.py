@@ -49,8 +49,9 @@ for rollout_id in range(3):
 
 def record(log_dir: Path, *command: str) -> subprocess.Popen:
     from tests.conftest import python_env  # noqa: PLC0415 - the shared source-tree environment
-    return subprocess.Popen([sys.executable, "-m", "miles_profile.record", "--log-dir", str(log_dir), "--exec",
-                             "--", sys.executable, *command], cwd=REPO, env=python_env(),
+    # --heap: on the host only glibc's heap tells a kept reference from retention (RSS never fails an offload)
+    return subprocess.Popen([sys.executable, "-m", "miles_profile.record", "--log-dir", str(log_dir), "--heap",
+                             "--exec", "--", sys.executable, *command], cwd=REPO, env=python_env(),
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
