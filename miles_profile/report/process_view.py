@@ -25,14 +25,12 @@ def phase_processes(run) -> set:
 
 
 def is_fleet(run) -> bool:
-    """A run of more than one process with phases, or of several processes on more than one GPU.
-    One-process runs never are: their report is what it always was."""
-    if len(run.processes) < 2:
-        return False
+    """A run of more than one process with phases, or of processes on more than one GPU. One-process runs
+    never are: their report is what it always was. Judged from the phases and whatever metas exist: a run
+    being recorded may show its ranks' phases before every meta is read (the dashboard decides on it live)."""
     if len(phase_processes(run)) > 1:
         return True
-    uuids = {p.get("gpu_uuid") for p in run.processes if p.get("gpu_uuid")}
-    return len(uuids) > 1
+    return len({(p.get("host"), p.get("gpu_uuid")) for p in run.processes if p.get("gpu_uuid")}) > 1
 
 
 def process_view(run, host: str, pid: int, rows_of: dict):
