@@ -22,6 +22,7 @@ from dashboards.live_run import RunCache
 from dashboards.panels import checks, compare, fleet, ledger, phases, runs, summary, timeline
 from dashboards.paths import LogRoot
 from dashboards.runs import list_runs
+from dashboards.verdicts import verdict_of
 
 log = logging.getLogger("dashboards")
 
@@ -83,7 +84,7 @@ def preload_default_run(state: State) -> None:
         fleet.preload(live_run)  # first: a fleet run's page opens on it
         if fleet.one_lane_each(live_run.current):  # else the fleet view replaces the run-wide timeline
             live_run.memo("timeline-full", lambda run: timeline.build_figure(run, run_id, None, state.phases))
-        summary.verdict_of(live_run, state.phases)  # the one verdict: the summary and checks panels render it
+        verdict_of(live_run, state.phases)  # the one verdict: the summary and checks panels render it
         live_run.memo("phases-False", lambda run: phases.compute(run, False, state.phases))
     except Exception as exc:  # noqa: BLE001 - the page shows the error when it asks for the run
         log.warning("preloading %s failed: %s: %s", run_id, exc.__class__.__name__, exc)

@@ -10,8 +10,8 @@ from dash.exceptions import PreventUpdate
 
 from dashboards.messages import describe, message
 from dashboards.panels.refresh import due
-from dashboards.panels.summary import verdict_of
 from dashboards.runs import summarize
+from dashboards.verdicts import verdict_of
 from miles_profile.report.figures import run_start
 from miles_profile.verdicts.engine import judge
 from miles_profile.verdicts.types import STATUS_ORDER, TOO_SMALL, CheckResult
@@ -86,10 +86,16 @@ def register(app, state) -> None:
         Input({"type": "checks-item", "index": ALL}, "n_clicks"),
         State("checks-spans", "data"), prevent_initial_call=True)
     def focus_check(_clicks, listed):
-        clicked = ctx.triggered_id
-        if not isinstance(clicked, dict) or not ctx.triggered[0]["value"] or not isinstance(listed, dict):
-            raise PreventUpdate
-        spans, index = listed.get("spans") or [], clicked.get("index")
-        if not isinstance(index, int) or not 0 <= index < len(spans) or spans[index] is None:
-            raise PreventUpdate
-        return {"run": listed.get("run"), "span": spans[index], "index": index, "at": time.time()}
+        return focus_of_click(listed)
+
+
+def focus_of_click(listed) -> dict:
+    """The timeline's focus for the clicked item of a list of spans ({"run", "spans"}), shared by the
+    checks and summary panels; PreventUpdate for a click that names no span of the run shown."""
+    clicked = ctx.triggered_id
+    if not isinstance(clicked, dict) or not ctx.triggered[0]["value"] or not isinstance(listed, dict):
+        raise PreventUpdate
+    spans, index = listed.get("spans") or [], clicked.get("index")
+    if not isinstance(index, int) or not 0 <= index < len(spans) or spans[index] is None:
+        raise PreventUpdate
+    return {"run": listed.get("run"), "span": spans[index], "index": index, "at": time.time()}

@@ -3,12 +3,11 @@ worked, the failing checks first (report/summary.py: the same block as the HTML 
 click on a failing check or on the peak zooms the timeline to exactly that window."""
 from __future__ import annotations
 
-import time
-
-from dash import ALL, Input, Output, State, ctx, dcc, html
+from dash import ALL, Input, Output, State, dcc, html
 from dash.exceptions import PreventUpdate
 
 from dashboards.messages import describe, message
+from dashboards.panels.checks import focus_of_click
 from dashboards.panels.refresh import due
 from dashboards.verdicts import verdict_of
 from miles_profile.report.figures import run_start
@@ -124,10 +123,4 @@ def register(app, state) -> None:
         Input({"type": "summary-link", "index": ALL}, "n_clicks"),
         State("summary-spans", "data"), prevent_initial_call=True)
     def focus_summary(_clicks, listed):
-        clicked = ctx.triggered_id
-        if not isinstance(clicked, dict) or not ctx.triggered[0]["value"] or not isinstance(listed, dict):
-            raise PreventUpdate
-        spans, index = listed.get("spans") or [], clicked.get("index")
-        if not isinstance(index, int) or not 0 <= index < len(spans):
-            raise PreventUpdate
-        return {"run": listed.get("run"), "span": spans[index], "index": -1 - index, "at": time.time()}
+        return focus_of_click(listed)
