@@ -130,11 +130,13 @@ def test_a_heatmap_cell_click_opens_that_lane_at_that_phase(page, expected):
     row = fleet_figures._row_labels(expected.matrix.lanes)[list(expected.matrix.lanes["lane"]).index(first["lane"])]
     column = expected.matrix.columns["label"][(expected.matrix.columns["phase"] == first["phase"])
                                               & (expected.matrix.columns["iteration"] == first["iteration"])].iloc[0]
-    # The cell's centre in page pixels, from the heatmap's own axes (a real mouse click, not a synthetic event).
-    x, y = page.evaluate(f"""([col, row]) => {{ const g = {HEATMAP}, L = g._fullLayout, r = g.getBoundingClientRect();
-        return [r.left + L.xaxis._offset + L.xaxis.d2p(col), r.top + L.yaxis._offset + L.yaxis.d2p(row)]; }}""",
-                         [column, row])
-    page.mouse.click(x, y)
+    # The cell's centre relative to the heatmap's plot area (its drag layer), from the heatmap's own axes; a
+    # real mouse click through the locator, which scrolls the plot into view and waits until it stops moving
+    # (the panels above it render after it and would shift page coordinates taken earlier).
+    page.wait_for_load_state("networkidle")
+    x, y = page.evaluate(f"""([col, row]) => {{ const L = {HEATMAP}._fullLayout;
+        return [L.xaxis.d2p(col), L.yaxis.d2p(row)]; }}""", [column, row])
+    page.locator("#fleet-heatmap .nsewdrag").first.click(position={"x": x, "y": y})
     page.wait_for_function(f"() => {GPU_GRAPH} && {GPU_GRAPH}._fullLayout && {GPU_GRAPH}.data.length > 0",
                            timeout=15_000)
     t0, t1 = fleet_panel.cell_window(expected, first["lane"], column)
