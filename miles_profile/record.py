@@ -81,6 +81,11 @@ def build_parser() -> argparse.ArgumentParser:
                         help="the phases the report and dashboard show and judge by default, e.g. "
                              "offload,train,rollout (families offload, onload, rollout, all, or phase names; "
                              "stored in the run meta; every phase is still recorded: docs/log-format.md)")
+    parser.add_argument("--calibrate", action="store_true",
+                        help="measure what this machine's memory links can do (pinned and pageable host<->device "
+                             "copies on CUDA, memcpy, disk write/read in the first --watch-dir, else --log-dir), once "
+                             "per host (cached), into the run meta: the report's transition meter compares every "
+                             "offload with it (docs/transitions.md)")
     parser.add_argument("--exec", dest="exec_child", action="store_true",
                         help="run the command after -- as a child and sample its process tree")
     return parser
@@ -146,7 +151,26 @@ def run_trainer(args: argparse.Namespace, trainer_args: list[str]) -> int:
 def run_meta(args: argparse.Namespace) -> dict:
     """Run meta keys from our options: the phase selection, as parsed (an unknown name exits 2 in main)."""
     selection = parse_phases(args.phase)
-    return {PHASE_SELECTION_KEY: selection.text} if selection is not None else {}
+    meta = {PHASE_SELECTION_KEY: selection.text} if selection is not None else {}
+    if args.calibrate:
+        meta.update(calibration_meta(args))
+    return meta
+
+
+def calibration_meta(args: argparse.Namespace) -> dict:
+    """{CALIBRATION_KEY: this host's link ceilings} (cached per host), or {} with one warning: the job comes first."""
+    from miles_profile import calibrate
+    disk_dir = args.watch_dir[0] if args.watch_dir else args.log_dir
+    try:
+        os.makedirs(disk_dir, exist_ok=True)
+        found = calibrate.for_this_host(disk_dir)
+    except (OSError, RuntimeError) as exc:
+        print(f"miles_profile: warning: not calibrated: {exc}", file=sys.stderr, flush=True)
+        return {}
+    links = ", ".join(f"{k} {v / 1e9:.2f} GB/s" for k, v in found["links"].items())
+    print(f"miles_profile: link ceilings{' (cached)' if found.get('cached') else ''}: {links}", file=sys.stderr,
+          flush=True)
+    return {calibrate.CALIBRATION_KEY: found}
 
 
 def start_or_warn(recorder: Recorder) -> Recorder | None:
@@ -278,7 +302,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(options)
     try:
-        run_meta(args)  # a bad --phase is one line and exit 2, before anything runs
+        parse_phases(args.phase)  # a bad --phase is one line and exit 2, before anything runs
     except MilesProfileError as exc:
         print(f"miles_profile.record: error: {exc}", file=sys.stderr)
         return exc.exit_code

@@ -1,0 +1,162 @@
+"""What each memory link of this machine can do, measured once per host: the ceilings the transition
+meter (report/transitions.py) holds every offload, onload and weight update against.
+
+    measure(nbytes=DEFAULT_BYTES, disk_dir=None, repeats=3) -> dict    # one measurement, now
+    for_this_host(disk_dir=None, refresh=False, cache_dir=None) -> dict  # cached per host
+    ceilings_of(meta) -> dict[str, float]                              # link -> bytes/s; {} when none
+
+Links (bytes per second, the best of `repeats` copies of `nbytes`):
+    pinned_d2h, pinned_h2d       device <-> page-locked host buffer (CUDA only)
+    pageable_d2h, pageable_h2d   device <-> ordinary host memory (CUDA only)
+    device_copy                  device -> device, one buffer to another (CUDA only)
+    host_copy                    host memory -> host memory (memcpy)
+    disk_write, disk_read        a temporary file in `disk_dir`: written and fsync'ed, then dropped
+                                 from the page cache (posix_fadvise) and read back
+A link that could not be measured here is absent, never zero: a ceiling is never invented.
+
+`record --calibrate` stores the result in the run meta under CALIBRATION_KEY (docs/transitions.md).
+Imports numpy, and torch only when it is installed (the recorder's dependencies).
+"""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from miles_profile.identity import host_name
+
+CALIBRATION_KEY = "calibration"
+VERSION = 1
+DEFAULT_BYTES = 256 * 1024**2
+CACHE_ENV = "MILES_PROFILE_CACHE_DIR"
+LINKS = ("pinned_d2h", "pinned_h2d", "pageable_d2h", "pageable_h2d", "device_copy", "host_copy",
+         "disk_write", "disk_read")
+_CHUNK = 8 * 1024**2
+
+
+def _best(copy: Callable[[], None], repeats: int, sync: Callable[[], None] = lambda: None) -> float:
+    """The shortest of `repeats` timed calls, after one untimed warm-up (first-touch page faults)."""
+    copy()
+    sync()
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        copy()
+        sync()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def _host_copy(nbytes: int, repeats: int) -> float:
+    src = np.ones(nbytes, dtype=np.uint8)
+    dst = np.empty_like(src)
+    return nbytes / _best(lambda: np.copyto(dst, src), repeats)
+
+
+def _disk(nbytes: int, directory: Path, repeats: int) -> tuple[float, float]:
+    """(write, read) bytes/s of a file of `nbytes` in `directory`, written in 8 MiB chunks."""
+    chunk = np.full(min(_CHUNK, nbytes), 7, dtype=np.uint8)
+    into = bytearray(len(chunk))
+    fd, name = tempfile.mkstemp(prefix=".miles_calibrate_", dir=directory)
+    write_s, read_s = float("inf"), float("inf")
+    try:
+        for _ in range(max(1, repeats)):
+            os.lseek(fd, 0, os.SEEK_SET)
+            start = time.perf_counter()
+            for _ in range(0, nbytes, len(chunk)):
+                os.write(fd, chunk)
+            os.fsync(fd)
+            write_s = min(write_s, time.perf_counter() - start)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)  # read from the disk, not the page cache
+            os.lseek(fd, 0, os.SEEK_SET)
+            start = time.perf_counter()
+            with open(fd, "rb", buffering=0, closefd=False) as f:
+                while f.readinto(into):
+                    pass
+            read_s = min(read_s, time.perf_counter() - start)
+    finally:
+        os.close(fd)
+        os.unlink(name)
+    written = len(chunk) * -(-nbytes // len(chunk))
+    return written / write_s, written / read_s
+
+
+def _cuda(nbytes: int, repeats: int) -> tuple[dict[str, float], str | None]:
+    try:
+        import torch
+    except ImportError:
+        return {}, None
+    if not torch.cuda.is_available():
+        return {}, None
+    device = torch.device("cuda", torch.cuda.current_device())
+    sync = lambda: torch.cuda.synchronize(device)  # noqa: E731
+    on_device = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    other = torch.empty_like(on_device)
+    pinned = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+    pageable = torch.empty(nbytes, dtype=torch.uint8)
+    pageable.fill_(1)
+    links = {
+        "pinned_d2h": nbytes / _best(lambda: pinned.copy_(on_device, non_blocking=True), repeats, sync),
+        "pinned_h2d": nbytes / _best(lambda: on_device.copy_(pinned, non_blocking=True), repeats, sync),
+        "pageable_d2h": nbytes / _best(lambda: pageable.copy_(on_device), repeats, sync),
+        "pageable_h2d": nbytes / _best(lambda: on_device.copy_(pageable), repeats, sync),
+        "device_copy": nbytes / _best(lambda: other.copy_(on_device), repeats, sync),
+    }
+    name = torch.cuda.get_device_name(device)
+    del on_device, other, pinned, pageable
+    torch.cuda.empty_cache()
+    return links, name
+
+
+def measure(nbytes: int = DEFAULT_BYTES, disk_dir: str | Path | None = None, repeats: int = 3) -> dict:
+    """Every link this machine has, measured now (a few seconds at 256 MiB on an H200, most of it disk)."""
+    if nbytes < 1:
+        raise ValueError("nbytes must be positive")
+    directory = Path(disk_dir) if disk_dir else Path(tempfile.gettempdir())
+    links, device = _cuda(nbytes, repeats)
+    links["host_copy"] = _host_copy(nbytes, repeats)
+    links["disk_write"], links["disk_read"] = _disk(nbytes, directory, repeats)
+    return {"version": VERSION, "host": host_name(), "measured_at": time.time(), "bytes": int(nbytes),
+            "repeats": int(repeats), "device": device, "disk_dir": str(directory.resolve()),
+            "links": {k: float(links[k]) for k in LINKS if k in links}}
+
+
+def _cache_path(cache_dir: str | Path | None) -> Path:
+    root = Path(cache_dir or os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "miles_profile")
+    return root / f"calibration-{host_name()}.json"
+
+
+def for_this_host(disk_dir: str | Path | None = None, refresh: bool = False, cache_dir: str | Path | None = None,
+                  nbytes: int = DEFAULT_BYTES) -> dict:
+    """This host's calibration: the cached one (per host name, and per disk directory), else measured
+    now and cached. A cache that cannot be read or written is measured again, silently: it is a cache."""
+    path = _cache_path(cache_dir)
+    wanted = str(Path(disk_dir or tempfile.gettempdir()).resolve())
+    if not refresh:
+        try:
+            found = json.loads(path.read_text())
+            if found.get("version") == VERSION and found.get("host") == host_name() and found.get("disk_dir") == wanted:
+                return {**found, "cached": True}
+        except (OSError, ValueError, AttributeError):
+            pass
+    result = measure(nbytes, disk_dir)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(result, indent=1))
+    except OSError:
+        pass
+    return {**result, "cached": False}
+
+
+def ceilings_of(meta: dict | None) -> dict[str, float]:
+    """link -> bytes/s from a run meta's calibration; {} when the run was recorded without one."""
+    found = (meta or {}).get(CALIBRATION_KEY)
+    if not isinstance(found, dict) or not isinstance(found.get("links"), dict):
+        return {}
+    return {k: float(v) for k, v in found["links"].items()
+            if k in LINKS and isinstance(v, (int, float)) and np.isfinite(v) and v > 0}
