@@ -25,8 +25,10 @@ from typing import Any
 import psutil
 
 from miles_profile.identity import host_name
+from miles_profile.logdir.writer import EventWriter
 from miles_profile.logdir.host_writer import HostWriter, write_host_meta
 from miles_profile.logdir.layout import HOST_LOCK_SUFFIX, process_stem
+from miles_profile.oom import DeathWatch, write_death
 from miles_profile.probes.cgroup import CgroupProbe
 from miles_profile.probes.nvml_host import NvmlBackend, open_host_gpus
 from miles_profile.probes.procfs import ProcFile, kib_fields
@@ -137,6 +139,8 @@ class HostSampler:
         self._writer: HostWriter | None = None
         self._probes: list = []
         self._gpus = None
+        self._deaths: DeathWatch | None = None  # recorded processes that vanish, the OOM killer's counter
+        self._death_events: EventWriter | None = None
         self.meta: dict[str, Any] = {}
 
     @property
@@ -177,6 +181,9 @@ class HostSampler:
         self._stop.set()
 
     def _close_probes(self) -> None:
+        if self._death_events is not None:
+            self._death_events.close()
+            self._death_events = None
         probes, self._probes = self._probes, []
         if self._gpus is not None:
             probes.append(self._gpus)
@@ -198,6 +205,7 @@ class HostSampler:
                      "gpus": gpu_meta.get("gpus", []), "columns": columns}
         write_host_meta(self.run_dir, self.stem, self.meta)
         self._writer = HostWriter(self.run_dir, self.stem, columns, self._flush_interval_s)
+        self._deaths = DeathWatch(self.run_dir, self.host)
         self.sample()
 
     def sample(self) -> None:
@@ -212,6 +220,17 @@ class HostSampler:
                 used, procs = self._gpus.read()
                 values.extend(used)
             self._writer.append(time.time(), values, procs)
+        self._record_deaths(self._deaths.poll() if self._deaths is not None else [])
+
+    def _record_deaths(self, deaths: list) -> None:
+        """Each death as an `oom` event in this process's events file, written at once (oom.py)."""
+        try:
+            for attrs in deaths:
+                if self._death_events is None:
+                    self._death_events = EventWriter(self.run_dir, self.stem)
+                write_death(self._death_events, attrs)
+        except OSError as exc:  # the host's samples go on without it
+            log.warning("miles_profile: could not record a death: %s", exc)
 
     def _run(self) -> None:
         next_due = time.monotonic()
@@ -248,6 +267,8 @@ class HostSampler:
         if self.active:
             try:
                 self.sample()
+                if self._deaths is not None:
+                    self._record_deaths(self._deaths.finish())
                 with self._lock:
                     self._writer.close()
                 self.meta["end_time"] = time.time()

@@ -19,7 +19,7 @@ import sys
 
 import psutil
 
-from miles_profile import host_sampler, names
+from miles_profile import host_sampler, names, oom
 from miles_profile.errors import MilesProfileError
 from miles_profile.identity import RUN_ID_ENV
 from miles_profile.lifetime import child_dies_with_us
@@ -222,6 +222,8 @@ def run_child(args: argparse.Namespace, command: list[str]) -> int:
             host = host_sampler.join(run_dir, prefer=True)
         finally:
             signal.pthread_sigmask(signal.SIG_UNBLOCK, watched)
+    oom_counter = oom.OomCounter()
+    oom_before = oom_counter.read()
     try:
         # In our process group (no setpgrp): the command may read the terminal, and the terminal's
         # signals (Ctrl-C, Ctrl-\, hangup, Ctrl-Z) reach it directly, as without `record`.
@@ -242,6 +244,8 @@ def run_child(args: argparse.Namespace, command: list[str]) -> int:
             command=command, disable=args.disable_probe))
         try:
             code = wait_forwarding(child)
+            if recorder is not None:
+                record_death(recorder, child.pid, code, command, oom_counter, oom_before)
         finally:
             logged = stop_and_tell(recorder, args)
             if host is not None:
@@ -252,6 +256,21 @@ def run_child(args: argparse.Namespace, command: list[str]) -> int:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, watched)
     code = 128 - code if code < 0 else code
     return code if logged else with_log_lost(code)
+
+
+def record_death(recorder: Recorder, pid: int, code: int, command: list[str], counter: oom.OomCounter,
+                 before: int | None) -> None:
+    """A child killed by SIGKILL or the OOM killer: an `oom` event, and one line saying so."""
+    after = counter.read()
+    attrs = oom.exec_death(pid, code, None if before is None or after is None else after - before,
+                           command=command, limit=oom.cgroup_limit(),
+                           counter=str(counter.path) if counter.path else None)
+    if attrs is None:
+        return
+    oom.write_death(recorder.event, attrs)
+    how = "the OOM killer" if attrs["cause"] == oom.OOM_KILL else "SIGKILL"
+    print(f"miles_profile: the command (pid {pid}) was killed by {how}; the report says what grew before",
+          file=sys.stderr, flush=True)
 
 
 def wait_forwarding(child: subprocess.Popen) -> int:
