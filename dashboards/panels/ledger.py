@@ -1,4 +1,4 @@
-"""Ledger panel: where the bytes are at each phase end, per GPU and per process's RSS (the report's
+"""Ledger panel: where the bytes are at each phase's peak and end, per GPU and per process's RSS (the report's
 stacked area and stacked bars, report/ledger_figures.py), and whether the categories add up. Past
 LEDGER_MAX_PROCESSES processes (a fleet) it draws, on a button, the GPU opened in the fleet panel."""
 from __future__ import annotations
@@ -12,7 +12,7 @@ from miles_profile.report.figures import run_start, time_range
 from dashboards.panels.fleet import compute as fleet_compute
 from miles_profile.report.ledger import LEDGER_MAX_PROCESSES, fleet_ledger, ledger
 from miles_profile.report.ledger_figures import ledger_area_figure, ledger_bar_figure
-from miles_profile.report.ledger_html import add_up_text
+from miles_profile.report.ledger_html import add_up_text, peak_text
 
 _EMPTY = {"data": [], "layout": {}}
 _HIDDEN, _SHOWN = {"display": "none"}, {}
@@ -40,10 +40,10 @@ def layout() -> html.Section:
 def compute(run, processes=None):
     """The run's ledger frame and the figures of it (per phase, not per sample); with `processes`
     ((host, pid) of one fleet lane), the ledger of that lane's GPU."""
-    frame = ledger(run) if processes is None else fleet_ledger(run, processes)
+    frame = ledger(run, peaks=True) if processes is None else fleet_ledger(run, processes, peaks=True)
     # the timeline's seconds: the same origin and range as the timeline panel's x axis
     area = ledger_area_figure(frame, run_start(run), x_range=time_range(run))
-    return frame, ledger_bar_figure(frame), area, add_up_text(frame)
+    return frame, ledger_bar_figure(frame), area, " ".join(t for t in (peak_text(frame), add_up_text(frame)) if t)
 
 
 def _lane_processes(live_run, lane: str) -> set[tuple[str, int]]:

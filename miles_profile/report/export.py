@@ -108,9 +108,11 @@ def write_phase_csv(runs, path: str | Path) -> Path:
 
 def write_json(reports, path: str | Path) -> Path:
     """Each run's verdict as the engine gives it (RunVerdict.to_dict: `status`, `exit_code`, `checks`,
-    `gates`), its warnings and per-phase statistics; at the top the overall `status` and `exit_code`
+    `gates`), its warnings, per-phase statistics and `ledger` (report/ledger.py ledger_records: bytes by
+    category at each top-level phase's end and peak); at the top the overall `status` and `exit_code`
     (those of visualize). With --baseline, `baseline` repeats the run's gate (`status`, `summary`, every
     compared value) where CI scripts read it."""
+    from miles_profile.report.ledger import ledger_records
     from miles_profile.verdicts.engine import exit_code_of, overall_of
     verdicts = [r.verdict for r in reports]
     runs = []
@@ -118,7 +120,8 @@ def write_json(reports, path: str | Path) -> Path:
         run = {**verdict.to_dict(), "name": report.run.name, "path": str(report.run.path),
                "summary": jsonable(report.summary.to_dict()) if verdict.checked else None,
                "warnings": report.skipped,
-               "phases": jsonable(report.phases.astype(object).where(report.phases.notna(), None).to_dict("records"))}
+               "phases": jsonable(report.phases.astype(object).where(report.phases.notna(), None).to_dict("records")),
+               "ledger": None if getattr(report, "ledger", None) is None else ledger_records(report.ledger)}
         if run["gates"]:
             run["baseline"] = run["gates"][0]
         runs.append(run)

@@ -1,7 +1,8 @@
 """Where every byte goes: per phase instance and per GPU (and per process on the host), bytes by
-category, at the phase's end. A pure function of a Run; docs/ledger.md explains each category.
+category, at the phase's end (and, asked, at its peak). A pure function of a Run; docs/ledger.md explains each category.
 
     ledger(run) -> DataFrame           # one row per (phase instance, device, category)
+    ledger(run, peaks=True)            # ... also at each phase's peak (column `at`: end / peak)
     add_up(ledger_frame) -> AddUp      # do the categories add up to what NVML (or RSS) says?
 
 Declared categories come from `miles_profile.account()` (Run.accounts); the rest are derived from the
@@ -18,7 +19,9 @@ NVML's device used (RSS on the host) by construction where every source was read
 the same instant; what does not add up shows as a negative residual (declared more than allocated,
 NVML per-process under reserved), never clipped. `add_up` counts the negative bytes against the total.
 
-Values at a phase's end are its closing row: the `last` of its summary (per phase, not per sample);
+With `peaks`, also at each phase's peak: per lane, the sample inside the phase where allocated (on
+the host RSS) was highest, its true peak taken as that instant's allocated (RSS), so activations freed
+before the phase ends show where they stood. Values at a phase's end are its closing row: the `last` of its summary (per phase, not per sample);
 logs written before summaries fall back to that row of the samples. A GPU shared by several recorded
 processes (an actor and its engine server) is summed over them, each at its own latest phase boundary
 before that instant, with the NVML bytes it read itself at that boundary (`gpu{i}_boundary_*`), else
@@ -51,8 +54,10 @@ HOST = names.ACCOUNT_HOST
 # of the GPUs it draws (its cost grows with their phase instances, 1.3 s at 32 processes).
 LEDGER_MAX_PROCESSES = 16
 
+# `at`: "end" (the phase's closing row) or "peak" (the instant of its highest sample, `t`)
 COLUMNS = ["host", "pid", "id", "phase", "iteration", "depth", "t", "device", "label", "category", "source",
-           "bytes", "total"]
+           "bytes", "total", "at"]
+AT_END, AT_PEAK = "end", "peak"
 
 
 def _process_states(run, only: set[tuple[str, int]] | None = None) -> dict[tuple[str, int], pd.DataFrame]:
@@ -275,9 +280,10 @@ def _context(run, only: set[tuple[str, int]] | None = None) -> _Context:
                     roles, on_gpu)
 
 
-def _member(ctx: _Context, who: tuple[str, int], uuid: str, t: float) -> _Member:
-    """One recorded process on GPU `uuid` as it stood at t (its latest phase boundary at or before t)."""
-    row = _row_at(ctx.states.get(who), t)
+def _member(ctx: _Context, who: tuple[str, int], uuid: str, t: float, row: pd.Series | None = None) -> _Member:
+    """One recorded process on GPU `uuid` as it stood at t (its latest phase boundary at or before t,
+    or `row`: its sample at a phase's peak)."""
+    row = _row_at(ctx.states.get(who), t) if row is None else row
     uuids = ctx.uuids(who)
     index = next((j for j, u in uuids.items() if u == uuid), None)
     if index is None and uuid.startswith("gpu"):
@@ -313,7 +319,106 @@ def _phase_rows(ctx: _Context, host: str, pid: int, t: float) -> list[tuple]:
     return out
 
 
-def ledger(run, processes: Iterable[tuple[str, int]] | None = None) -> pd.DataFrame:
+# The series whose highest sample inside a phase marks its peak instant, best first: on a GPU the
+# allocator's true peak (where activations live), then the levels; on the host the true RSS peak
+# (VmHWM since the previous sample), then RSS.
+HOST_PEAK_SERIES = ("rss_peak", "rss")
+
+
+def _gpu_peak_series(i: int) -> tuple[str, ...]:
+    return (f"gpu{i}_alloc_peak", f"gpu{i}_alloc", f"gpu{i}_reserved", f"gpu{i}_proc", f"gpu{i}_used")
+
+
+def _highest(window: pd.DataFrame, series: tuple[str, ...]) -> tuple[int, str, float] | None:
+    """(row, series, value) of the highest sample of the first series measured in the window."""
+    for column in series:
+        if column in window.columns:
+            values = pd.to_numeric(window[column], errors="coerce").to_numpy(float)
+            if np.isfinite(values).any():
+                k = int(np.nanargmax(values))
+                return k, column, float(values[k])
+    return None
+
+
+def _samples_by_process(run, only: set[tuple[str, int]] | None) -> dict[int, pd.DataFrame]:
+    """Each recorded pid's samples in time order (samples carry no host: pids are unique in a run)."""
+    samples = run.samples
+    if samples.empty:
+        return {}
+    if only is not None:
+        samples = samples[samples["pid"].isin([p for _, p in only])]
+    return {int(pid): frame.sort_values("t", kind="stable").reset_index(drop=True)
+            for pid, frame in samples.groupby("pid", sort=False)}
+
+
+def _host_peak(ctx: _Context, host: str, pid: int, window: pd.DataFrame) -> list[tuple] | None:
+    found = _highest(window, HOST_PEAK_SERIES)
+    if found is None:
+        return None
+    k, _, peak = found
+    row = window.iloc[k].copy()
+    t = float(row["t"])
+    rss = _value(row, "rss")
+    if rss is not None and _value(row, "rss_anon") is not None:
+        # the true peak's excess over the row's RSS was allocated and freed between two samples: anonymous
+        row["rss_anon"] = row["rss_anon"] + max(peak - rss, 0.0)
+    row["rss"] = peak
+    declared = {c: v for (d, c), v in ctx.declared.at(host, pid, t).items() if d == HOST}
+    rows, total = _host_rows(row, declared)
+    return [(t, HOST, f"host RSS, pid {pid}", c, s, v, np.nan if total is None else total) for c, s, v in rows]
+
+
+def _gpu_peak(ctx: _Context, host: str, pid: int, i: int, window: pd.DataFrame) -> list[tuple] | None:
+    found = _highest(window, _gpu_peak_series(i))
+    if found is None:
+        return None
+    k, column, peak = found
+    row = window.iloc[k].copy()
+    t = float(row["t"])
+    # The allocator's true peak stands for allocated at that instant; what it held beyond the row's
+    # reserved bytes was reserved too, and NVML saw it as well (it was on the device).
+    grown = 0.0
+    if column.endswith("_alloc_peak"):
+        row[f"gpu{i}_alloc"] = peak
+        reserved = _value(row, f"gpu{i}_reserved")
+        if reserved is not None and peak > reserved:
+            grown, row[f"gpu{i}_reserved"] = peak - reserved, peak
+        for kind in ("proc", "used"):
+            for name in (f"gpu{i}_{kind}", f"gpu{i}_boundary_{kind}"):
+                if _value(row, name) is not None:
+                    row[name] = row[name] + grown
+    uuid = ctx.uuids((host, pid)).get(i, f"gpu{i}")
+    members = [_member(ctx, who, uuid, t, row if who == (host, pid) else None)
+               for who in ctx.on_gpu.get((host, uuid), [])]
+    used = _nvml(row, i, "used")
+    if used is None:
+        found = _used_at(ctx.run, host, uuid, t)
+        used = None if found is None else found + grown
+    if not members and used is None:
+        return None
+    label = f"gpu{i} ({uuid[:12]})" if uuid.startswith("GPU-") else f"gpu{i}"
+    return [(t, uuid, label, c, s, v, np.nan if used is None else used) for c, s, v in _gpu_rows(used, members)]
+
+
+def _peak_rows(ctx: _Context, samples: dict[int, pd.DataFrame], host: str, pid: int, start: float,
+               end: float) -> list[tuple]:
+    """(t, device, label, category, source, bytes, total) at each lane's peak inside [start, end]:
+    this process's RSS at its highest sample, each GPU it samples at its highest allocated (the other
+    processes on that GPU as they stood then). A phase without a sample inside has none."""
+    own = samples.get(pid)
+    if own is None:
+        return []
+    t = own["t"].to_numpy(float)
+    window = own.iloc[int(np.searchsorted(t, start, "left")):int(np.searchsorted(t, end, "right"))]
+    if window.empty:
+        return []
+    out = _host_peak(ctx, host, pid, window) or []
+    for i in _gpu_indices(window.iloc[-1]):
+        out += _gpu_peak(ctx, host, pid, i, window) or []
+    return out
+
+
+def ledger(run, processes: Iterable[tuple[str, int]] | None = None, *, peaks: bool = False) -> pd.DataFrame:
     """One row per (phase instance, device, category) at the phase's end: `device` is a GPU UUID (or
     `gpu<i>` when the log has none) or "host" (this process's RSS); `label` says which for a person;
     `source` is declared or derived; `total` is the reference the categories should add up to (NVML
@@ -321,25 +426,38 @@ def ledger(run, processes: Iterable[tuple[str, int]] | None = None) -> pd.DataFr
 
     `processes`: (host, pid) of the processes to account for, e.g. those of the GPUs a fleet view
     draws (all processes sharing a GPU must be among them); None: every process. The cost grows with
-    their phase instances, not with the fleet."""
+    their phase instances, not with the fleet.
+
+    `peaks`: also the rows at each phase's peak (`at` = "peak", `t` the instant): per lane, its highest
+    sample inside the phase (allocated's true peak on a GPU, the RSS peak on the host), where a
+    train phase's activations stand, though they are freed before its end."""
     only = None if processes is None else frozenset((str(h), int(p)) for h, p in processes)
     cache = run.__dict__.setdefault("_report_cache", {})  # the report and the comparison both ask
-    key = ("ledger", only)
+    key = ("ledger", only, peaks)
     if key not in cache:
-        cache[key] = _ledger(run, only)
+        cache[key] = _ledger(run, only, peaks)
     return cache[key]
 
 
-def fleet_ledger(run, processes: Iterable[tuple[str, int]]) -> pd.DataFrame:
+def fleet_ledger(run, processes: Iterable[tuple[str, int]], *, peaks: bool = False) -> pd.DataFrame:
     """The ledger of some processes' GPUs (a fleet's drawn lanes), without their host rows: those are
     in the lanes' timelines, and one ledger lane per process would be dozens. Host rows stay for a run
     without GPUs."""
-    frame = ledger(run, processes)
+    frame = ledger(run, processes, peaks=peaks)
     on_gpu = frame["device"] != HOST
     return frame[on_gpu] if on_gpu.any() else frame
 
 
-def _ledger(run, only: frozenset[tuple[str, int]] | None = None) -> pd.DataFrame:
+def ends(frame: pd.DataFrame) -> pd.DataFrame:
+    """The rows at phase ends (a frame with peak rows, or one without the `at` column)."""
+    return frame[frame["at"] == AT_END] if "at" in frame and len(frame) else frame
+
+
+def at_peaks(frame: pd.DataFrame) -> pd.DataFrame:
+    return frame[frame["at"] == AT_PEAK] if "at" in frame and len(frame) else frame.iloc[0:0]
+
+
+def _ledger(run, only: frozenset[tuple[str, int]] | None = None, peaks: bool = False) -> pd.DataFrame:
     phases = run.phases
     if phases.empty:
         return pd.DataFrame(columns=COLUMNS)
@@ -351,14 +469,32 @@ def _ledger(run, only: frozenset[tuple[str, int]] | None = None) -> pd.DataFrame
                               .isin(list(only)))
         phases, hosts, iterations = phases.iloc[keep], hosts[keep], np.asarray(iterations)[keep]
     out = []
+    samples = _samples_by_process(run, None if only is None else set(only)) if peaks else {}
     for k, phase in enumerate(phases.itertuples(index=False)):
         base = (hosts[k], int(phase.pid), int(phase.id) if phase.id == phase.id else -1, str(phase.name),
-                int(iterations[k]), int(phase.depth), float(phase.end))
-        out += [(*base, *row) for row in _phase_rows(ctx, hosts[k], int(phase.pid), float(phase.end))]
+                int(iterations[k]), int(phase.depth))
+        out += [(*base, float(phase.end), *row, AT_END)
+                for row in _phase_rows(ctx, hosts[k], int(phase.pid), float(phase.end))]
+        if peaks:
+            out += [(*base, *row, AT_PEAK) for row in _peak_rows(ctx, samples, hosts[k], int(phase.pid),
+                                                                 float(phase.start), float(phase.end))]
     frame = pd.DataFrame(out, columns=COLUMNS)
     frame["bytes"] = frame["bytes"].astype(float)
     frame["total"] = frame["total"].astype(float)
     return frame
+
+
+def ledger_records(frame: pd.DataFrame) -> list[dict]:
+    """The top-level phases' ledger for --json: one object per (phase instance, lane, category, at),
+    bytes as integers (a negative residual stays negative), `total` null where not measured."""
+    top = frame[frame["depth"] == 0] if len(frame) else frame
+    out = []
+    for r in top.itertuples(index=False):
+        out.append({"phase": r.phase, "iteration": int(r.iteration), "host": r.host, "pid": int(r.pid), "id": int(r.id),
+                    "at": getattr(r, "at", AT_END), "t": float(r.t), "device": r.device, "label": r.label,
+                    "category": r.category, "source": r.source, "bytes": int(round(r.bytes)),
+                    "total": None if r.total != r.total else int(round(r.total))})
+    return out
 
 
 @dataclass
@@ -381,6 +517,7 @@ def add_up(frame: pd.DataFrame, device_kind: str = "gpu") -> AddUp:
     declarations larger than the allocations)."""
     if frame.empty:
         return AddUp(None, None, 0, pd.DataFrame())
+    frame = ends(frame)  # a peak's row mixes a true peak with levels read a moment later: not judged
     picked = frame[(frame["device"] == HOST) if device_kind == "host" else (frame["device"] != HOST)]
     picked = picked[picked["total"].notna() & (picked["total"] > 0)]
     if picked.empty:

@@ -1,7 +1,7 @@
 """Figures of the ledger (report/ledger.py), shared by the HTML report and the dashboard.
 
-    ledger_area_figure(frame, t0) -> go.Figure     # stacked area per device over time (phase ends)
-    ledger_bar_figure(frame) -> go.Figure          # stacked bar per phase instance, per device
+    ledger_area_figure(frame, t0) -> go.Figure     # stacked area per device over time (phase ends, peaks)
+    ledger_bar_figure(frame) -> go.Figure          # stacked bar per phase instance (peak, end), per device
     ledger_comparison_figure(frames, names) -> go.Figure  # stacked bars per phase and configuration
 
 A negative residual (declared more than allocated, NVML per-process under reserved) is never clipped:
@@ -136,9 +136,12 @@ def _bar_traces(x, wide: pd.DataFrame, total: pd.Series, show_legend: bool, seen
     return traces
 
 
+_AT_TEXT = {L.AT_PEAK: " ▲ peak", L.AT_END: " end"}
+
+
 def ledger_bar_figure(frame: pd.DataFrame, *, top_level_only: bool = True) -> go.Figure:
-    """One stacked bar per phase instance (its end), one row per device lane; a dash marks the
-    measured total the categories should reach."""
+    """One stacked bar per phase instance (its end; with the ledger's peak rows, its peak beside it),
+    one row per device lane; a dash marks the measured total the categories should reach."""
     picked = frame[frame["depth"] == 0] if top_level_only and len(frame) else frame
     lanes = _devices(picked) if len(picked) else []
     height = 380 * max(1, len(lanes)) + 120
@@ -147,25 +150,32 @@ def ledger_bar_figure(frame: pd.DataFrame, *, top_level_only: bool = True) -> go
                         subplot_titles=[_lane_title(picked, lane) for lane in lanes] or ["no ledger in this run"])
     seen: set = set()
     batch = _Batch()
+    peaks = "at" in picked and (picked["at"] == L.AT_PEAK).any()
     for row, lane in enumerate(lanes, start=1):
-        wide, total = _wide(picked[picked["label"] == lane], ["host", "pid", "id", "phase", "iteration"])
-        x = [f"{'setup' if it < 0 else it}:{phase}" + (f" ({pid})" if picked["pid"].nunique() > 1 else "")
-             for (_, pid, _, phase, it) in wide.index]
-        x = _numbered(x)  # two setup update_weights stay two bars
+        part = picked[picked["label"] == lane]
+        wide, total = _wide(part.assign(at=part["at"] if "at" in part else L.AT_END),
+                            ["host", "pid", "id", "phase", "iteration", "at"])
+        instances = list(dict.fromkeys(k[:5] for k in wide.index))  # in time order: a phase's peak, then its end
+        names_of = dict(zip(instances, _numbered([  # two setup update_weights stay two bars
+            f"{iteration_text(it)}:{phase}" + (f" ({pid})" if picked["pid"].nunique() > 1 else "")
+            for (_, pid, _, phase, it) in instances])))
+        x = [names_of[k[:5]] + (_AT_TEXT[k[5]] if peaks else "") for k in wide.index]
         batch.add(_bar_traces(x, wide, total, True, seen, "%{x}"), row, 1)
         fig.update_yaxes(title_text="GiB", row=row, col=1)
         fig.update_xaxes(tickangle=-45, row=row, col=1)
     batch.into(fig)
     fig.update_layout(barmode="relative", template="plotly_white", height=height,
                       margin=dict(l=70, r=20, t=60, b=110), bargap=0.15,
-                      title="Where the bytes are at the end of each phase")
+                      title="Where the bytes are at each phase's peak (▲) and at its end" if peaks
+                      else "Where the bytes are at the end of each phase")
     return fig
 
 
 def ledger_area_figure(frame: pd.DataFrame, t0: float, *, x_range: tuple[float, float] | None = None,
                        margin_left: int | None = None, margin_right: int | None = None) -> go.Figure:
     """Stacked areas per device lane over time (seconds since t0), one step per phase boundary:
-    the ledger as it stood after each phase ended, until the next boundary. `x_range` and the margins:
+    the ledger as it stood after each phase ended, until the next boundary; with the ledger's peak
+    rows, a step at each phase's peak as well (so a train phase's activations rise and fall). `x_range` and the margins:
     the timeline's (figures.time_range, figures.left_margin), so the two figures line up."""
     lanes = _devices(frame) if len(frame) else []
     # 60 px between lanes whatever their number (a fixed share of the height breaks past 13 lanes)
@@ -209,14 +219,17 @@ def ledger_area_figure(frame: pd.DataFrame, t0: float, *, x_range: tuple[float, 
         fig.update_xaxes(range=list(x_range), autorange=False)
     fig.update_layout(template="plotly_white", height=260 * max(1, len(lanes)) + 120, hovermode="x unified",
                       margin=dict(l=margin_left or 70, r=margin_right if margin_right is not None else 20, t=60, b=50),
-                      title="Ledger over time: bytes by category after each phase boundary")
+                      title="Ledger over time: bytes by category at each phase's peak and after its end"
+                      if "at" in frame and (frame["at"] == L.AT_PEAK).any()
+                      else "Ledger over time: bytes by category after each phase boundary")
     return fig
 
 
 def _worst_instances(frame: pd.DataFrame, pid: int) -> pd.DataFrame:
     """Per phase name and lane kind (gpu/host), the top-level instance of `pid` whose measured total
     was highest at its end (its worst iteration)."""
-    top = frame[(frame["depth"] == 0) & (frame["pid"] == pid)]
+    top = L.ends(frame)
+    top = top[(top["depth"] == 0) & (top["pid"] == pid)]
     if top.empty:
         return top
     top = top.assign(kind=np.where(top["device"] == L.HOST, "host", "gpu"))

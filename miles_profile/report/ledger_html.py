@@ -6,8 +6,10 @@ import html
 
 import pandas as pd
 
-from miles_profile.report.ledger import add_up
-from miles_profile.report.ledger_figures import ledger_area_figure, ledger_bar_figure
+from miles_profile.names import iteration_text
+from miles_profile.report.ledger import AT_END, AT_PEAK, add_up
+from miles_profile.report.ledger_figures import category_text, ledger_area_figure, ledger_bar_figure, lane_name
+from miles_profile.report.series import GiB
 
 _CONFIG = {"displaylogo": False, "responsive": True, "scrollZoom": False}
 
@@ -26,6 +28,43 @@ def add_up_text(frame: pd.DataFrame) -> str:
                      f"{result.worst_error:.2%} at worst over {result.boundaries} phase ends ({over} over 2%; "
                      f"worst at the end of {where}).")
     return " ".join(parts)
+
+
+def peak_rise(frame: pd.DataFrame) -> dict | None:
+    """The top-level phase instance and lane whose peak stood highest above its end, and the category
+    that made the difference: {phase, iteration, pid, lane, peak, end, category, category_peak,
+    category_end} (bytes), or None without peak rows."""
+    if "at" not in frame or not (frame["at"] == AT_PEAK).any():
+        return None
+    top = frame[frame["depth"] == 0]
+    keys = ["host", "pid", "id", "phase", "iteration", "label"]
+    wide = top.pivot_table(index=[*keys, "category"], columns="at", values="bytes", aggfunc="sum")
+    if AT_END not in wide or AT_PEAK not in wide:
+        return None
+    wide = wide.fillna(0.0)
+    totals = wide.groupby(level=keys).sum()
+    rise = totals[AT_PEAK] - totals[AT_END]
+    if rise.empty or rise.max() <= 0:
+        return None
+    key = rise.idxmax()
+    parts = wide.xs(key, level=keys, drop_level=True)
+    category = (parts[AT_PEAK] - parts[AT_END]).idxmax()
+    host, pid, _, phase, iteration, label = key
+    return {"phase": phase, "iteration": int(iteration), "pid": int(pid),
+            "lane": lane_name(top[top["host"] == host], label),
+            "peak": float(totals.loc[key, AT_PEAK]), "end": float(totals.loc[key, AT_END]), "category": category,
+            "category_peak": float(parts.loc[category, AT_PEAK]), "category_end": float(parts.loc[category, AT_END])}
+
+
+def peak_text(frame: pd.DataFrame) -> str:
+    """One sentence: which phase's peak stood highest above its end, and what made the difference."""
+    rise = peak_rise(frame)
+    if rise is None:
+        return ""
+    return (f"The highest peak above its phase's end: {rise['phase']} (iteration {iteration_text(rise['iteration'])}, "
+            f"pid {rise['pid']}) on {rise['lane']}, {rise['peak'] / GiB:.2f} GiB at its peak against "
+            f"{rise['end'] / GiB:.2f} GiB at its end; {category_text(rise['category'])} held "
+            f"{rise['category_peak'] / GiB:.2f} GiB at the peak, {rise['category_end'] / GiB:.2f} GiB at the end.")
 
 
 def alignment(timeline) -> dict:
@@ -48,10 +87,14 @@ def ledger_html(frame: pd.DataFrame, t0: float, suffix: str, align_to=None) -> s
                                                  div_id=f"ledger-area{suffix}", config=_CONFIG)
     bars = ledger_bar_figure(frame).to_html(full_html=False, include_plotlyjs=False,
                                             div_id=f"ledger-bars{suffix}", config=_CONFIG)
+    when = ("At each phase's peak (▲, its highest sample: allocated's true peak on a GPU, RSS's on the host) "
+            "and at its end" if "at" in frame and (frame["at"] == AT_PEAK).any() else "At each phase's end")
+    rise = peak_text(frame)
+    rise = f'\n  <p class="small" id="ledger-peak{suffix}">{html.escape(rise)}</p>' if rise else ""
     return f"""<h3>Where the bytes are</h3>
-  <p class="muted small">At each phase's end, per GPU and per process's RSS: what the program declared
+  <p class="muted small">{when}, per GPU and per process's RSS: what the program declared
   (weights, gradients, optimizer state, KV cache, ...) and what the recorded series leave for the rest
-  (docs/ledger.md). Negative residuals are drawn below zero, hatched.{note}</p>
+  (docs/ledger.md). Negative residuals are drawn below zero, hatched.{note}</p>{rise}
   <p class="small" id="ledger-add-up{suffix}">{html.escape(add_up_text(frame))}</p>
   <div class="figure">{area}</div>
   <div class="figure">{bars}</div>"""

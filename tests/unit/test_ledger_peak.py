@@ -1,0 +1,55 @@
+"""The ledger at each phase's peak (issue 18 item 3), as a pure function of a Run: the allocator's true
+peak stands for allocated at its instant, the other categories are read in the same row."""
+from __future__ import annotations
+
+import numpy as np
+
+from miles_profile.report.ledger import AT_END, AT_PEAK, add_up, ledger
+from miles_profile.report.ledger_figures import ledger_area_figure, ledger_bar_figure
+from test_ledger import T, UUID, _gpu_run
+from test_report_fakes import GiB
+
+
+def _with_peak(peak: float):
+    """The fake GPU run (allocated 6, reserved 8, NVML per-process 9, used 10 GiB) with allocated's true
+    peak at `peak` GiB in the sample at t=2.5 (inside train [1.7, 3.2])."""
+    run = _gpu_run([(0.0, "cuda:0", "weights", 2 * GiB)])
+    run.samples["gpu0_alloc_peak"] = np.where(T == 2.5, peak * GiB, 6 * GiB)
+    return run
+
+
+def _at(frame, at, category):
+    rows = frame[(frame["phase"] == "train") & (frame["at"] == at) & (frame["device"] == UUID)
+                 & (frame["category"] == category)]
+    return None if rows.empty else float(rows["bytes"].iloc[0])
+
+
+def test_the_true_peak_is_activations_at_the_peak_and_not_at_the_end():
+    frame = ledger(_with_peak(7.5), peaks=True)
+    assert _at(frame, AT_PEAK, "activations") == 5.5 * GiB and _at(frame, AT_END, "activations") == 4 * GiB
+    assert _at(frame, AT_PEAK, "allocator_cache") == 0.5 * GiB  # reserved 8, read in the same row
+    assert _at(frame, AT_PEAK, "weights") == 2 * GiB
+    peak = frame[(frame["phase"] == "train") & (frame["at"] == AT_PEAK) & (frame["device"] == UUID)]
+    assert set(peak["t"]) == {2.5} and peak["bytes"].sum() == peak["total"].iloc[0] == 10 * GiB
+    assert add_up(frame, "gpu").boundaries == 2  # ends only
+
+
+def test_a_peak_above_reserved_was_reserved_and_on_the_device_too():
+    frame = ledger(_with_peak(9.0), peaks=True)
+    assert _at(frame, AT_PEAK, "activations") == 7 * GiB
+    assert _at(frame, AT_PEAK, "allocator_cache") == 0  # reserved grew to the peak
+    assert _at(frame, AT_PEAK, "non_pytorch") == 1 * GiB and _at(frame, AT_PEAK, "other_processes") == 1 * GiB
+    peak = frame[(frame["phase"] == "train") & (frame["at"] == AT_PEAK) & (frame["device"] == UUID)]
+    assert peak["bytes"].sum() == peak["total"].iloc[0] == 11 * GiB  # adds up to the raised NVML used
+
+
+def test_figures_draw_a_bar_at_each_peak_beside_its_end_and_a_step_over_time():
+    frame = ledger(_with_peak(7.5), peaks=True)
+    activations = next(t for t in ledger_bar_figure(frame).data if t.name == "activations and temporaries")
+    x = list(activations.x)
+    assert x.index("0:train ▲ peak") + 1 == x.index("0:train end")
+    y = dict(zip(x, np.asarray(activations.y, float)))
+    assert y["0:train ▲ peak"] == 5.5 and y["0:train end"] == 4.0
+    area = next(t for t in ledger_area_figure(frame, 0.0).data if t.name == "activations and temporaries")
+    steps = dict(zip(np.asarray(area.x, float), np.asarray(area.y, float)))
+    assert steps[2.5] == 5.5 and steps[3.2] == 4.0  # up at the peak, down at the end
