@@ -1,0 +1,260 @@
+"""The transition meter: what every offload, onload, release, resume and weight update cost. A pure
+function of a Run and its ledger (report/ledger.py); docs/transitions.md explains each column.
+
+    transitions(run, ledger_frame=None) -> Transitions
+        .table      one row per transition phase instance (TABLE_COLUMNS)
+        .by_kind    per (phase, tags, link): count, bytes, seconds, GB/s, ratio to the ceiling
+        .steps      per iteration: step seconds, seconds in transitions, share
+        .share      seconds in transitions / seconds of the iterations (None: no iteration)
+        .ceilings   link -> bytes/s from the run's calibration (record --calibrate); {} when none
+
+Bytes moved, three ways, never mixed: `declared` is the phase's `expected_bytes` (`weights_bytes` for
+update_weights); `measured` is what the ledger's declared categories of the working device (the GPU,
+the host on a CPU run; host buffers and pauses left out) lost in an offload or gained in an onload,
+from the previous phase end of the same process to this one; `nvml` is the change of NVML device used
+over the same span. The rate is measured bytes (else declared) per second of the phase.
+
+A ceiling is the link's calibrated bytes/s: pinned host<->device for a training-state offload to cpu
+on a GPU, disk write/read for one to disk, memcpy on a CPU run, device copy for update_weights; a
+release/resume of engine tags is a copy only where host memory took the bytes (otherwise the memory
+was given up, nothing was copied, and no ceiling applies). No calibration: no ratio ("ceiling not
+measured"). Rates are GB/s (1e9 bytes per second), as link specifications and docs/benchmarks.md state them.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from miles_profile import names
+from miles_profile.calibrate import ceilings_of
+from miles_profile.report.stats import _iterations
+
+GB = 1e9  # bandwidth unit; sizes stay GiB on screen
+OFFLOAD, ONLOAD, UPDATE = "offload", "onload", names.UPDATE_WEIGHTS
+# Host-side and bookkeeping categories: not the working state a transition moves on or off the device.
+_NOT_WORKING = {names.PINNED_BUFFERS, names.OFFLOADED_STATE, names.PAUSED}
+# A release whose host memory grew by at least this share of the bytes freed copied them there.
+COPY_SHARE = 0.5
+NO_COPY = "released (no copy)"
+
+TABLE_COLUMNS = ["host", "pid", "id", "phase", "kind", "iteration", "tags", "target", "backend", "start",
+                 "seconds", "declared", "measured", "nvml", "copied", "link", "rate", "ceiling", "ratio"]
+
+
+@dataclass
+class Transitions:
+    table: pd.DataFrame
+    by_kind: pd.DataFrame
+    steps: pd.DataFrame
+    share: float | None
+    ceilings: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def empty(self) -> bool:
+        return self.table.empty
+
+    def to_dict(self) -> dict:
+        """What --json writes: bytes as integers, rates in bytes/s, None where not measured."""
+        def records(frame: pd.DataFrame) -> list[dict]:
+            return frame.astype(object).where(frame.notna(), None).to_dict("records")
+        return {"ceilings": self.ceilings, "calibrated": bool(self.ceilings), "share_of_step": self.share,
+                "by_kind": records(self.by_kind), "steps": records(self.steps), "phases": records(self.table)}
+
+
+def kind_of(name: str) -> str | None:
+    if name == names.UPDATE_WEIGHTS:
+        return UPDATE
+    if name.startswith(names.OFFLOAD_PREFIX) or name in ("release", "release_memory_occupation", "sleep"):
+        return OFFLOAD
+    if name.startswith(names.ONLOAD_PREFIX) or name in ("resume", "resume_memory_occupation", "wake_up"):
+        return ONLOAD
+    return None
+
+
+def _attr(attrs, key):
+    return attrs.get(key) if isinstance(attrs, dict) else None
+
+
+def _tags_of(name: str, attrs) -> str:
+    tags = _attr(attrs, "tags")
+    if isinstance(tags, (list, tuple)) and tags:
+        return "+".join(map(str, tags))
+    if name == names.UPDATE_WEIGHTS:
+        return names.WEIGHTS
+    return names.TRAIN_STATE if name.endswith("_train") else ""
+
+
+def _mirrors(phases: pd.DataFrame) -> np.ndarray:
+    """True for a phase inside a same-named phase of another process: the server side of a call the
+    client recorded (an engine server's /release_memory_occupation inside the actor's offload_kv)."""
+    out = np.zeros(len(phases), dtype=bool)
+    key = phases["host"].fillna("").astype(str) + ":" + phases["pid"].astype(str)
+    for _, group in phases.groupby("name", sort=False):
+        if key[group.index].nunique() < 2:
+            continue
+        s, e, k = group["start"].to_numpy(float), group["end"].to_numpy(float), key[group.index].to_numpy()
+        for j, row in enumerate(group.index):
+            out[phases.index.get_loc(row)] = bool(np.any((k != k[j]) & (s <= s[j]) & (e >= e[j])))
+    return out
+
+
+def _boundaries(ledger_frame: pd.DataFrame) -> dict:
+    """(host, pid) -> per phase id: (working device bytes by category, host declared total, NVML used),
+    in time order, so a phase can be read against the boundary before it."""
+    out: dict = {}
+    if ledger_frame is None or ledger_frame.empty:
+        return out
+    frame = ledger_frame
+    on_gpu = frame.groupby(["host", "pid"])["device"].transform(lambda d: (d != names.ACCOUNT_HOST).any())
+    declared = frame["source"] == "declared"
+    working = declared & ~frame["category"].isin(_NOT_WORKING) & ((frame["device"] != names.ACCOUNT_HOST) == on_gpu)
+    host_kept = declared & (frame["device"] == names.ACCOUNT_HOST) & frame["category"].isin(_NOT_WORKING)
+    for (host, pid), rows in frame.groupby(["host", "pid"], sort=False):
+        order = rows.drop_duplicates("id").sort_values("t")[["id", "t"]]
+        w = rows[working[rows.index]]
+        cats = w.pivot_table(index="id", columns=["device", "category"], values="bytes", aggfunc="sum")
+        kept = rows[host_kept[rows.index]].groupby("id")["bytes"].sum()
+        devices = rows[(rows["device"] != names.ACCOUNT_HOST) == on_gpu[rows.index]]
+        used = devices.groupby(["id", "device"])["total"].first().groupby("id").sum(min_count=1)
+        host_rss = rows[rows["device"] == names.ACCOUNT_HOST].groupby("id")["total"].first()
+        out[(str(host), int(pid))] = (order["id"].to_list(), cats, kept, used, host_rss)
+    return out
+
+
+def _deltas(bounds, host: str, pid: int, phase_id: int) -> tuple[float, float, float, float] | None:
+    """(freed, taken, nvml change, host change) of the working device from the boundary before to this one."""
+    found = bounds.get((host, pid))
+    if found is None:
+        return None
+    ids, cats, kept, used, host_rss = found
+    if phase_id not in ids or ids.index(phase_id) == 0:
+        return None
+    before = ids[ids.index(phase_id) - 1]
+    change = (cats.reindex([phase_id]).fillna(0).iloc[0] - cats.reindex([before]).fillna(0).iloc[0]) if len(cats.columns) else pd.Series(dtype=float)
+    freed, taken = float((-change).clip(lower=0).sum()), float(change.clip(lower=0).sum())
+    nvml = float(used.get(phase_id, np.nan) - used.get(before, np.nan))
+    host_now = kept.get(phase_id, np.nan) if len(kept) else np.nan
+    host_then = kept.get(before, np.nan) if len(kept) else np.nan
+    rss = float(host_rss.get(phase_id, np.nan) - host_rss.get(before, np.nan))
+    return freed, taken, nvml, rss if np.isnan(host_now - host_then) else max(rss, float(host_now - host_then))
+
+
+def _link(kind: str, name: str, target, on_gpu: bool, copied: bool) -> str | None:
+    if not copied:
+        return None
+    if kind == UPDATE:
+        return "device_copy" if on_gpu else "host_copy"
+    if target == "disk":
+        return "disk_write" if kind == OFFLOAD else "disk_read"
+    if not on_gpu:
+        return "host_copy"
+    return "pinned_d2h" if kind == OFFLOAD else "pinned_h2d"
+
+
+def _rows(run, ledger_frame: pd.DataFrame, ceilings: dict[str, float]) -> pd.DataFrame:
+    phases = run.phases
+    if phases.empty:
+        return pd.DataFrame(columns=TABLE_COLUMNS)
+    phases = phases.reset_index(drop=True)
+    hosts = phases["host"].fillna("").astype(str) if "host" in phases else pd.Series([""] * len(phases))
+    phases = phases.assign(host=hosts.to_numpy())
+    iterations = _iterations(phases.assign(pid=[f"{h}:{p}" for h, p in zip(hosts, phases["pid"])]))
+    kinds = [kind_of(n) for n in phases["name"].astype(str)]
+    mirrors = _mirrors(phases)
+    bounds = _boundaries(ledger_frame)
+    gpu_pids = set()
+    if ledger_frame is not None and len(ledger_frame):
+        g = ledger_frame[ledger_frame["device"] != names.ACCOUNT_HOST]
+        gpu_pids = {(str(h), int(p)) for h, p in zip(g["host"], g["pid"])}
+    copied_last: dict[tuple, bool] = {}  # (host, pid, tags) -> whether its last release copied
+    out = []
+    for k in np.argsort(phases["start"].to_numpy(float), kind="stable"):
+        row, kind = phases.iloc[k], kinds[k]
+        if kind is None or mirrors[k]:
+            continue
+        name, attrs, host, pid = str(row["name"]), row["attrs"], str(row["host"]), int(row["pid"])
+        pid_id = int(row["id"]) if row["id"] == row["id"] else -1
+        tags, target = _tags_of(name, attrs), _attr(attrs, "target")
+        declared = _attr(attrs, "weights_bytes" if kind == UPDATE else "expected_bytes")
+        declared = float(declared) if isinstance(declared, (int, float)) else np.nan
+        d = _deltas(bounds, host, pid, pid_id)
+        freed, taken, nvml, host_change = d if d is not None else (np.nan,) * 4
+        measured = np.nan if kind == UPDATE or d is None else (freed if kind == OFFLOAD else taken)
+        if kind == UPDATE or target is not None or name.endswith("_train"):
+            copied = True  # the training state goes somewhere; weights are copied into the engine
+        elif kind == OFFLOAD:
+            copied = bool(measured > 0 and host_change >= COPY_SHARE * measured)
+            copied_last[(host, pid, tags)] = copied
+        else:
+            copied = copied_last.get((host, pid, tags), False)
+        link = _link(kind, name, target, (host, pid) in gpu_pids, copied)
+        seconds = float(row["duration"])
+        nbytes = measured if measured == measured and measured > 0 else declared
+        rate = nbytes / seconds if seconds > 0 and nbytes == nbytes else np.nan
+        ceiling = ceilings.get(link, np.nan) if link else np.nan
+        out.append((host, pid, pid_id, name, kind, int(iterations[k]), tags, target, _attr(attrs, "backend"),
+                    float(row["start"]), seconds, declared, measured, nvml, copied, link or NO_COPY, rate, ceiling,
+                    rate / ceiling if ceiling == ceiling and rate == rate else np.nan))
+    return pd.DataFrame(out, columns=TABLE_COLUMNS)
+
+
+def _by_kind(table: pd.DataFrame, step_seconds: float | None) -> pd.DataFrame:
+    cols = ["phase", "tags", "link", "setup", "count", "declared", "measured", "seconds", "rate", "ceiling", "ratio",
+            "share_of_step"]
+    if table.empty:
+        return pd.DataFrame(columns=cols)
+    t = table.assign(moved=table["measured"].where(table["measured"] > 0, table["declared"]),
+                     in_step=table["seconds"].where(table["iteration"] >= 0, 0.0), setup=table["iteration"] < 0)
+    # the first offload before the loop allocates (and pins) its buffers: apart from the loop's
+    g = t.groupby(["phase", "tags", "link", "setup"], sort=False, dropna=False).agg(
+        count=("seconds", "size"), declared=("declared", "sum"), measured=("measured", lambda m: m.sum(min_count=1)),
+        seconds=("seconds", "sum"), moved=("moved", lambda m: m.sum(min_count=1)), ceiling=("ceiling", "first"),
+        in_step=("in_step", "sum"), first=("start", "min")).reset_index()
+    g["rate"] = g["moved"] / g["seconds"].where(g["seconds"] > 0)
+    g["ratio"] = g["rate"] / g["ceiling"]
+    g["share_of_step"] = g["in_step"] / step_seconds if step_seconds else np.nan  # setup is no step
+    return g.sort_values("first")[cols].reset_index(drop=True)
+
+
+def _union_seconds(spans: list[tuple[float, float]]) -> float:
+    total, end = 0.0, -np.inf
+    for s, e in sorted(spans):
+        if e > end:
+            total += e - max(s, end)
+            end = e
+    return total
+
+
+def _steps(run, table: pd.DataFrame) -> pd.DataFrame:
+    """Per iteration (rollout): its span from the first phase's start to the last one's end, the
+    seconds inside transition phases (overlaps counted once), and their share."""
+    cols = ["iteration", "seconds", "transition_seconds", "share"]
+    phases = run.phases
+    if phases.empty or table.empty:
+        return pd.DataFrame(columns=cols)
+    hosts = phases["host"].fillna("").astype(str) if "host" in phases else [""] * len(phases)
+    its = _iterations(phases.assign(pid=[f"{h}:{p}" for h, p in zip(hosts, phases["pid"])]))
+    spans = pd.DataFrame({"iteration": its, "start": phases["start"].to_numpy(float),
+                          "end": phases["end"].to_numpy(float)})
+    out = []
+    for it, rows in spans[spans["iteration"] >= 0].groupby("iteration"):
+        step = float(rows["end"].max() - rows["start"].min())
+        moving = table[table["iteration"] == it]
+        busy = _union_seconds(list(zip(moving["start"], moving["start"] + moving["seconds"])))
+        out.append((int(it), step, busy, busy / step if step > 0 else np.nan))
+    return pd.DataFrame(out, columns=cols)
+
+
+def transitions(run, ledger_frame: pd.DataFrame | None = None) -> Transitions:
+    """The meter for one run; `ledger_frame`: the run's ledger when the caller has it (else computed)."""
+    if ledger_frame is None:
+        from miles_profile.report.ledger import ledger
+        ledger_frame = ledger(run)
+    ceilings = ceilings_of(run.meta)
+    table = _rows(run, ledger_frame, ceilings)
+    steps = _steps(run, table)
+    total = float(steps["seconds"].sum()) if len(steps) else 0.0
+    share = float(steps["transition_seconds"].sum() / total) if total > 0 else None
+    return Transitions(table, _by_kind(table, total or None), steps, share, ceilings)

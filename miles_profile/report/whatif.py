@@ -1,0 +1,211 @@
+"""The offload what-if: for every offload (or release) and every category of memory it freed, the peak
+the phases after it would have had had that memory stayed on the device, against the device total and
+the headroom threshold, and what the round trip (the offload and the onload that brought it back)
+cost. A pure function of a Run and its ledger (report/ledger.py); docs/transitions.md explains it.
+
+    whatif(run, ledger_frame=None, thresholds=None) -> WhatIf
+        .table                 one row per (offload phase, category), plus `all` per offload phase
+        .peak_if_kept(names)   the run's device peak had the offloads named stayed (e.g. ["offload_kv"])
+        .measured_peak         the run's device peak as recorded (same series, same phases)
+
+How: the ledger says, per offload instance, which declared categories of the working device (GPU; the
+host on a CPU run) it freed and how many bytes. Those bytes are away until the first later phase of
+the same process that gives at least half of them back (the onload); every phase in between would
+have held them on top of its own peak. Phase peaks are NVML's device used (what counts against the
+device total, and what sees a torch_memory_saver pause), else the allocator's true peak; on a CPU run
+the process's RSS true peak against the host total. The headroom threshold is the headroom check's
+(verdicts/headroom.py: Thresholds.headroom_max_share); this module judges nothing, it only compares.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from miles_profile import names
+from miles_profile.report.stats import phase_instances
+from miles_profile.report.transitions import OFFLOAD, ONLOAD, kind_of
+from miles_profile.verdicts.types import Thresholds
+
+ALL = "all"
+FITS, NO_HEADROOM, DOES_NOT_FIT, UNKNOWN = "fits", "fits, below the headroom", "does not fit", "total unknown"
+_NOT_WORKING = {names.PINNED_BUFFERS, names.OFFLOADED_STATE, names.PAUSED}
+BACK_SHARE = 0.5  # an onload gives back at least this share of what the offload freed
+
+TABLE_COLUMNS = ["offload", "category", "instances", "freed", "peak_phase", "measured_peak", "whatif_peak",
+                 "run_peak_if_kept", "total", "threshold", "fits", "offload_s", "onload", "onload_s",
+                 "round_trip_s", "series"]
+
+
+@dataclass
+class WhatIf:
+    table: pd.DataFrame
+    measured_peak: float | None
+    series: str  # the peak series: "NVML used", "allocated, true peak", "RSS, true peak"
+    total: float | None
+    threshold: float | None
+    _peaks: np.ndarray | None = None  # per phase of the process judged
+    _extra: pd.DataFrame | None = None  # per phase x (offload, category): bytes it would have held more
+
+    @property
+    def empty(self) -> bool:
+        return self.table.empty
+
+    def peak_if_kept(self, offloads, categories=None) -> float | None:
+        """The device peak over every phase had the named offloads (phase names) kept their
+        categories (all of them, or those in `categories`)."""
+        if self._extra is None or self._peaks is None or not len(self._peaks):
+            return None
+        cols = [c for c in self._extra.columns if c[0] in set(offloads)
+                and (categories is None or c[1] in set(categories))]
+        extra = self._extra[cols].sum(axis=1).to_numpy(float) if cols else 0.0
+        return float(np.nanmax(self._peaks + extra))
+
+    def to_dict(self) -> dict:
+        rows = self.table.astype(object).where(self.table.notna(), None).to_dict("records")
+        return {"series": self.series, "total": self.total, "threshold": self.threshold,
+                "measured_peak": self.measured_peak, "rows": rows}
+
+
+def _peak_series(run, instances: pd.DataFrame) -> tuple[str | None, str]:
+    """The column of phase_instances holding each phase's device peak, and its name for a person."""
+    for i in sorted(int(d.get("index", 0)) for d in run.devices) or [0]:
+        for column, what in ((f"gpu{i}_used_peak", "NVML used"), (f"gpu{i}_alloc_peak", "allocated, true peak")):
+            if column in instances and instances[column].notna().any():
+                return column, what
+    return ("rss_peak", "RSS, true peak") if "rss_peak" in instances else (None, "")
+
+
+def _total(run, column: str | None) -> float | None:
+    if column is None:
+        return None
+    if column.startswith("gpu"):
+        index = int(column[3:].split("_")[0])
+        found = [d.get("total") for d in run.devices if int(d.get("index", -1)) == index]
+        return float(found[0]) if found and isinstance(found[0], (int, float)) and found[0] > 0 else None
+    from miles_profile.verdicts.headroom import _host_total  # the headroom check's own host total
+    total = _host_total(run)
+    return total if total == total else None
+
+
+def _working(ledger_frame: pd.DataFrame, host: str, pid: int) -> pd.DataFrame:
+    """Declared bytes of the working device per phase id (rows) and category (columns), in time order."""
+    rows = ledger_frame[(ledger_frame["host"] == host) & (ledger_frame["pid"] == pid)]
+    on_gpu = (rows["device"] != names.ACCOUNT_HOST).any()
+    w = rows[(rows["source"] == "declared") & ~rows["category"].isin(_NOT_WORKING)
+             & ((rows["device"] != names.ACCOUNT_HOST) == on_gpu)]
+    order = rows.drop_duplicates("id").sort_values("t")["id"].to_list()
+    return w.pivot_table(index="id", columns="category", values="bytes", aggfunc="sum").reindex(order).fillna(0.0)
+
+
+def _tags(phase) -> set[str]:
+    tags = phase["attrs"].get("tags") if isinstance(phase["attrs"], dict) else None
+    return set(map(str, tags)) if isinstance(tags, (list, tuple)) else set()
+
+
+def _gives_back(offload, onload, category: str) -> bool:
+    """Whether `onload` is the phase that brings back what `offload` freed of `category`: by tags
+    (offload_rollout's kv_cache comes back in onload_kv), else by name (offload_train -> onload_train).
+    Not by bytes alone: the ledger sums a category over owners (the actor's and the engine's weights)."""
+    if kind_of(str(onload["name"])) != ONLOAD:
+        return False
+    freed, back = _tags(offload), _tags(onload)
+    if freed and back:
+        return category in back if category in freed else bool(freed & back)
+    suffix = lambda name: str(name).split("_", 1)[-1]  # noqa: E731
+    return not freed and not back and suffix(offload["name"]) == suffix(onload["name"])
+
+
+def _judge(peak: float, total: float | None, threshold: float | None) -> str:
+    if total is None or peak != peak:
+        return UNKNOWN
+    return FITS if peak <= threshold else NO_HEADROOM if peak <= total else DOES_NOT_FIT
+
+
+def whatif(run, ledger_frame: pd.DataFrame | None = None, thresholds: Thresholds | None = None) -> WhatIf:
+    if ledger_frame is None:
+        from miles_profile.report.ledger import ledger
+        ledger_frame = ledger(run)
+    th = thresholds or Thresholds()
+    phases = run.phases.reset_index(drop=True)
+    empty = WhatIf(pd.DataFrame(columns=TABLE_COLUMNS), None, "", None, None)
+    if phases.empty or ledger_frame is None or ledger_frame.empty:
+        return empty
+    instances = phase_instances(run).reset_index(drop=True)
+    column, series = _peak_series(run, instances)
+    if column is None:
+        return empty
+    hosts = phases["host"].fillna("").astype(str) if "host" in phases else pd.Series([""] * len(phases))
+    offloads = [k for k in range(len(phases)) if kind_of(str(phases.at[k, "name"])) == OFFLOAD]
+    # the process that offloads the most (else: has the most phases) is the one judged: its NVML reads
+    # see the whole device; a run without offloads still has its measured peak, to compare with
+    candidates = offloads or list(range(len(phases)))
+    keys = [(hosts[k], int(phases.at[k, "pid"])) for k in candidates]
+    host, pid = max(dict.fromkeys(keys), key=keys.count)
+    mine = np.flatnonzero((hosts.to_numpy() == host) & (phases["pid"].to_numpy(np.int64) == pid))
+    mine = mine[np.argsort(phases["start"].to_numpy(float)[mine], kind="stable")]
+    peaks = pd.to_numeric(instances[column], errors="coerce").astype(float).to_numpy()[mine]
+    working = _working(ledger_frame, host, pid)
+    ids = phases["id"].to_numpy()[mine]
+    total = _total(run, column)
+    threshold = None if total is None else th.headroom_max_share * total
+    extra: dict[tuple[str, str], np.ndarray] = {}
+    trips: dict[tuple[str, str], list] = {}
+    for j, k in enumerate(mine):
+        name = str(phases.at[k, "name"])
+        if kind_of(name) != OFFLOAD or ids[j] not in working.index:
+            continue
+        at = working.index.get_loc(ids[j])
+        if at == 0:
+            continue
+        freed = (working.iloc[at - 1] - working.iloc[at]).clip(lower=0)
+        for category, nbytes in freed[freed > 0].items():
+            back = next((m for m in range(j + 1, len(mine))
+                         if _gives_back(phases.loc[k], phases.loc[mine[m]], category)), None)
+            named = any(_gives_back(phases.loc[k], phases.loc[m], category) for m in mine)
+            if back is None and not named:  # phases named otherwise: the first onload that gives the bytes back
+                back = next((m for m in range(j + 1, len(mine)) if ids[m] in working.index and
+                             working.at[ids[m], category] - working.iloc[working.index.get_loc(ids[m]) - 1][category]
+                             >= BACK_SHARE * nbytes), None)
+            stop = back if back is not None else len(mine)
+            vec = extra.setdefault((name, category), np.zeros(len(mine)))
+            vec[j + 1:stop] += nbytes
+            onload = None if back is None else (str(phases.at[mine[back], "name"]), float(phases.at[mine[back], "duration"]))
+            trips.setdefault((name, category), []).append((float(nbytes), float(phases.at[k, "duration"]), onload, j, stop))
+    frame = pd.DataFrame(extra)
+    result = WhatIf(pd.DataFrame(columns=TABLE_COLUMNS), float(np.nanmax(peaks)) if len(peaks) else None, series,
+                    total, threshold, peaks, frame)
+    rows = []
+    for offload in dict.fromkeys(name for name, _ in trips):
+        cats = [c for (n, c) in trips if n == offload]
+        for category in [*cats, ALL] if len(cats) > 1 else cats:
+            picked = [trips[(offload, c)] for c in (cats if category == ALL else [category])]
+            rows.append(_row(offload, category, picked, peaks, frame, phases, mine, result, total, threshold))
+    result.table = pd.DataFrame(rows, columns=TABLE_COLUMNS)
+    return result
+
+
+def _row(offload, category, picked, peaks, frame, phases, mine, result, total, threshold) -> tuple:
+    cols = [(offload, c) for c in frame.columns.get_level_values(1).unique() if (offload, c) in frame.columns
+            and (category == ALL or c == category)]
+    held = frame[cols].sum(axis=1).to_numpy(float)
+    window = held > 0
+    whatif_peak = float(np.nanmax((peaks + held)[window])) if window.any() else np.nan
+    measured = float(np.nanmax(peaks[window])) if window.any() else np.nan
+    at = int(np.nanargmax(np.where(window, peaks + held, -np.inf))) if window.any() else None
+    by_instance: dict[int, list] = {}  # offload instance (its position) -> its trips, one per category
+    for group in picked:
+        for trip in group:
+            by_instance.setdefault(trip[3], []).append(trip)
+    freed = float(np.mean([sum(t[0] for t in trips) for trips in by_instance.values()]))
+    offload_s = float(np.mean([trips[0][1] for trips in by_instance.values()]))
+    onloads = [t[2] for trips in by_instance.values() for t in trips if t[2] is not None]
+    onload_names = ", ".join(dict.fromkeys(o[0] for o in onloads)) or "never (not given back)"
+    # per instance, each distinct onload once (offload_rollout's kv and weights come back in two)
+    per_instance = [sum(dict(t[2] for t in trips if t[2] is not None).values()) for trips in by_instance.values()]
+    onload_s = float(np.mean(per_instance)) if onloads else np.nan
+    return (offload, category, len(by_instance), freed, None if at is None else str(phases.at[mine[at], "name"]),
+            measured, whatif_peak, result.peak_if_kept([offload], None if category == ALL else [category]),
+            total, threshold, _judge(whatif_peak, total, threshold), offload_s, onload_names, onload_s,
+            offload_s + (onload_s if onload_s == onload_s else 0.0), result.series)
