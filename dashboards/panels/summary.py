@@ -89,12 +89,27 @@ def _failing(summary: Summary, spans: list) -> html.Div | None:
     return html.Div([html.Div("Failing checks", className="summary-label"), html.Ol(items)], className="summary-failing")
 
 
+def _killed(summary: Summary, spans: list) -> html.Div | None:
+    """Killed processes first (verdicts/oom.py), each a link to the seconds before its death."""
+    if not summary.killed:
+        return None
+    items = []
+    for finding in summary.killed:
+        spans.append(list(finding.span))
+        grew = [html.Li(f"{g['what']}: +{g['growth'] / GiB:.3f} GiB") for g in finding.numbers.get("grew", [])]
+        items.append(html.Li([_link(len(spans) - 1, finding.message), html.Ul(grew) if grew else None],
+                             **{"data-cause": finding.cause or "", "data-pid": str(finding.numbers.get("pid"))}))
+    return html.Div([html.Div("Killed", className="summary-label"), html.Ol(items)],
+                    id="summary-killed", className="summary-killed")
+
+
 def render(summary: Summary, t0: float) -> tuple[list, list]:
     spans: list = []
+    killed = _killed(summary, spans)
     badge = html.Span(summary.status.upper(), id="summary-status", **{"data-status": summary.status},
                       className=f"badge summary-badge {_CLASS.get(summary.status, 'badge-na')}")
     facts = html.Div([_peak(summary, t0, spans), _offloads(summary, spans)], className="summary-row")
-    return [badge, facts, _failing(summary, spans)], spans
+    return [killed, badge, facts, _failing(summary, spans)], spans
 
 
 def register(app, state) -> None:

@@ -19,6 +19,7 @@ from miles_profile.verdicts.types import TOO_SMALL, CheckResult, Finding
 
 OFFLOAD_CHECK = "offload_drop"
 HEADROOM_CHECK = "headroom"
+OOM_CHECK = "oom"  # verdicts/oom.py: a killed process is the first thing every view says
 MiB = 1024 ** 2
 
 
@@ -86,9 +87,11 @@ class Summary:
     offloads: list[OffloadKind] = field(default_factory=list)
     failing: list[tuple[CheckResult, Finding | None]] = field(default_factory=list)
     headroom: Headroom | None = None
+    killed: list[Finding] = field(default_factory=list)  # the oom check's findings, one per killed process
 
     def lines(self, failing: bool = True) -> list[str]:
-        out = [f"verdict: {self.status.upper()}"]
+        out = [f"KILLED: {f.message}" for f in self.killed]
+        out.append(f"verdict: {self.status.upper()}")
         out.append(self.peak.text() if self.peak else "peak: no memory samples")
         if self.headroom is not None:
             out.append(self.headroom.text())
@@ -113,6 +116,7 @@ class Summary:
             "peak_bytes": self.headroom.peak, "total_bytes": self.headroom.total, "left_bytes": self.headroom.left,
             "series": self.headroom.series, "status": self.headroom.status, "text": self.headroom.text()}
         return {
+            "killed": [killed_dict(f) for f in self.killed],
             "status": self.status, "peak": peak, "headroom": headroom,
             "offloads": [{"name": k.name, "count": k.count, "failed": k.failed, "too_small": k.too_small,
                           "not_judged": k.not_judged, "declared_bytes": k.declared, "freed_bytes": k.freed,
@@ -129,7 +133,17 @@ class Summary:
 
 def summarize(run, checks: list[CheckResult], status: str) -> Summary:
     failing = [(c, _first_failure(c)) for c in checks if c.status == "fail"]
-    return Summary(status, highest_peak(run), _offload_kinds(checks), failing, _headroom(checks))
+    killed = next((c.findings for c in checks if c.name == OOM_CHECK and c.status == "fail"), [])
+    return Summary(status, highest_peak(run), _offload_kinds(checks), failing, _headroom(checks), list(killed))
+
+
+def killed_dict(f: Finding) -> dict:
+    """A killed process as --json states it: who, how, where, what grew before, the cgroup limit."""
+    n = f.numbers
+    return {"message": f.message, "cause": f.cause, "pid": n.get("pid"), "host": n.get("host"), "t": n.get("t"),
+            "signal": n.get("signal"), "phase": n.get("phase"), "iteration": n.get("iteration"),
+            "memory_max": n.get("memory_max"), "window_s": n.get("window_s"), "grew": n.get("grew", []),
+            "span": list(f.span) if f.span else None}
 
 
 def _headroom(checks: list[CheckResult]) -> Headroom | None:

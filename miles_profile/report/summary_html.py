@@ -81,9 +81,27 @@ def _failing_html(summary: Summary, t0: float, section_id: str) -> str:
     return f'<div class="failing"><div class="fact-label">Failing checks (click to see the window)</div><ol>{items}</ol></div>'
 
 
+def _killed_html(summary: Summary, t0: float, section_id: str) -> str:
+    """Killed processes first (verdicts/oom.py): who, how, where, what grew before, the cgroup limit."""
+    if not summary.killed:
+        return ""
+    items = []
+    for f in summary.killed:
+        grew = "".join(f'<li>{_e(g["what"])}: +{g["growth"] / GiB:.3f} GiB '
+                       f'<span class="muted">({g["from"] / GiB:.3f} → {g["to"] / GiB:.3f} GiB)</span></li>'
+                       for g in f.numbers.get("grew", []))
+        items.append(f'<li data-cause="{_e(f.cause or "")}" data-pid="{_e(f.numbers.get("pid"))}">'
+                     f'{_zoom(f.span, t0, section_id, f.message)}'
+                     f'{f"<ul class=small>{grew}</ul>" if grew else ""}</li>')
+    return (f'<div class="killed" id="{_e(section_id)}-killed"><div class="fact-label">Killed '
+            f'(the last {summary.killed[0].numbers.get("window_s", 10):.0f} s before: click to see them)</div>'
+            f'<ol>{"".join(items)}</ol></div>')
+
+
 def summary_html(summary: Summary, t0: float, section_id: str) -> str:
     cls = _BADGE.get(summary.status, "na")
     return (f'<div class="summary summary-{cls}" id="{_e(section_id)}-summary" data-status="{_e(summary.status)}">'
+            f'{_killed_html(summary, t0, section_id)}'
             f'<div class="summary-verdict"><span class="badge big {cls}">{_WORD.get(summary.status, summary.status)}</span></div>'
             f'<div class="facts-row">{_peak_html(summary, t0, section_id)}{_offloads_html(summary, t0, section_id)}</div>'
             f'{_failing_html(summary, t0, section_id)}</div>')
@@ -98,6 +116,9 @@ SUMMARY_CSS = """
 .fact-value{font-size:26px;font-weight:700;font-variant-numeric:tabular-nums}.fact-detail{font-size:13px}
 table.offloads{width:auto;min-width:480px;font-size:13px} table.offloads td.num{text-align:right;font-variant-numeric:tabular-nums}
 .failing ol{margin:4px 0 0 18px;padding:0} .failing li{margin:2px 0;color:#b71c1c}
+.killed{background:#fdecea;border:1px solid #c62828;padding:6px 10px;margin-bottom:8px}
+.killed ol{margin:4px 0 0 18px;padding:0} .killed>ol>li{margin:2px 0;color:#b71c1c;font-weight:600}
+.killed ul{font-weight:400;color:#333}
 a.zoom-link{color:#1f4e99;text-decoration:underline dotted;cursor:pointer}
 """
 

@@ -115,16 +115,17 @@ def resolve_selection(run, selection: str | PhaseSelection | None) -> PhaseSelec
 def _checks(run, thresholds, fleet_thresholds, fleet) -> list[CheckResult]:
     from miles_profile.report.process_view import is_fleet
     from miles_profile.verdicts.checks import run_checks
+    from miles_profile.verdicts.oom import check_oom  # a killed process: the run's, judged once
     if not is_fleet(run):
         if run.samples.empty and getattr(run, "sample_pids", None) is not None:  # loaded lazily
             from miles_profile.logdir.reader import with_samples
             run = with_samples(run)
-        return run_checks(run, thresholds)
+        return run_checks(run, thresholds) + [check_oom(run)]
     from miles_profile.verdicts.fleet_checks import run_fleet_checks
     from miles_profile.verdicts.per_process import per_process_checks
     table, matrix = fleet if fleet is not None else _fleet_tables(run)
     fleet_results = run_fleet_checks(table, fleet_thresholds, matrix) if len(table) else []
-    return per_process_checks(run, thresholds) + list(fleet_results)
+    return per_process_checks(run, thresholds) + list(fleet_results) + [check_oom(run)]
 
 
 def _fleet_tables(run):

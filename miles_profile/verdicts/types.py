@@ -103,6 +103,10 @@ CAUSES = {
     "transition_spike": "two states coexisted during a hand-over between phases",
     "host_staging": "a disk offload staged the state in host memory",
     "host_weight_copy": "moving the weights made a second host copy",
+    # oom (verdicts/oom.py)
+    "oom_kill": "the kernel's OOM killer killed the process (the cgroup's oom_kill counter moved)",
+    "sigkill": "the process was killed by SIGKILL (record --exec saw its exit status)",
+    "vanished": "the process ended without ending its recording: SIGKILL, an OOM kill or a crash",
 }
 
 

@@ -1,0 +1,203 @@
+"""Killed processes: which process the OOM killer (or a SIGKILL) ended, in which phase and iteration,
+what grew in the WINDOW_S seconds before, and the cgroup's limit. Pure: reads the run's `oom` events
+(miles_profile/oom.py writes them) and the processes the reader marked `died`, never a file.
+
+    check_oom(run) -> CheckResult       # "fail" for every killed process; "n/a" when none was
+    deaths_of(run) -> list[dict]        # the merged death records, one per process
+
+One process, one finding, however many saw it die: `record --exec` (its exit status: the signal) and
+the host sampler (it vanished; the counter moved) are merged, an OOM kill outranks a SIGKILL outranks a
+vanishing. A counter move no recorded process claimed (`process_pid` null) is kept only when no
+known process was OOM-killed on that host. A process the reader marked `died` (no `end_time`, logs
+written before this check) without an event is a vanishing at its last record.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from miles_profile import names
+from miles_profile.report.series import process_label, series_arrays
+from miles_profile.sizes import format_size
+from miles_profile.verdicts.types import CheckResult, Finding
+
+NAME, TITLE = "oom", "Killed processes (OOM killer, SIGKILL)"
+EXPLANATION = ("a process of the run was killed (the kernel's OOM killer, or SIGKILL) or vanished without "
+               "ending its recording: the run did not finish. What grew in the last seconds says what to cut")
+WINDOW_S = 10.0   # "what grew in the last N seconds before it died"
+TOP = 5           # series listed per death, the largest growths first
+_RANK = {"oom_kill": 0, "sigkill": 1, "vanished": 2}
+_HOW = {"oom_kill": "killed by the OOM killer", "sigkill": "killed by SIGKILL",
+        "vanished": "vanished without ending its recording (SIGKILL, an OOM kill or a crash)"}
+
+
+def _events(run) -> list[dict]:
+    events = run.events
+    if events.empty:
+        return []
+    rows = events[events["kind"] == names.OOM]
+    return [{**(a if isinstance(a, dict) else {}), "t": float(t), "host": str(h), "seen_by": int(p)}
+            for t, h, p, a in zip(rows["t"], rows["host"], rows["pid"], rows["attrs"])]
+
+
+def _died_without_event(run, known: set) -> list[dict]:
+    """Processes the reader marked died that no event names: a vanishing at their last record."""
+    out = []
+    for p in run.processes:
+        if not p.get("died") or (str(p.get("host")), p.get("pid")) in known:
+            continue
+        pid, last = p.get("pid"), None
+        if len(run.samples) and "pid" in run.samples:
+            t = run.samples.loc[run.samples["pid"] == pid, "t"]
+            last = float(t.max()) if len(t) else None
+        if last is None and len(run.events):
+            t = run.events.loc[run.events["pid"] == pid, "t"]
+            last = float(t.max()) if len(t) else None
+        if last is not None:
+            out.append({"process_pid": pid, "cause": "vanished", "t": last, "host": str(p.get("host")),
+                        "role": p.get("role"), "rank": p.get("rank"), "detected_by": "reader"})
+    return out
+
+
+def deaths_of(run) -> list[dict]:
+    """One record per dead process (host, pid), the most telling cause and the earliest time first."""
+    merged: dict[tuple, dict] = {}
+    unknown = []
+    for event in _events(run):
+        if event.get("process_pid") is None:
+            unknown.append(event)
+            continue
+        key = (event["host"], event["process_pid"])
+        if key not in merged:
+            merged[key] = {**event, "detected_by": [event.get("detected_by")]}
+            continue
+        have = merged[key]
+        better = _RANK.get(event.get("cause"), 3) < _RANK.get(have.get("cause"), 3)
+        combined = {**event, **have} if not better else {**have, **event}
+        combined.update(t=min(have["t"], event["t"]), detected_by=have["detected_by"] + [event.get("detected_by")])
+        for k in ("signal", "returncode", "command", "role", "rank", "memory_max"):  # whoever knows it
+            combined[k] = have.get(k) if have.get(k) is not None else event.get(k)
+        merged[key] = combined
+    oom_hosts = {h for (h, _), d in merged.items() if d.get("cause") == "oom_kill"}
+    deaths = list(merged.values())
+    deaths += [{**e, "detected_by": [e.get("detected_by")]} for e in unknown if e["host"] not in oom_hosts]
+    deaths += [{**d, "detected_by": [d["detected_by"]]} for d in _died_without_event(run, set(merged))]
+    return sorted(deaths, key=lambda d: d["t"])
+
+
+def _last_phase(run, pid, t: float):
+    """The last phase the process entered before `t` (its own; else any process's: an exec child
+    that records nothing itself ran under its descendants' phases). (name, iteration, start) or None."""
+    from miles_profile.report.stats import phase_instances
+    inst = phase_instances(run)
+    if inst.empty:
+        return None
+    began = inst[inst["start"] <= t]
+    own = began[began["pid"] == pid] if pid is not None else began.iloc[0:0]
+    rows = own if len(own) else began
+    if rows.empty:
+        return None
+    row = rows.sort_values(["start", "depth"]).iloc[-1]
+    return str(row["name"]), int(row["iteration"]), float(row["start"])
+
+
+def _growth(t: np.ndarray, y: np.ndarray, a: float, b: float) -> tuple[float, float] | None:
+    """(first, highest) of the finite values within [a, b]: the highest, not the last, since a series
+    of the dead process (a tree sampled from outside) falls to nothing in its last row."""
+    inside = (t >= a) & (t <= b) & np.isfinite(y)
+    if inside.sum() < 2:
+        return None
+    values = y[inside]
+    return float(values[0]), float(values.max())
+
+
+def grew_before(run, t: float, window_s: float = WINDOW_S) -> list[dict]:
+    """What grew in [t - window_s, t], from its first value to its highest: each process's RSS and GPU
+    memory, each host's used memory and cgroup usage, each GPU's NVML used. Largest growth first."""
+    a, out = t - window_s, []
+
+    def add(what, series, first_last):
+        if first_last is not None and first_last[1] > first_last[0]:
+            a_, b_ = int(first_last[0]), int(first_last[1])  # bytes are integers
+            out.append({"what": what, "series": series, "from": a_, "to": b_, "growth": b_ - a_})
+
+    samples = run.samples
+    if len(samples) and "pid" in samples:
+        columns = [c for c in samples.columns if c == "rss" or (c.startswith("gpu") and
+                                                                 c.endswith(("_alloc", "_reserved", "_proc")))]
+        for pid in sorted(int(p) for p in samples["pid"].unique()):
+            for column in columns:
+                t_, y = series_arrays(run, pid, column)
+                label = "RSS" if column == "rss" else f"GPU {column[3:].split('_')[0]} {column.split('_', 1)[1]}"
+                add(f"{label} of {process_label(run, pid)}", column, _growth(t_, y, a, t))
+    host = run.host_samples
+    if len(host):
+        for name, frame in host.groupby("host", observed=True):
+            ht = frame["t"].to_numpy(float)
+            used = (pd_num(frame["host_total"]) - pd_num(frame["host_available"]))
+            add(f"host {name} used", "host_used", _growth(ht, used, a, t))
+            add(f"cgroup of {name}", "cgroup_usage", _growth(ht, pd_num(frame["cgroup_usage"]), a, t))
+    for (name, uuid), (gt, used) in run.gpu_used.items():
+        add(f"GPU {uuid} on {name} (NVML used)", "gpu_used", _growth(gt, used, a, t))
+    return sorted(out, key=lambda g: -g["growth"])[:TOP]
+
+
+def pd_num(series) -> np.ndarray:
+    import pandas as pd
+    return pd.to_numeric(series, errors="coerce").to_numpy(float)
+
+
+def _limit(run, death: dict) -> int | None:
+    """The cgroup limit when it died: the event's, else the host sampler's last reading before."""
+    if isinstance(death.get("memory_max"), (int, float)):
+        return int(death["memory_max"])
+    host = run.host_samples
+    if not len(host) or "cgroup_limit" not in host:
+        return None
+    frame = host[(host["host"].astype(str) == death["host"]) & (host["t"] <= death["t"])]
+    limits = pd_num(frame["cgroup_limit"])
+    limits = limits[np.isfinite(limits)]
+    return int(limits[-1]) if len(limits) else None
+
+
+def _who(run, death: dict) -> str:
+    pid = death.get("process_pid")
+    if pid is None:
+        return f"a process of the cgroup on {death['host']} (not recorded)"
+    if death.get("role") == "exec_child":
+        command = " ".join(str(c) for c in death.get("command") or [])[:60]
+        return f"pid {pid} (the command{f' `{command}`' if command else ''})"
+    role = death.get("role")
+    rank = f" rank {death['rank']}" if death.get("rank") is not None and role in (names.ROLE_ACTOR, "engine") else ""
+    return f"pid {pid} ({role}{rank})" if role else f"pid {pid}"
+
+
+def finding_of(run, death: dict) -> Finding:
+    t, pid = death["t"], death.get("process_pid")
+    phase = _last_phase(run, pid, t)
+    grew = grew_before(run, t)
+    limit = _limit(run, death)
+    where = f"in {phase[0]} of {'setup' if phase[1] < 0 else f'iteration {phase[1]}'} ({t - phase[2]:.1f} s into it)" \
+        if phase else "before any phase"
+    growth = ", ".join(f"{g['what']} +{format_size(g['growth'])}" for g in grew[:3]) or "nothing recorded grew"
+    message = (f"{_who(run, death)} {_HOW.get(death.get('cause'), 'died')} {where}; in the last {WINDOW_S:.0f} s: "
+               f"{growth}; cgroup limit {format_size(limit) if limit else 'none (unlimited)'}")
+    numbers = {"pid": pid, "host": death["host"], "cause": death.get("cause"), "t": t,
+               "signal": death.get("signal"), "returncode": death.get("returncode"), "memory_max": limit,
+               "oom_kill_delta": death.get("oom_kill_delta"), "phase": phase[0] if phase else None,
+               "iteration": phase[1] if phase else None, "window_s": WINDOW_S, "grew": grew,
+               "detected_by": [d for d in death.get("detected_by", []) if d]}
+    # No `phase` on the finding: a death ends the whole run, and no --phase selection may hide it.
+    return Finding("fail", message, span=(t - WINDOW_S, t), numbers=numbers, cause=death.get("cause"),
+                   series=grew[0]["series"] if grew else None)
+
+
+def check_oom(run) -> CheckResult:
+    deaths = deaths_of(run)
+    if not deaths:
+        return CheckResult(NAME, TITLE, "n/a", "no process was killed or vanished", EXPLANATION)
+    findings = [finding_of(run, d) for d in deaths]
+    span = (min(f.span[0] for f in findings), max(f.span[1] for f in findings))
+    summary = findings[0].message if len(findings) == 1 else \
+        f"{len(findings)} processes killed; first: {findings[0].message}"
+    return CheckResult(NAME, TITLE, "fail", summary, EXPLANATION, span, findings,
+                       "RSS, NVML, host and cgroup memory before the death")

@@ -1,0 +1,164 @@
+"""OOM forensics end to end: a real child killed under `record --exec` (SIGKILL, a synthetic cgroup
+counter that moves, and, where this machine lets us make a memory-limited cgroup, the kernel's OOM
+killer itself); the report, --json and the exit code say who died, where, and what grew before."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import miles_profile as mp
+from miles_profile.verdicts.engine import judge
+from miles_profile.visualize import main as visualize
+
+pytestmark = pytest.mark.slow
+REPO = Path(__file__).resolve().parents[2]
+
+# Grows 8 MiB per step, 4 steps per `train` phase; kills itself in iteration 2 (`die`), or exits with
+# the code given. `bump` moves the synthetic oom_kill counter first, as the kernel would.
+CHILD = """
+import os, signal, sys, time
+import miles_profile as mp
+die, code, bump = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+held = []
+for it in range(100):
+    with mp.phase("train", rollout_id=it):
+        for _ in range(4):
+            held.append(bytearray(8 << 20)); time.sleep(0.02)
+        if die == "kill" and it == 2:
+            if bump:
+                open(bump, "w").write("oom_kill 1\\n")
+            os.kill(os.getpid(), signal.SIGKILL)
+    if die == "exit" and it == 1:
+        sys.exit(code)
+"""
+
+
+def _env(**extra) -> dict:
+    env = dict(os.environ, PYTHONPATH=str(REPO), PYTHONUNBUFFERED="1", **extra)
+    env.pop("MILES_PROFILE_RUN_DIR", None)
+    return env
+
+
+def _record(tmp: Path, die: str, code: int = 0, bump: bool = False, prefix: list[str] = ()) -> tuple[int, Path]:
+    child, events = tmp / "child.py", tmp / "memory.events"
+    child.write_text(CHILD)
+    events.write_text("oom_kill 0\n")
+    env = _env() if prefix else _env(MILES_PROFILE_MEMORY_EVENTS=str(events))
+    proc = subprocess.run([*prefix, sys.executable, "-m", "miles_profile.record", "--log-dir", str(tmp / "logs"),
+                           "--exec", "--", sys.executable, str(child), die, str(code), str(events) if bump else ""],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    return proc.returncode, next((tmp / "logs").glob("run-*"))
+
+
+@pytest.fixture(scope="module")
+def killed(tmp_path_factory):
+    return _record(tmp_path_factory.mktemp("sigkill"), "kill")
+
+
+@pytest.fixture(scope="module")
+def oom_counted(tmp_path_factory):
+    return _record(tmp_path_factory.mktemp("counted"), "kill", bump=True)
+
+
+def _oom_events(run_dir: Path) -> list[dict]:
+    return [e for path in run_dir.glob("*.events.jsonl") for e in map(json.loads, path.read_text().splitlines())
+            if e["kind"] == "oom"]
+
+
+def test_a_child_killed_by_sigkill_is_recorded_and_reported_first(killed, tmp_path):
+    code, run_dir = killed
+    assert code == 128 + signal.SIGKILL
+    seen = {e["attrs"]["detected_by"]: e["attrs"] for e in _oom_events(run_dir)}
+    assert seen["record_exec"]["cause"] == "sigkill" and seen["record_exec"]["signal"] == signal.SIGKILL
+    assert seen["host_sampler"]["cause"] == "vanished"  # it recorded itself, and never ended
+    pid = seen["record_exec"]["process_pid"]
+
+    out, js = tmp_path / "r.html", tmp_path / "r.json"
+    assert visualize([str(run_dir), "-o", str(out), "--json", str(js)]) == 1
+    summary = json.loads(js.read_text())["runs"][0]["summary"]
+    (death,) = summary["killed"]  # two witnesses, one death
+    assert (death["pid"], death["cause"], death["phase"], death["iteration"]) == (pid, "sigkill", "train", 2)
+    assert death["grew"][0]["growth"] >= 16 << 20  # 3 iterations of 32 MiB, within the last 10 s
+    # its own RSS, or its tree's sampled from outside (its own last rows die unflushed with it)
+    assert any(g["what"] in (f"RSS of pid {pid}", "RSS of process tree") or
+               g["what"].startswith("RSS of process tree") for g in death["grew"]), death["grew"]
+    html = out.read_text()
+    assert html.index('class="killed"') < html.index('class="summary-verdict"')
+
+
+def test_the_cli_summary_says_killed_before_the_verdict(killed):
+    run = mp.load(killed[1])
+    verdict = judge(run)
+    from miles_profile.report.summary import summarize
+    lines = summarize(run, verdict.checks, verdict.status).lines()
+    assert lines[0].startswith("KILLED: pid ") and "killed by SIGKILL in train of iteration 2" in lines[0]
+    assert lines[1] == "verdict: FAIL" and verdict.exit_code == 1
+
+
+def test_a_phase_selection_never_hides_a_death(killed):
+    run = mp.load(killed[1])
+    assert judge(run, selection="train").status == "fail"
+    oom = next(c for c in judge(run, selection="train").checks if c.name == "oom")
+    assert oom.status == "fail" and len(oom.findings) == 1
+
+
+def test_the_cgroup_counter_moving_makes_it_an_oom_kill(oom_counted):
+    code, run_dir = oom_counted
+    assert code == 128 + signal.SIGKILL
+    causes = {e["attrs"]["detected_by"]: e["attrs"]["cause"] for e in _oom_events(run_dir)}
+    assert causes["record_exec"] == "oom_kill"
+    (oom,) = [c for c in judge(mp.load(run_dir)).checks if c.name == "oom"]
+    assert oom.status == "fail" and oom.findings[0].cause == "oom_kill"
+    assert "killed by the OOM killer in train of iteration 2" in oom.summary
+
+
+@pytest.mark.parametrize("code", [0, 3])
+def test_a_child_that_exits_by_itself_is_no_death(tmp_path, code):
+    rc, run_dir = _record(tmp_path, "exit", code)
+    assert rc == code and _oom_events(run_dir) == []
+    (oom,) = [c for c in judge(mp.load(run_dir)).checks if c.name == "oom"]
+    assert oom.status == "n/a"
+
+
+def _limited_cgroup(tmp_path: Path, limit: int) -> Path | None:
+    """A child of our own memory cgroup with `limit`, or None where this machine does not allow one."""
+    own = dict(line.split(":", 2)[1:] for line in Path("/proc/self/cgroup").read_text().splitlines())
+    for parent, limit_file in ((Path("/sys/fs/cgroup/memory") / own.get("memory", "/").lstrip("/"),
+                                "memory.limit_in_bytes"),
+                               (Path("/sys/fs/cgroup") / own.get("", "/").lstrip("/"), "memory.max")):
+        group = parent / f"miles-oom-test-{os.getpid()}-{tmp_path.name}"
+        try:
+            group.mkdir()
+        except OSError:
+            continue
+        try:
+            (group / limit_file).write_text(str(limit))
+            (group / "memory.swappiness").exists() and (group / "memory.swappiness").write_text("0")
+            return group
+        except OSError:
+            group.rmdir()
+    return None
+
+
+def test_a_real_oom_kill_in_a_memory_limited_cgroup(tmp_path):
+    limit = 300 << 20
+    group = _limited_cgroup(tmp_path, limit)
+    if group is None:
+        pytest.skip("this machine does not let us create a memory-limited cgroup")
+    try:  # record itself runs in the cgroup, as a job in a container does; the child grows until killed
+        code, run_dir = _record(tmp_path, "grow", prefix=["sh", "-c", f'echo $$ > {group}/cgroup.procs; exec "$@"', "sh"])
+    finally:
+        group.rmdir()
+    assert code == 128 + signal.SIGKILL
+    run = mp.load(run_dir)
+    (oom,) = [c for c in judge(run).checks if c.name == "oom"]
+    death = oom.findings[0]
+    assert oom.status == "fail" and death.cause == "oom_kill", oom.summary
+    assert death.numbers["memory_max"] == limit and death.numbers["phase"] == "train"
+    assert death.numbers["grew"][0]["growth"] > 100 << 20  # it grew toward the limit in the last 10 s

@@ -1,0 +1,117 @@
+"""OOM detection (miles_profile/oom.py): the counter's formats, which exits are deaths, and the host
+sampler's watch over real processes that vanish (a synthetic memory.events file stands in for the
+cgroup, its path injected)."""
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from miles_profile import oom
+
+V2 = "low 0\nhigh 0\nmax 12\noom 3\noom_kill 2\noom_group_kill 0\n"
+V1 = "oom_kill_disable 0\nunder_oom 0\noom_kill 5\n"
+
+
+def test_the_counter_reads_both_cgroup_versions_and_says_none_without_one(tmp_path):
+    assert oom.parse_oom_kill(V2) == 2 and oom.parse_oom_kill(V1) == 5
+    assert oom.parse_oom_kill("oom 1\n") is None  # 'oom' (the limit was hit) is not a kill
+    path = tmp_path / "memory.events"
+    path.write_text(V2)
+    assert oom.OomCounter(path).read() == 2
+    assert oom.OomCounter(tmp_path / "absent").read() is None
+
+
+def test_the_counter_path_is_injectable_through_the_environment(tmp_path, monkeypatch):
+    monkeypatch.setenv(oom.MEMORY_EVENTS_ENV, str(tmp_path / "events"))
+    assert oom.OomCounter().path == tmp_path / "events"
+
+
+def test_the_own_cgroup_counter_is_found_in_a_v2_tree(tmp_path):
+    group = tmp_path / "cg" / "job.slice" / "run"
+    group.mkdir(parents=True)
+    (tmp_path / "cg" / "cgroup.controllers").write_text("memory\n")
+    (group / "memory.events").write_text(V2)
+    proc = tmp_path / "cgroup"
+    proc.write_text("0::/job.slice/run\n")
+    assert oom.find_counter(tmp_path / "cg", proc) == group / "memory.events"
+
+
+@pytest.mark.parametrize("code, delta, cause", [
+    (0, 1, None),            # exited normally: never a death, whatever else the cgroup saw
+    (1, None, None),         # failed by itself
+    (-signal.SIGSEGV, 0, None),
+    (-signal.SIGKILL, 0, oom.SIGKILL),
+    (-signal.SIGKILL, 1, oom.OOM_KILL),
+    (1, 1, oom.OOM_KILL),    # a launcher whose worker the OOM killer took
+])
+def test_which_exits_are_deaths(code, delta, cause):
+    attrs = oom.exec_death(123, code, delta, command=["python", "x.py"], limit=1 << 30)
+    assert (attrs and attrs["cause"]) == cause
+    if attrs:
+        assert attrs["process_pid"] == 123 and attrs["memory_max"] == 1 << 30
+
+
+def _recorded(run_dir, host, proc, end=False):
+    meta = {"pid": proc.pid, "host": host, "role": "actor", "rank": 1}
+    if end:
+        meta["end_time"] = time.time()
+    (run_dir / f"{host}-{proc.pid}.meta.json").write_text(json.dumps(meta))
+
+
+@pytest.fixture
+def watch(tmp_path):
+    events = tmp_path / "memory.events"
+    events.write_text("oom_kill 0\n")
+    return oom.DeathWatch(tmp_path, "h", own_pid=-1, counter=oom.OomCounter(events)), events
+
+
+def _dead(proc):
+    proc.kill()
+    proc.wait()
+
+
+def test_a_recorded_process_killed_is_seen_vanishing(tmp_path, watch):
+    w, _ = watch
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    _recorded(tmp_path, "h", proc)
+    assert w.poll() == []
+    _dead(proc)
+    deaths = w.poll()
+    assert [(d["process_pid"], d["cause"], d["rank"]) for d in deaths] == [(proc.pid, oom.VANISHED, 1)]
+    assert w.poll() == []  # once
+
+
+def test_a_vanishing_right_after_the_counter_moved_is_an_oom_kill(tmp_path, watch):
+    w, events = watch
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    _recorded(tmp_path, "h", proc)
+    w.poll()
+    events.write_text("oom_kill 1\n")
+    _dead(proc)
+    (death,) = w.poll()
+    assert death["cause"] == oom.OOM_KILL and death["oom_kill_delta"] == 1
+
+
+def test_a_process_that_ended_its_recording_is_no_death_nor_one_of_another_host(tmp_path, watch):
+    w, _ = watch
+    done = subprocess.Popen([sys.executable, "-c", "pass"])
+    other = subprocess.Popen([sys.executable, "-c", "pass"])
+    _recorded(tmp_path, "h", done, end=True)
+    _recorded(tmp_path, "other-host", other)
+    done.wait()
+    other.wait()
+    assert w.poll() == []
+
+
+def test_a_counter_move_no_recorded_process_claims_is_reported_at_finish(tmp_path, watch):
+    w, events = watch
+    w.poll()
+    events.write_text("oom_kill 2\n")
+    assert w.poll() == []  # it may still be claimed
+    (death,) = w.finish()
+    assert death["process_pid"] is None and death["cause"] == oom.OOM_KILL and death["oom_kill_delta"] == 2
