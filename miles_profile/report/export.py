@@ -106,11 +106,21 @@ def write_phase_csv(runs, path: str | Path) -> Path:
     return Path(path)
 
 
+def moving_memory(report) -> dict:
+    """`transitions` (report/transitions.py: per phase, per kind and tag, per step, the link ceilings) and
+    `whatif` (report/whatif.py: per offload and category) of one run, as the HTML report shows them."""
+    from miles_profile.report.transitions import meter_of
+    from miles_profile.report.whatif import whatif_of
+    frame = getattr(report, "ledger", None)
+    return {"transitions": jsonable(meter_of(report.run, frame).to_dict()),
+            "whatif": jsonable(whatif_of(report.run, frame).to_dict())}
+
+
 def write_json(reports, path: str | Path) -> Path:
     """Each run's verdict as the engine gives it (RunVerdict.to_dict: `status`, `exit_code`, `checks`,
     `gates`), its warnings, per-phase statistics and `ledger` (report/ledger.py ledger_records: bytes by
-    category at each top-level phase's end and peak); at the top the overall `status` and `exit_code`
-    (those of visualize). With --baseline, `baseline` repeats the run's gate (`status`, `summary`, every
+    category at each top-level phase's end and peak), `transitions` and `whatif` (moving_memory); at the
+    top the overall `status` and `exit_code` (those of visualize). With --baseline, `baseline` repeats the run's gate (`status`, `summary`, every
     compared value) where CI scripts read it."""
     from miles_profile.report.ledger import ledger_records
     from miles_profile.verdicts.engine import exit_code_of, overall_of
@@ -122,6 +132,7 @@ def write_json(reports, path: str | Path) -> Path:
                "warnings": report.skipped,
                "phases": jsonable(report.phases.astype(object).where(report.phases.notna(), None).to_dict("records")),
                "ledger": None if getattr(report, "ledger", None) is None else ledger_records(report.ledger)}
+        run.update(moving_memory(report))
         if run["gates"]:
             run["baseline"] = run["gates"][0]
         runs.append(run)

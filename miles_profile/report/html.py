@@ -34,6 +34,7 @@ from miles_profile.report.forecast_html import forecast_html
 from miles_profile.report.series import GiB
 from miles_profile.report.summary import Summary, summarize
 from miles_profile.report.summary_html import SUMMARY_CSS, SUMMARY_SCRIPT, summary_html
+from miles_profile.report.transitions_html import SECTION_CSS as MOVING_CSS, transitions_html
 from miles_profile.report.stats import phase_instances, phase_table, stat_metrics
 
 TABLE_ROW_LIMIT = 200
@@ -244,6 +245,7 @@ def _run_section(report: RunReport, k: int, single: bool) -> str:
   <h2>{_e(run.name)}{"" if report.verdict.checked else f' <span class="badge {cls}">{text}</span>'}</h2>
   {summary_html(report.summary, t0, f"run{suffix}") if report.verdict.checked else ""}
   {fold_open(single)}
+  {transitions_html(run, report.ledger, suffix)}
   {fleet}
   {skipped}
   {timeline}
@@ -301,7 +303,7 @@ def render_html(reports: list[RunReport], *, comparison: str | None = None, note
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>{_e(title)}</title>
 <meta name="viewport" content="width=device-width, initial-scale=1">
-<style>{_CSS}{SUMMARY_CSS}</style>
+<style>{_CSS}{SUMMARY_CSS}{MOVING_CSS}</style>
 <script type="text/javascript">{get_plotlyjs()}</script>
 </head><body><main>
 <h1>{_e(title)}</h1>

@@ -2,6 +2,7 @@
 function of a Run and its ledger (report/ledger.py); docs/transitions.md explains each column.
 
     transitions(run, ledger_frame=None) -> Transitions
+    meter_of(run, ledger_frame) -> Transitions   # the same, cached per run and ledger (report and --json share it)
         .table      one row per transition phase instance (TABLE_COLUMNS)
         .by_kind    per (phase, tags, link): count, bytes, seconds, GB/s, ratio to the ceiling
         .steps      per iteration: step seconds, seconds in transitions, share
@@ -58,9 +59,19 @@ class Transitions:
     def to_dict(self) -> dict:
         """What --json writes: bytes as integers, rates in bytes/s, None where not measured."""
         def records(frame: pd.DataFrame) -> list[dict]:
-            return frame.astype(object).where(frame.notna(), None).to_dict("records")
+            return [{k: _json_value(k, v) for k, v in r.items()} for r in frame.to_dict("records")]
         return {"ceilings": self.ceilings, "calibrated": bool(self.ceilings), "share_of_step": self.share,
                 "by_kind": records(self.by_kind), "steps": records(self.steps), "phases": records(self.table)}
+
+
+_BYTES = {"declared", "measured", "nvml"}
+
+
+def _json_value(key: str, value):
+    """None for what was not measured; bytes as integers."""
+    if value is None or (isinstance(value, float) and value != value):
+        return None
+    return int(round(value)) if key in _BYTES else value
 
 
 def kind_of(name: str) -> str | None:
@@ -86,6 +97,13 @@ def _tags_of(name: str, attrs) -> str:
     return names.TRAIN_STATE if name.endswith("_train") else ""
 
 
+def phase_ends(ledger_frame: pd.DataFrame) -> pd.DataFrame:
+    """The ledger's rows at phase ends (a ledger with peaks has rows at each phase's peak as well)."""
+    if "at" not in ledger_frame or ledger_frame.empty:
+        return ledger_frame
+    return ledger_frame[ledger_frame["at"].fillna("end") == "end"]
+
+
 def _mirrors(phases: pd.DataFrame) -> np.ndarray:
     """True for a phase inside a same-named phase of another process: the server side of a call the
     client recorded (an engine server's /release_memory_occupation inside the actor's offload_kv)."""
@@ -106,7 +124,7 @@ def _boundaries(ledger_frame: pd.DataFrame) -> dict:
     out: dict = {}
     if ledger_frame is None or ledger_frame.empty:
         return out
-    frame = ledger_frame
+    frame = phase_ends(ledger_frame)
     on_gpu = frame.groupby(["host", "pid"])["device"].transform(lambda d: (d != names.ACCOUNT_HOST).any())
     declared = frame["source"] == "declared"
     working = declared & ~frame["category"].isin(_NOT_WORKING) & ((frame["device"] != names.ACCOUNT_HOST) == on_gpu)
@@ -166,7 +184,8 @@ def _rows(run, ledger_frame: pd.DataFrame, ceilings: dict[str, float]) -> pd.Dat
     bounds = _boundaries(ledger_frame)
     gpu_pids = set()
     if ledger_frame is not None and len(ledger_frame):
-        g = ledger_frame[ledger_frame["device"] != names.ACCOUNT_HOST]
+        g = phase_ends(ledger_frame)
+        g = g[g["device"] != names.ACCOUNT_HOST]
         gpu_pids = {(str(h), int(p)) for h, p in zip(g["host"], g["pid"])}
     copied_last: dict[tuple, bool] = {}  # (host, pid, tags) -> whether its last release copied
     out = []
@@ -258,3 +277,11 @@ def transitions(run, ledger_frame: pd.DataFrame | None = None) -> Transitions:
     total = float(steps["seconds"].sum()) if len(steps) else 0.0
     share = float(steps["transition_seconds"].sum() / total) if total > 0 else None
     return Transitions(table, _by_kind(table, total or None), steps, share, ceilings)
+
+
+def meter_of(run, ledger_frame: pd.DataFrame | None) -> Transitions:
+    cache = run.__dict__.setdefault("_report_cache", {})
+    key = ("transitions", id(ledger_frame))
+    if key not in cache:  # keyed by the frame object: a report holds its ledger for its life
+        cache[key] = transitions(run, ledger_frame)
+    return cache[key]

@@ -7,6 +7,7 @@ cost. A pure function of a Run and its ledger (report/ledger.py); docs/transitio
         .table                 one row per (offload phase, category), plus `all` per offload phase
         .peak_if_kept(names)   the run's device peak had the offloads named stayed (e.g. ["offload_kv"])
         .measured_peak         the run's device peak as recorded (same series, same phases)
+    whatif_of(run, ledger_frame) -> WhatIf      # the same, cached per run and ledger (report and --json share it)
 
 How: the ledger says, per offload instance, which declared categories of the working device (GPU; the
 host on a CPU run) it freed and how many bytes. Those bytes are away until the first later phase of
@@ -25,12 +26,13 @@ import pandas as pd
 
 from miles_profile import names
 from miles_profile.report.stats import phase_instances
-from miles_profile.report.transitions import OFFLOAD, ONLOAD, kind_of
+from miles_profile.report.transitions import OFFLOAD, ONLOAD, kind_of, phase_ends
 from miles_profile.verdicts.types import Thresholds
 
 ALL = "all"
 FITS, NO_HEADROOM, DOES_NOT_FIT, UNKNOWN = "fits", "fits, below the headroom", "does not fit", "total unknown"
 _NOT_WORKING = {names.PINNED_BUFFERS, names.OFFLOADED_STATE, names.PAUSED}
+_BYTES = {"freed", "measured_peak", "whatif_peak", "run_peak_if_kept", "total", "threshold"}
 BACK_SHARE = 0.5  # an onload gives back at least this share of what the offload freed
 
 TABLE_COLUMNS = ["offload", "category", "instances", "freed", "peak_phase", "measured_peak", "whatif_peak",
@@ -63,9 +65,12 @@ class WhatIf:
         return float(np.nanmax(self._peaks + extra))
 
     def to_dict(self) -> dict:
-        rows = self.table.astype(object).where(self.table.notna(), None).to_dict("records")
-        return {"series": self.series, "total": self.total, "threshold": self.threshold,
-                "measured_peak": self.measured_peak, "rows": rows}
+        rows = [{k: None if v is None or (isinstance(v, float) and v != v) else
+                 int(round(v)) if k in _BYTES else v for k, v in r.items()} for r in self.table.to_dict("records")]
+        def whole(v):
+            return None if v is None or v != v else int(round(v))
+        return {"series": self.series, "total": whole(self.total), "threshold": whole(self.threshold),
+                "measured_peak": whole(self.measured_peak), "rows": rows}
 
 
 def _peak_series(run, instances: pd.DataFrame) -> tuple[str | None, str]:
@@ -91,7 +96,8 @@ def _total(run, column: str | None) -> float | None:
 
 def _working(ledger_frame: pd.DataFrame, host: str, pid: int) -> pd.DataFrame:
     """Declared bytes of the working device per phase id (rows) and category (columns), in time order."""
-    rows = ledger_frame[(ledger_frame["host"] == host) & (ledger_frame["pid"] == pid)]
+    frame = phase_ends(ledger_frame)
+    rows = frame[(frame["host"] == host) & (frame["pid"] == pid)]
     on_gpu = (rows["device"] != names.ACCOUNT_HOST).any()
     w = rows[(rows["source"] == "declared") & ~rows["category"].isin(_NOT_WORKING)
              & ((rows["device"] != names.ACCOUNT_HOST) == on_gpu)]
@@ -209,3 +215,11 @@ def _row(offload, category, picked, peaks, frame, phases, mine, result, total, t
             measured, whatif_peak, result.peak_if_kept([offload], None if category == ALL else [category]),
             total, threshold, _judge(whatif_peak, total, threshold), offload_s, onload_names, onload_s,
             offload_s + (onload_s if onload_s == onload_s else 0.0), result.series)
+
+
+def whatif_of(run, ledger_frame: pd.DataFrame | None) -> WhatIf:
+    cache = run.__dict__.setdefault("_report_cache", {})
+    key = ("whatif", id(ledger_frame))
+    if key not in cache:
+        cache[key] = whatif(run, ledger_frame)
+    return cache[key]
