@@ -14,6 +14,7 @@ from dashboards.panels.checks import compute as dashboard_checks
 from miles_profile.errors import MilesProfileError
 from miles_profile.logdir.reader import load_run
 from miles_profile.verdicts.checks import run_checks
+from miles_profile.verdicts.oom import check_oom
 from miles_profile.verdicts.engine import (
     STATUS_LABEL,
     RunVerdict,
@@ -87,7 +88,8 @@ def test_to_dict_is_json_with_status_exit_code_checks_and_gates():
 def test_one_process_log_is_judged_by_the_checks_and_the_dashboard_renders_it():
     run = load_run(CPU)
     verdict = judge(run)
-    assert [(c.name, c.status) for c in verdict.checks] == [(c.name, c.status) for c in run_checks(run)]
+    run_level = [check_oom(run)]  # the engine judges a death once per run, after the per-process checks
+    assert [(c.name, c.status) for c in verdict.checks] == [(c.name, c.status) for c in run_checks(run) + run_level]
     assert verdict.exit_code == (1 if any(c.status == "fail" for c in verdict.checks) else 0)
     shown, _ = dashboard_checks(run)
     assert sorted((c.name, c.status) for c in shown) == sorted((c.name, c.status) for c in verdict.checks)
