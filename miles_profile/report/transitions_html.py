@@ -4,12 +4,13 @@ spent in transitions (a bar per phase kind), the transition meter per phase kind
 
     transitions_html(run, ledger_frame, suffix) -> str
     meter_lines(meter) -> list[str]                 # the headline, for a person (CLI, dashboard)
+    meter_rows(meter) -> list[dict], METER_COLUMNS  # the table as text: the report's and the dashboard's
+    share_text(meter), ceilings_text(meter) -> str
 """
 from __future__ import annotations
 
 import html
 
-import numpy as np
 import pandas as pd
 
 from miles_profile.report.phase_style import phase_color
@@ -32,10 +33,8 @@ def _e(x) -> str:
     return html.escape(str(x))
 
 
-def _num(v, fmt: str, scale: float = 1.0) -> str:
-    if v is None or v != v:
-        return '<td class="num muted">–</td>'
-    return f'<td class="num">{v / scale:{fmt}}</td>'
+def _fmt(v, fmt: str, scale: float = 1.0) -> str:
+    return "–" if v is None or v != v else f"{v / scale:{fmt}}"
 
 
 def ratio_text(row: dict) -> str:
@@ -44,6 +43,26 @@ def ratio_text(row: dict) -> str:
     if row["ceiling"] != row["ceiling"]:
         return NOT_MEASURED
     return f"{row['ratio']:.2f} of {row['ceiling'] / GB:.1f} GB/s"
+
+
+# (key, header) of the meter's table, the report's and the dashboard's alike
+METER_COLUMNS = [("phase", "phase"), ("tags", "tags"), ("when", "when"), ("count", "count"),
+                 ("declared", "declared GiB"), ("measured", "measured GiB"), ("seconds", "seconds"),
+                 ("rate", "GB/s"), ("link", "link"), ("ratio", "ratio to ceiling"), ("share", "% of step")]
+
+
+def meter_rows(meter: Transitions) -> list[dict[str, str]]:
+    """The meter per phase kind and tag as text, one dict per row (METER_COLUMNS' keys)."""
+    rows = []
+    for r in meter.by_kind.to_dict("records"):
+        # a release: how fast memory was given back or taken, nothing copied (no transfer rate): no decimals
+        rate = _fmt(r["rate"], ".2f" if r["link"] != NO_COPY else ".0f", GB)
+        rows.append({"phase": str(r["phase"]), "tags": str(r["tags"]), "when": "setup" if r["setup"] else "loop",
+                     "count": str(r["count"]), "declared": _fmt(r["declared"], ".2f", GiB),
+                     "measured": _fmt(r["measured"], ".2f", GiB), "seconds": _fmt(r["seconds"], ".3f"),
+                     "rate": rate, "link": LINK_TEXT.get(r["link"], r["link"]), "ratio": ratio_text(r),
+                     "share": _fmt(r["share_of_step"], ".1f", 0.01), "_link": r["link"], "_setup": bool(r["setup"])})
+    return rows
 
 
 def meter_lines(meter: Transitions) -> list[str]:
@@ -70,36 +89,32 @@ def _bar(meter: Transitions) -> str:
     return f'<div class="share-bar" aria-label="share of the step spent moving memory">{segments}</div>'
 
 
-def _rate(row: dict) -> str:
-    if row["link"] != NO_COPY or row["rate"] != row["rate"]:
-        return _num(row["rate"], ".2f", GB)
-    # memory given back or taken, nothing copied: how fast, but no transfer rate
-    return (f'<td class="num muted" title="bytes released or taken again per second: nothing was copied">'
-            f'{row["rate"] / GB:.0f}</td>')
-
-
-def _ceilings_text(meter: Transitions) -> str:
+def ceilings_text(meter: Transitions) -> str:
     if not meter.ceilings:
-        return ("No calibration in this log (record --calibrate): every ratio says "
-                f"<b>{NOT_MEASURED}</b>; no ceiling is assumed.")
+        return f"No calibration in this log (record --calibrate): {NOT_MEASURED}; no ceiling is assumed."
     return "Link ceilings measured on this host (record --calibrate): " + ", ".join(
-        f"{_e(LINK_TEXT.get(k, k))} {v / GB:.1f} GB/s" for k, v in meter.ceilings.items()) + "."
+        f"{LINK_TEXT.get(k, k)} {v / GB:.1f} GB/s" for k, v in meter.ceilings.items()) + "."
+
+
+def share_text(meter: Transitions) -> str:
+    if meter.share is None:
+        return "No iteration: no step to share."
+    return (f"{meter.share:.0%} of each step (iterations 0–{len(meter.steps) - 1}, first phase's start to last "
+            "phase's end) was spent in offload, onload and weight-update phases.")
 
 
 def _table(meter: Transitions, table_id: str) -> str:
     rows = []
-    for r in meter.by_kind.to_dict("records"):
-        when = "setup" if r["setup"] else "loop"
-        rows.append(
-            f'<tr data-phase="{_e(r["phase"])}" data-link="{_e(r["link"])}" data-setup="{int(bool(r["setup"]))}">'
-            f'<td><span class="swatch" style="background:{phase_color(str(r["phase"]))}"></span>{_e(r["phase"])}</td>'
-            f'<td>{_e(r["tags"])}</td><td>{when}</td><td class="num">{r["count"]}</td>'
-            f'{_num(r["declared"], ".2f", GiB)}{_num(r["measured"], ".2f", GiB)}{_num(r["seconds"], ".3f")}'
-            f'{_rate(r)}<td>{_e(LINK_TEXT.get(r["link"], r["link"]))}</td>'
-            f'<td class="ratio">{_e(ratio_text(r))}</td>{_num(r["share_of_step"] * 100 if r["share_of_step"] == r["share_of_step"] else np.nan, ".1f")}</tr>')
-    return (f'<table id="{table_id}" class="data meter"><thead><tr><th>phase</th><th>tags</th><th>when</th><th>count</th>'
-            "<th>declared GiB</th><th>measured GiB</th><th>seconds</th><th>GB/s</th><th>link</th><th>ratio to ceiling</th>"
-            f"<th>% of step</th></tr></thead><tbody>{''.join(rows)}</tbody></table>")
+    for r in meter_rows(meter):
+        cells = "".join(f'<td class="num{" muted" if k == "rate" and r["_link"] == NO_COPY else ""}">{_e(r[k])}</td>'
+                        if k in ("count", "declared", "measured", "seconds", "rate", "share") else
+                        f'<td class="{k}">{_e(r[k])}</td>' for k, _ in METER_COLUMNS[1:])
+        rows.append(f'<tr data-phase="{_e(r["phase"])}" data-link="{_e(r["_link"])}" data-setup="{int(r["_setup"])}">'
+                    f'<td><span class="swatch" style="background:{phase_color(r["phase"])}"></span>{_e(r["phase"])}</td>'
+                    f"{cells}</tr>")
+    head = "".join(f"<th>{_e(h)}</th>" for _, h in METER_COLUMNS)
+    return (f'<table id="{table_id}" class="data meter"><thead><tr>{head}</tr></thead>'
+            f"<tbody>{''.join(rows)}</tbody></table>")
 
 
 def transitions_html(run, ledger_frame: pd.DataFrame | None, suffix: str = "") -> str:
@@ -107,16 +122,14 @@ def transitions_html(run, ledger_frame: pd.DataFrame | None, suffix: str = "") -
     meter = meter_of(run, ledger_frame)
     if meter.empty:
         return ""
-    share = ("–" if meter.share is None else f"{meter.share:.0%}")
+    share = "" if meter.share is None else f"{meter.share:.4f}"
     return f"""<section class="moving" id="moving{suffix}">
   <h3>What moving memory cost</h3>
-  <p id="moving-share{suffix}" data-share="{'' if meter.share is None else f'{meter.share:.4f}'}"><b>{share}</b> of each step
-  (iterations 0–{len(meter.steps) - 1}, first phase's start to last phase's end) was spent in offload, onload and
-  weight-update phases:</p>
+  <p id="moving-share{suffix}" data-share="{share}">{_e(share_text(meter))}</p>
   {_bar(meter)}
   <p class="muted small">Bytes per phase kind and tag: declared (the phase's expected_bytes), measured by the ledger
   (what the working device's declared categories lost or gained). GB/s = 1e9 bytes/s. A release that copied nothing
-  has no link. {_ceilings_text(meter)} (docs/transitions.md)</p>
+  has no link. {_e(ceilings_text(meter))} (docs/transitions.md)</p>
   {_table(meter, "moving-table" + suffix)}
   {whatif_html(run, ledger_frame, suffix)}
 </section>"""
