@@ -31,40 +31,42 @@ def add_up_text(frame: pd.DataFrame) -> str:
 
 
 def peak_rise(frame: pd.DataFrame) -> dict | None:
-    """The top-level phase instance and lane whose peak stood highest above its end, and the category
-    that made the difference: {phase, iteration, pid, lane, peak, end, category, category_peak,
-    category_end} (bytes), or None without peak rows."""
+    """The category that stood highest above its phase's end at the phase's peak, and where: {phase,
+    iteration, pid, lane, category, category_peak, category_end, peak, end} (bytes; peak and end the
+    lane's totals), or None without peak rows. Among top-level phases that move no state, where any
+    is left: an offload's peak is the state it frees, an onload's the state it has not declared yet."""
     if "at" not in frame or not (frame["at"] == AT_PEAK).any():
         return None
     top = frame[frame["depth"] == 0]
+    working = top[~top["phase"].astype(str).str.startswith(("offload_", "onload_"))]
+    top = working if len(working) else top
     keys = ["host", "pid", "id", "phase", "iteration", "label"]
     wide = top.pivot_table(index=[*keys, "category"], columns="at", values="bytes", aggfunc="sum")
     if AT_END not in wide or AT_PEAK not in wide:
         return None
     wide = wide.fillna(0.0)
-    totals = wide.groupby(level=keys).sum()
-    rise = totals[AT_PEAK] - totals[AT_END]
+    rise = wide[AT_PEAK] - wide[AT_END]
     if rise.empty or rise.max() <= 0:
         return None
     key = rise.idxmax()
-    parts = wide.xs(key, level=keys, drop_level=True)
-    category = (parts[AT_PEAK] - parts[AT_END]).idxmax()
-    host, pid, _, phase, iteration, label = key
+    host, pid, _, phase, iteration, label, category = key
+    totals = wide.xs(key[:-1], level=keys).sum()
     return {"phase": phase, "iteration": int(iteration), "pid": int(pid),
-            "lane": lane_name(top[top["host"] == host], label),
-            "peak": float(totals.loc[key, AT_PEAK]), "end": float(totals.loc[key, AT_END]), "category": category,
-            "category_peak": float(parts.loc[category, AT_PEAK]), "category_end": float(parts.loc[category, AT_END])}
+            "lane": lane_name(top[top["host"] == host], label), "category": category,
+            "category_peak": float(wide.loc[key, AT_PEAK]), "category_end": float(wide.loc[key, AT_END]),
+            "peak": float(totals[AT_PEAK]), "end": float(totals[AT_END])}
 
 
 def peak_text(frame: pd.DataFrame) -> str:
-    """One sentence: which phase's peak stood highest above its end, and what made the difference."""
+    """One sentence: what a phase's peak held most beyond its end, and where."""
     rise = peak_rise(frame)
     if rise is None:
         return ""
-    return (f"The highest peak above its phase's end: {rise['phase']} (iteration {iteration_text(rise['iteration'])}, "
-            f"pid {rise['pid']}) on {rise['lane']}, {rise['peak'] / GiB:.2f} GiB at its peak against "
-            f"{rise['end'] / GiB:.2f} GiB at its end; {category_text(rise['category'])} held "
-            f"{rise['category_peak'] / GiB:.2f} GiB at the peak, {rise['category_end'] / GiB:.2f} GiB at the end.")
+    return (f"Most held at a phase's peak beyond its end: {category_text(rise['category'])}, "
+            f"{rise['category_peak'] / GiB:.2f} GiB at the peak of {rise['phase']} (iteration "
+            f"{iteration_text(rise['iteration'])}, pid {rise['pid']}) on {rise['lane']}, "
+            f"{rise['category_end'] / GiB:.2f} GiB at its end (the lane: {rise['peak'] / GiB:.2f} GiB at the peak, "
+            f"{rise['end'] / GiB:.2f} GiB at the end).")
 
 
 def alignment(timeline) -> dict:

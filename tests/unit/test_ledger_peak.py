@@ -53,3 +53,20 @@ def test_figures_draw_a_bar_at_each_peak_beside_its_end_and_a_step_over_time():
     area = next(t for t in ledger_area_figure(frame, 0.0).data if t.name == "activations and temporaries")
     steps = dict(zip(np.asarray(area.x, float), np.asarray(area.y, float)))
     assert steps[2.5] == 5.5 and steps[3.2] == 4.0  # up at the peak, down at the end
+
+
+def test_on_the_committed_h200_log_activations_stand_at_train_peaks_and_nvml_moves_with_reserved():
+    """sample_logs/h200/4-both reads NVML every few allocator samples: a peak's row carries NVML
+    forward from reserved, so no category goes below zero and no finished generate stays on the GPU."""
+    import miles_profile as mp
+    from miles_profile.report.ledger_html import peak_rise
+    from tests.conftest import REPO
+    frame = ledger(mp.load(REPO / "sample_logs" / "h200" / "4-both"), peaks=True)
+    gpu = frame[(frame["device"] != "host") & (frame["depth"] == 0)]
+    wide = gpu.pivot_table(index=["phase", "iteration", "category"], columns="at", values="bytes", aggfunc="sum")
+    train = wide.loc["train"].xs("activations", level="category")
+    assert (train[AT_PEAK] > 3 * GiB).all() and (train[AT_END] < 0.1 * GiB).all()
+    assert wide[AT_PEAK].min() > -0.01 * GiB
+    assert wide.xs("other_processes", level="category")[AT_PEAK].max() < GiB
+    rise = peak_rise(frame)
+    assert (rise["phase"], rise["category"]) == ("train", "activations")
