@@ -162,3 +162,45 @@ def test_a_real_oom_kill_in_a_memory_limited_cgroup(tmp_path):
     assert oom.status == "fail" and death.cause == "oom_kill", oom.summary
     assert death.numbers["memory_max"] == limit and death.numbers["phase"] == "train"
     assert death.numbers["grew"][0]["growth"] > 100 << 20  # it grew toward the limit in the last 10 s
+
+
+VIEWPORT = {"width": 1500, "height": 1000}
+
+
+@pytest.mark.browser
+def test_the_report_and_the_dashboard_show_the_death_first_and_its_link_zooms_to_the_seconds_before(
+        killed, browser, tmp_path):
+    import shutil
+
+    from dashboards.serve import dashboard_process
+    out, js = tmp_path / "r.html", tmp_path / "r.json"
+    visualize([str(killed[1]), "-o", str(out), "--json", str(js)])
+    death = json.loads(js.read_text())["runs"][0]["summary"]["killed"][0]
+    page = browser.new_page(viewport=VIEWPORT)
+    try:
+        page.goto(out.as_uri())
+        page.wait_for_selector("#timeline-0 .main-svg")
+        killed_box = page.locator("#run-killed").bounding_box()
+        verdict_box = page.locator("#run-summary .summary-verdict").bounding_box()
+        assert killed_box["y"] + killed_box["height"] <= verdict_box["y"] <= VIEWPORT["height"]
+        assert page.locator("#run-killed li[data-cause]").first.get_attribute("data-pid") == str(death["pid"])
+        page.locator("#run-killed a.zoom-link").first.click()
+        shown = page.evaluate("() => document.getElementById('timeline-0').layout.xaxis.range")
+        t0 = float(page.locator("#run-killed a.zoom-link").first.get_attribute("data-t0"))
+        t1 = float(page.locator("#run-killed a.zoom-link").first.get_attribute("data-t1"))
+        assert t1 - t0 == pytest.approx(death["window_s"]) and shown[0] < t0 < t1 < shown[1]
+    finally:
+        page.close()
+    logs = tmp_path / "logs"
+    shutil.copytree(killed[1], logs / killed[1].name)
+    with dashboard_process(logs) as url:
+        page = browser.new_page(viewport=VIEWPORT)
+        try:
+            page.goto(url)
+            page.wait_for_selector("#summary-killed", timeout=60_000)
+            text = page.locator("#summary-killed").inner_text()
+            assert "killed by SIGKILL in train of iteration 2" in text
+            assert page.locator("#summary-killed").bounding_box()["y"] < page.locator("#summary-status").bounding_box()["y"]
+            assert page.locator("#summary-status").get_attribute("data-status") == "fail"
+        finally:
+            page.close()
