@@ -19,7 +19,7 @@ from werkzeug.exceptions import HTTPException
 
 from dashboards.hosts import HostPolicy
 from dashboards.live_run import RunCache
-from dashboards.panels import checks, compare, fleet, ledger, phases, runs, summary, timeline
+from dashboards.panels import checks, compare, fleet, ledger, phases, runs, summary, timeline, transitions
 from dashboards.paths import LogRoot
 from dashboards.runs import list_runs
 from dashboards.verdicts import verdict_of
@@ -59,11 +59,12 @@ def create_app(log_dir: str | Path, poll_ms: int = 1000, preload: bool = True,
                 timeline.layout(),
                 html.Div(className="page-panels", children=[checks.layout(), phases.layout()]),
                 ledger.layout(),
+                transitions.layout(),
                 compare.layout(),
             ]),
         ]),
     ])
-    for panel in (runs, summary, fleet, timeline, checks, phases, ledger, compare):
+    for panel in (runs, summary, fleet, timeline, checks, phases, ledger, transitions, compare):
         panel.register(app, state)
     app.server.register_error_handler(Exception, _refuse_request)
     app.server.before_request(lambda: _refuse_foreign_host(hosts))

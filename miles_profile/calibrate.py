@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -87,6 +88,8 @@ def _disk(nbytes: int, directory: Path, repeats: int) -> tuple[float, float]:
 
 
 def _cuda(nbytes: int, repeats: int) -> tuple[dict[str, float], str | None]:
+    if "torch" not in sys.modules and not os.path.exists("/dev/nvidiactl"):
+        return {}, None  # no NVIDIA driver here: importing torch (seconds) would only say so
     try:
         import torch
     except ImportError:

@@ -30,7 +30,7 @@ from miles_profile.report.transitions import OFFLOAD, ONLOAD, kind_of, phase_end
 from miles_profile.verdicts.types import Thresholds
 
 ALL = "all"
-FITS, NO_HEADROOM, DOES_NOT_FIT, UNKNOWN = "fits", "fits, below the headroom", "does not fit", "total unknown"
+FITS, NO_HEADROOM, DOES_NOT_FIT, UNKNOWN = "fits", "fits the device, not the headroom", "does not fit", "total unknown"
 _NOT_WORKING = {names.PINNED_BUFFERS, names.OFFLOADED_STATE, names.PAUSED}
 _BYTES = {"freed", "measured_peak", "whatif_peak", "run_peak_if_kept", "total", "threshold"}
 BACK_SHARE = 0.5  # an onload gives back at least this share of what the offload freed

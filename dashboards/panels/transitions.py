@@ -1,0 +1,71 @@
+"""Moving-memory panel: the share of each step spent in transitions, the transition meter per phase kind
+and tag, and "what you could keep on the GPU" (report/transitions.py, report/whatif.py), as the text
+rows the HTML report renders (report/transitions_html.py, report/whatif_html.py)."""
+from __future__ import annotations
+
+from dash import Input, Output, State, dash_table, dcc, html
+from dash.exceptions import PreventUpdate
+
+from dashboards.messages import describe, message
+from dashboards.panels.phases import TABLE_STYLE
+from dashboards.panels.refresh import due
+from miles_profile.report.ledger import LEDGER_MAX_PROCESSES, ledger
+from miles_profile.report.transitions import transitions
+from miles_profile.report.transitions_html import METER_COLUMNS, ceilings_text, meter_rows, share_text
+from miles_profile.report.whatif import whatif
+from miles_profile.report.whatif_html import WHATIF_COLUMNS, basis_text, whatif_rows
+
+
+def layout() -> html.Section:
+    return html.Section(id="moving-section", className="panel moving", children=[
+        html.Div(className="panel-head", children=[html.H2("What moving memory cost")]),
+        html.Div(id="moving-body"),
+        dcc.Store(id="moving-rendered"),
+    ])
+
+
+def compute(run):
+    """(meter, what-if) of the run, over the ledger at phase ends (the ledger panel's frame, cached per run)."""
+    frame = ledger(run)
+    return transitions(run, frame), whatif(run, frame)
+
+
+def _table(rows: list[dict], columns: list[tuple[str, str]], table_id: str) -> dash_table.DataTable:
+    return dash_table.DataTable(id=table_id, data=[{k: r[k] for k, _ in columns} for r in rows],
+                                columns=[{"name": h, "id": k} for k, h in columns], page_size=20, **TABLE_STYLE)
+
+
+def body(meter, result) -> list:
+    if meter.empty:
+        return [message("No offload, onload or weight update in this run yet.", "info")]
+    children = [html.P(share_text(meter), id="moving-share",
+                       **{"data-share": "" if meter.share is None else f"{meter.share:.4f}"}),
+                html.P(ceilings_text(meter), className="muted small", id="moving-ceilings"),
+                _table(meter_rows(meter), METER_COLUMNS, "moving-table")]
+    if not result.empty:
+        children += [html.H3("What you could keep on the GPU"), html.P(basis_text(result), className="muted small"),
+                     _table(whatif_rows(result), WHATIF_COLUMNS, "whatif-table")]
+    return children
+
+
+def register(app, state) -> None:
+    @app.callback(Output("moving-body", "children"), Output("moving-rendered", "data"),
+                  Input("runs-selected", "data"), Input("page-poll", "n_intervals"),
+                  State("moving-rendered", "data"))
+    def show(run_id, _tick, rendered):
+        if run_id is None:
+            return [], None
+        try:
+            live_run = state.cache.get(run_id)
+            key = due(run_id, live_run.version, rendered)
+            if key is None:
+                raise PreventUpdate
+            if len(live_run.current.processes) > LEDGER_MAX_PROCESSES:
+                return [message(f"Past {LEDGER_MAX_PROCESSES} processes the transition meter is in the report "
+                                "(python -m miles_profile.visualize), not here.", "info")], key
+            meter, result = live_run.memo("moving", compute)
+        except PreventUpdate:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a message in the page, never a traceback
+            return [message(describe(exc))], None
+        return body(meter, result), key
