@@ -49,6 +49,8 @@ class WhatIf:
     threshold: float | None
     _peaks: np.ndarray | None = None  # per phase of the process judged
     _extra: pd.DataFrame | None = None  # per phase x (offload, category): bytes it would have held more
+    _names: np.ndarray | None = None  # per phase: its name
+    _iterations: np.ndarray | None = None  # per phase: its iteration (-1: setup, before the first rollout)
 
     @property
     def empty(self) -> bool:
@@ -63,6 +65,18 @@ class WhatIf:
                 and (categories is None or c[1] in set(categories))]
         extra = self._extra[cols].sum(axis=1).to_numpy(float) if cols else 0.0
         return float(np.nanmax(self._peaks + extra))
+
+    def peaks_by_phase(self, offloads=(), categories=None) -> dict[str, float]:
+        """Per phase name, its highest peak over the loop's iterations (setup left out: an offload
+        that opens the run has no boundary before it, so what it freed is unknown), had the named
+        offloads kept their categories (none named: as measured)."""
+        if self._peaks is None or self._names is None or not len(self._peaks):
+            return {}
+        cols = [c for c in self._extra.columns if c[0] in set(offloads)
+                and (categories is None or c[1] in set(categories))]
+        peaks = self._peaks + (self._extra[cols].sum(axis=1).to_numpy(float) if cols else 0.0)
+        loop = self._iterations >= 0
+        return {str(n): float(v) for n, v in pd.Series(peaks[loop]).groupby(self._names[loop]).max().items()}
 
     def to_dict(self) -> dict:
         rows = [{k: None if v is None or (isinstance(v, float) and v != v) else
@@ -179,9 +193,10 @@ def whatif(run, ledger_frame: pd.DataFrame | None = None, thresholds: Thresholds
             vec[j + 1:stop] += nbytes
             onload = None if back is None else (str(phases.at[mine[back], "name"]), float(phases.at[mine[back], "duration"]))
             trips.setdefault((name, category), []).append((float(nbytes), float(phases.at[k, "duration"]), onload, j, stop))
-    frame = pd.DataFrame(extra)
+    frame = pd.DataFrame(extra, index=range(len(mine)))
     result = WhatIf(pd.DataFrame(columns=TABLE_COLUMNS), float(np.nanmax(peaks)) if len(peaks) else None, series,
-                    total, threshold, peaks, frame)
+                    total, threshold, peaks, frame, phases["name"].astype(str).to_numpy()[mine],
+                    instances["iteration"].to_numpy(np.int64)[mine])
     rows = []
     for offload in dict.fromkeys(name for name, _ in trips):
         cats = [c for (n, c) in trips if n == offload]
