@@ -44,8 +44,9 @@ import pandas as pd
 from miles_profile import names
 from miles_profile.errors import MilesProfileError
 from miles_profile.importers.miles_dashboard_streams import (
-    OPEN_T1, gpu_frame, phase_frame, proc_frame, stream_files, topology,
+    OPEN_T1, gpu_frame, phase_frame, proc_frame, stream_files,
 )
+from miles_profile.importers.miles_topology import topology
 from miles_profile.logdir.files import read_small
 from miles_profile.logdir.host_reader import GPU_PROC_COLUMNS, GPU_SAMPLE_COLUMNS, HOST_COLUMNS
 from miles_profile.logdir.layout import FORMAT_VERSION
@@ -172,7 +173,7 @@ def _place(ph: pd.DataFrame, snapshots, actor_pid, worker_pid, warnings) -> pd.D
     placed = [train.assign(pid=[actor_pid[k] for k in zip(train["node"], train["gpu"])])]
     rows, unplaced = [], 0
     for e in ph[ph["role"] == ROLLOUT_MANAGER].itertuples(index=False):
-        hit = False
+        hit, fields = False, e._asdict()  # once per interval, not per worker: 3,000 engines x N rollouts
         for snapshot in snapshots:
             a = max(e.t0, snapshot["t0"])
             b = OPEN_T1 if e.t1 == OPEN_T1 else min(e.t1, snapshot["t1"])
@@ -180,7 +181,7 @@ def _place(ph: pd.DataFrame, snapshots, actor_pid, worker_pid, warnings) -> pd.D
                 continue
             for w in snapshot["workers"]:
                 hit = True
-                rows.append({**e._asdict(), "t0": a, "t1": b, "node": w["node"], "gpu": w["gpu"],
+                rows.append({**fields, "t0": a, "t1": b, "node": w["node"], "gpu": w["gpu"],
                              "pid": worker_pid[(w["addr"], w["node"], w["gpu"])]})
         unplaced += not hit
     unplaced += int((~ph["role"].isin([TRAIN, ROLLOUT_MANAGER])).sum())

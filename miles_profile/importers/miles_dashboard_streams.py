@@ -3,7 +3,7 @@
     gpu_frame(root, warnings)   -> ts, node, gpu, mem_mb       (every gpu_util partition, by time)
     proc_frame(root, warnings)  -> ts, node, gpu, pid, mem_mb   (gpu_processes, newer Miles; may be empty)
     phase_frame(root, warnings) -> name, t0, t1, node, gpu, rank, role   (open markers resolved)
-    topology(root, warnings)    -> [{t0, t1, workers: [{addr, engine_rank, node, gpu, uuid}]}]
+    (the topology stream: importers/miles_topology.py, topology(root, warnings))
 
 Each reads the v1 flat `<stream>.jsonl` and the hourly `<stream>/<YYYYMMDD_HH>.jsonl` partitions, only
 complete lines (a partial last line is a writer mid-append, Miles' own rule); a malformed line is
@@ -146,54 +146,3 @@ def phase_frame(root: Path, warnings: list[str]) -> pd.DataFrame:
     opened = (out["t1"] == OPEN_T1).to_numpy()
     out = out[~(opened & key.isin(key[~opened]))].drop_duplicates()
     return out.sort_values(["t0", "t1"], ascending=[True, False], kind="stable").reset_index(drop=True)
-
-
-def topology(root: Path, warnings: list[str]) -> list[dict]:
-    """Snapshots with validity windows [t0, t1) (snapshot N holds until N+1) and their engine workers;
-    `new`: the workers no earlier snapshot (in file order) listed. A worker seen in many snapshots is one
-    dict shared by them: engines registering one at a time write N snapshots of up to N engines, and
-    building N**2 / 2 worker dicts (4.5 million at 3,000 engines) cost more than the JSON itself."""
-    snapshots, bad, known = [], 0, {}
-    for path in stream_files(root, "topology"):
-        for line in _complete_lines(path, "topology", warnings).splitlines():
-            try:
-                row = json.loads(line)
-                workers, new, first = [], [], []  # `first`: engines new in this line, kept if it reads whole
-                for engine in row.get("engines") or []:
-                    found = _known_workers(known, engine)
-                    if found is None:
-                        found = _engine_workers(engine)
-                        first.append((engine, found))
-                        new += found
-                    workers += found
-                snapshots.append({"t0": float(row["ts"]), "workers": workers, "new": new})
-                for engine, found in first:
-                    known.setdefault((engine["addr"], engine.get("engine_rank")), []).append(
-                        (engine.get("gpus"), engine.get("gpu_uuids"), found))
-            except (AttributeError, KeyError, TypeError, ValueError, RecursionError):
-                bad += bool(line.strip())
-    if bad:  # one line however many: a damaged topology stream of 3,000 snapshots is one problem
-        warnings.append(f"topology: skipped {bad} malformed snapshot{'s' * (bad != 1)}")
-    snapshots.sort(key=lambda s: s["t0"])
-    for snapshot, after in zip(snapshots, snapshots[1:] + [None]):
-        snapshot["t1"] = after["t0"] if after else np.inf
-    return snapshots
-
-
-def _known_workers(known: dict, engine: dict) -> list[dict] | None:
-    """The workers of an engine an earlier snapshot listed alike (address, rank, GPUs and UUIDs
-    equal: list comparison in C, no key built per engine and snapshot), else None."""
-    for gpus, uuids, workers in known.get((engine["addr"], engine.get("engine_rank")), ()):
-        if gpus == engine.get("gpus") and uuids == engine.get("gpu_uuids"):
-            return workers
-    return None
-
-
-def _engine_workers(engine: dict) -> list[dict]:
-    uuids = list(engine.get("gpu_uuids") or [])
-    workers = []
-    for k, (node, gpu) in enumerate(engine.get("gpus") or []):
-        uuid = uuids[k] if k < len(uuids) and isinstance(uuids[k], str) and uuids[k] else None
-        workers.append({"addr": str(engine["addr"]), "engine_rank": int(engine.get("engine_rank", -1)),
-                        "node": str(node), "gpu": int(gpu), "uuid": uuid})
-    return workers
