@@ -16,7 +16,9 @@ from the previous phase end of the same process to this one; `nvml` is the chang
 over the same span. The rate is measured bytes (else declared) per second of the phase.
 
 A ceiling is the link's calibrated bytes/s: pinned host<->device for a training-state offload to cpu
-on a GPU, disk write/read for one to disk, memcpy on a CPU run, device copy for update_weights; a
+on a GPU, disk write/read for one to disk, memcpy on a CPU run; update_weights reads the policy's
+weights where the training state is (device copy, pinned host->device after an offload to cpu, disk
+read after one to disk: trainer/actor.py weight_chunks); a
 release/resume of engine tags is a copy only where host memory took the bytes (otherwise the memory
 was given up, nothing was copied, and no ceiling applies). No calibration: no ratio ("ceiling not
 measured"). Rates are GB/s (1e9 bytes per second), as link specifications and docs/benchmarks.md state them.
@@ -159,10 +161,16 @@ def _deltas(bounds, host: str, pid: int, phase_id: int) -> tuple[float, float, f
     return freed, taken, nvml, rss if np.isnan(host_now - host_then) else max(rss, float(host_now - host_then))
 
 
-def _link(kind: str, name: str, target, on_gpu: bool, copied: bool) -> str | None:
+def _link(kind: str, name: str, target, on_gpu: bool, copied: bool, train_at=None) -> str | None:
+    """`train_at`: where the training state is (the target of the last offload_train still in effect,
+    None: on the device): update_weights reads the policy's weights from there."""
     if not copied:
         return None
     if kind == UPDATE:
+        if train_at == "disk":
+            return "disk_read"
+        if train_at == "cpu" and on_gpu:
+            return "pinned_h2d"
         return "device_copy" if on_gpu else "host_copy"
     if target == "disk":
         return "disk_write" if kind == OFFLOAD else "disk_read"
@@ -188,6 +196,7 @@ def _rows(run, ledger_frame: pd.DataFrame, ceilings: dict[str, float]) -> pd.Dat
         g = g[g["device"] != names.ACCOUNT_HOST]
         gpu_pids = {(str(h), int(p)) for h, p in zip(g["host"], g["pid"])}
     copied_last: dict[tuple, bool] = {}  # (host, pid, tags) -> whether its last release copied
+    train_at: dict[tuple, str | None] = {}  # (host, pid) -> where its training state is (None: on the device)
     out = []
     for k in np.argsort(phases["start"].to_numpy(float), kind="stable"):
         row, kind = phases.iloc[k], kinds[k]
@@ -208,7 +217,9 @@ def _rows(run, ledger_frame: pd.DataFrame, ceilings: dict[str, float]) -> pd.Dat
             copied_last[(host, pid, tags)] = copied
         else:
             copied = copied_last.get((host, pid, tags), False)
-        link = _link(kind, name, target, (host, pid) in gpu_pids, copied)
+        link = _link(kind, name, target, (host, pid) in gpu_pids, copied, train_at.get((host, pid)))
+        if name.endswith("_train"):
+            train_at[(host, pid)] = target if kind == OFFLOAD else None
         seconds = float(row["duration"])
         nbytes = measured if measured == measured and measured > 0 else declared
         rate = nbytes / seconds if seconds > 0 and nbytes == nbytes else np.nan

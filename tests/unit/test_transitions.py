@@ -72,10 +72,16 @@ def test_an_engine_servers_side_of_a_call_is_not_counted_twice(meters):
     assert len(updates) == 4 and updates["pid"].nunique() == 1  # the actor's 4, not the server's 88 requests
 
 
-def test_cpu_run_uses_host_links(meters):
+def test_cpu_run_uses_host_and_disk_links(meters):
     meter = meters("cpu")
-    assert _loop(meter, "update_weights")["link"] == "host_copy"
     assert _loop(meter, "offload_train")["link"] == "disk_write"
+    assert _loop(meter, "offload_kv")["link"] == NO_COPY
+
+
+@pytest.mark.parametrize("path, link", [("h200/1-no-offload", "device_copy"), ("h200/5-both-gpu-peak", "pinned_h2d"),
+                                        ("h200/6-gpu-peak-disk", "disk_read"), ("cpu", "disk_read")])
+def test_update_weights_reads_from_where_the_training_state_is(meters, path, link):
+    assert _loop(meters(path), "update_weights")["link"] == link  # trainer/actor.py weight_chunks
 
 
 def test_a_calibrated_log_gets_ratios_from_its_own_ceilings(tmp_path):
