@@ -104,7 +104,9 @@ class Run:
     @cached_property
     def phase_summaries(self) -> pd.DataFrame:
         """One row per (phase instance, series) from the `end` events' summaries: host, pid, id, name,
-        series, peak, floor, first, last, rows, t_first, t_last. See phase_summary.py."""
+        series, peak, floor, first, last, rows, t_first, t_last. See phase_summary.py. Phases whose
+        `end` has none: logdir/sample_summaries.summaries_from_samples(run) gives the same frame,
+        streamed from the samples files."""
         from miles_profile.logdir.summaries import summaries_frame
         return summaries_frame(self.events)
 
@@ -246,7 +248,8 @@ def with_samples(run: Run, pids=None) -> Run:
         samples = _fill_phases_from_timeline(samples, run.events, outside)
     new = Run(run.path, run.meta, run.processes, samples, run.events, run.phases, run.warnings + warnings,
               run.directories, None if pids is None else frozenset(pids))
-    for cached in ("_host_data", "_gpu_procs", "gpu_used", "hosts", "phase_summaries", "accounts"):
+    for cached in ("_host_data", "_gpu_procs", "gpu_used", "hosts", "phase_summaries", "accounts",
+                   "_sample_summaries"):  # summaries computed from the files (sample_summaries.py)
         if cached in run.__dict__:
             new.__dict__[cached] = run.__dict__[cached]
     return new

@@ -164,8 +164,8 @@ def phase_table(run) -> pd.DataFrame:
     return table.reindex(columns=columns).reset_index(drop=True)
 
 
-def _fill_from_summaries(run, table: pd.DataFrame, info: dict) -> None:
-    summaries = run.phase_summaries
+def _fill_from_summaries(run, table: pd.DataFrame, info: dict, summaries: pd.DataFrame | None = None) -> None:
+    summaries = run.phase_summaries if summaries is None else summaries
     if summaries.empty:
         return
     # series names are few: parse each once, then work on codes (a 1,024-process run has ~600,000 rows)
@@ -191,15 +191,26 @@ def _fill_from_summaries(run, table: pd.DataFrame, info: dict) -> None:
         if not rows.any():
             continue
         for stat in _STATS:
-            values = np.full(len(table), np.nan)
+            values = table[f"{k}_{stat}"].to_numpy(dtype=float, copy=True)  # NaN unless filled before
             values[position[rows]] = summaries[stat].to_numpy(dtype=float, na_value=np.nan)[rows]
             table[f"{k}_{stat}"] = values
 
 
 def _fill_from_samples(run, table: pd.DataFrame, info: dict) -> None:
-    """Phases without any summary: the same numbers from their process's samples (version-1 logs)."""
+    """Phases without any summary: the same numbers from their process's samples (version-1 logs).
+    A run read from disk gets them streamed from its samples files, one pass per file and cached
+    (logdir/sample_summaries.py), whether or not its samples were loaded."""
     own = ["proc", "alloc", "reserved", "rss"]
     missing = ~np.isfinite(table[[f"{k}_peak" for k in own]].to_numpy()).any(axis=1)
+    if missing.any() and getattr(run, "directories", None):
+        from miles_profile.logdir.sample_summaries import summaries_from_samples
+        who = set(zip(table.loc[missing, "host"].tolist(), table.loc[missing, "pid"].astype(int).tolist()))
+        found = summaries_from_samples(run, who)
+        keys = pd.MultiIndex.from_arrays([found["host"], found["pid"].astype(np.int64), found["id"].astype(np.int64)])
+        wanted = pd.MultiIndex.from_arrays([table.loc[missing, "host"], table.loc[missing, "pid"].astype(np.int64),
+                                            table.loc[missing, "phase_id"].astype(np.int64)])
+        _fill_from_summaries(run, table, info, found[keys.isin(wanted)])
+        return
     if not missing.any() or run.samples.empty or "pid" not in run.samples:
         return
     from miles_profile.report.series import series_arrays

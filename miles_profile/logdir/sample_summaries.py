@@ -1,0 +1,533 @@
+"""Phase summaries computed from the samples files, for phases whose `end` event carries none (a log
+written before summaries, by another tool, or by a process that crashed).
+
+The numbers are those the recorder writes (phase_summary.py, docs/log-format.md "Phase summaries"), in
+the frame of `summaries.summaries_frame`: per finished phase instance, over its process's rows with
+start < t <= end, per series the true peak (the level and its `<c>_peak` column), the floor, the first
+and last values, with the row count and the first and last row times. A series with no value in the
+phase has no row, as in a recorded summary.
+
+One pass per file and no whole-run DataFrame: each file is cut at line ends into chunks of about
+CHUNK_BYTES, the chunks of every file are parsed by a pool of threads (pyarrow parses without the
+GIL, so the cores are used whether one file is large or many are small) and each chunk is reduced at
+once to per-phase partial statistics, merged per file in order. Memory grows with the number of
+phases and the chunks in flight, not with the samples. The `phase` column is not parsed: the phases
+come from the events.
+
+A file the fast parse can't take (a cell that is not a number, NUL bytes, holes of a sparse file, time
+going backwards or absent) is read whole by the reader's damage-tolerant path and reduced the same way.
+
+The cache: the summaries of a samples file whose process finished (or that has not changed for
+completeness.STALE_S) are kept beside it as `.<host>-<pid>.samples.csv.summaries.arrow` (Arrow IPC:
+read without parsing), keyed by the CSV's size and modification time and by a digest of the phase
+windows it was computed for. A stale, damaged or foreign cache is ignored; a directory that can't be
+written gets none (silently); MILES_PROFILE_CACHE=0 disables it; deleting it is always safe. Its name
+starts with a dot and ends in `.arrow`, so no reader of log files (`*.samples.csv`, `*.csv`) takes it.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import mmap
+import os
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.csv as pacsv
+
+from miles_profile.logdir.completeness import STALE_S
+from miles_profile.logdir.damaged_csv import quiet_invalid_rows, usable_header
+from miles_profile.logdir.files import NotRegularFile, map_regular, open_regular
+from miles_profile.logdir.layout import SAMPLES_SUFFIX
+from miles_profile.logdir.merge import copied_stems
+from miles_profile.logdir.summaries import SUMMARY_COLUMNS, _int64
+from miles_profile.phase_summary import series_plan
+
+CHUNK_BYTES = 32 * 1024 * 1024  # ~250,000 rows of a one-GPU process: a few tens of MB of columns
+CACHE_MIN_BYTES = 4 * 1024 * 1024  # below it the parse takes milliseconds: no file worth leaving
+CACHE_SUFFIX = ".summaries.arrow"
+_CACHE_TAG = b"miles-profile-sample-summaries-1"
+CACHE_MAX_BYTES = 1024 ** 3  # phases x series rows: far below; a larger file by that name is not ours
+_STATS = ("peak", "floor", "first", "last")
+_CACHE_SCHEMA = pa.schema([("id", pa.int64()), ("series", pa.string()), *[(s, pa.int64()) for s in _STATS],
+                           ("rows", pa.int64()), ("t_first", pa.float64()), ("t_last", pa.float64())])
+
+
+def workers() -> int:
+    return max(1, min(8, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1))
+
+
+class _FullRead(Exception):
+    """The fast chunked parse can't take this file: read it whole, damage-tolerant."""
+
+
+@dataclass
+class _File:
+    path: Path
+    host: str
+    pid: int
+    ids: np.ndarray      # the process's finished phases: id, name, start, end
+    names: np.ndarray
+    starts: np.ndarray
+    ends: np.ndarray
+    cacheable: bool
+    warnings: list[str] = field(default_factory=list)
+
+    def digest(self, header: list[str]) -> bytes:
+        h = hashlib.sha1(json.dumps(header).encode())
+        for a in (self.ids.astype(np.int64), self.starts.astype(np.float64), self.ends.astype(np.float64)):
+            h.update(np.ascontiguousarray(a).tobytes())
+        return h.hexdigest().encode()
+
+
+# -- the per-phase reduction, on numpy arrays -------------------------------------------------------
+class _Windows:
+    """Running per-window statistics of every series, fed chunk by chunk in time order."""
+
+    def __init__(self, starts: np.ndarray, ends: np.ndarray, plan: list[tuple[str, int, int | None]]):
+        self.starts, self.ends, self.plan = starts, ends, plan
+        k, s = len(starts), len(plan)
+        self.rows = np.zeros(k, dtype=np.int64)
+        self.t_first = np.full(k, np.nan)
+        self.t_last = np.full(k, np.nan)
+        self.stats = {stat: np.full((s, k), np.nan) for stat in _STATS}
+        self.t_end = -np.inf  # time of the last row fed
+
+    def feed(self, part: dict) -> None:
+        if part["t0"] < self.t_end:
+            raise _FullRead("time goes backwards across chunks")
+        if part["rows"] is None:
+            return
+        self.t_end = part["t1"]
+        live = part["live"]
+        self.rows[live] += part["rows"]
+        self.t_first[live] = np.where(np.isnan(self.t_first[live]), part["t_first"], self.t_first[live])
+        self.t_last[live] = part["t_last"]
+        for stat in _STATS:
+            mine, new = self.stats[stat][:, live], part[stat]
+            if stat == "peak":
+                mine = np.fmax(mine, new)
+            elif stat == "floor":
+                mine = np.fmin(mine, new)
+            elif stat == "first":
+                mine = np.where(np.isnan(mine), new, mine)
+            else:
+                mine = np.where(np.isnan(new), mine, new)
+            self.stats[stat][:, live] = mine
+
+
+def reduce_chunk(t: np.ndarray, columns: list[np.ndarray | None], starts: np.ndarray, ends: np.ndarray,
+                 plan: list[tuple[str, int, int | None]]) -> dict:
+    """Per-window partial statistics of one chunk of rows (t sorted, finite). `columns[i]` is the
+    float64 values of header column i (None: all absent). The windows are start < t <= end."""
+    n = len(t)
+    part = {"t0": float(t[0]) if n else np.inf, "t1": float(t[-1]) if n else -np.inf, "rows": None}
+    if not n:
+        return part
+    i0 = np.searchsorted(t, starts, "right")
+    i1 = np.searchsorted(t, ends, "right")
+    live = np.flatnonzero(i1 > i0)
+    if not len(live):
+        return part
+    a, b = i0[live], i1[live]
+    part.update(live=live, rows=b - a, t_first=t[a], t_last=t[b - 1])
+    # reduceat over interleaved [a, b) bounds, every other result; a bound at n lands on a NaN pad
+    bounds = np.column_stack([a, b]).ravel()
+    out = {stat: np.full((len(plan), len(live)), np.nan) for stat in _STATS}
+    for k, (_, level, peak) in enumerate(plan):
+        y = columns[level]
+        p = columns[peak] if peak is not None else None
+        if y is None and p is None:
+            continue
+        top = y if p is None else (p if y is None else np.fmax(y, p))
+        out["peak"][k] = np.fmax.reduceat(np.append(top, np.nan), bounds)[::2]
+        if y is None:
+            continue
+        out["floor"][k] = np.fmin.reduceat(np.append(y, np.nan), bounds)[::2]
+        if not np.isnan(y[a]).any() and not np.isnan(y[b - 1]).any():
+            out["first"][k], out["last"][k] = y[a], y[b - 1]
+        else:  # the first/last finite value: next finite at or after a, last finite before b
+            finite = ~np.isnan(y)
+            idx = np.arange(n)
+            next_ok = np.minimum.accumulate(np.where(finite, idx, n)[::-1])[::-1]
+            prev_ok = np.maximum.accumulate(np.where(finite, idx, -1))
+            first_at, last_at = np.append(next_ok, n)[a], prev_ok[b - 1]
+            padded = np.append(y, np.nan)
+            out["first"][k] = np.where(first_at < b, padded[first_at], np.nan)
+            out["last"][k] = np.where(last_at >= a, padded[last_at], np.nan)
+    part.update(out)
+    return part
+
+
+def _as_float(column: pa.ChunkedArray | pa.Array | None) -> np.ndarray | None:
+    if column is None or column.null_count == len(column):
+        return None
+    return np.asarray(column.to_numpy(zero_copy_only=False), dtype=np.float64)  # nulls: NaN
+
+
+def _reduce_table(table: pa.Table, header: list[str], file: _File, plan) -> dict:
+    t = table.column("t")
+    if t.null_count:
+        raise _FullRead("a row without a time")
+    t = np.asarray(t.to_numpy(), dtype=np.float64)
+    if len(t) and (not np.isfinite(t).all() or (np.diff(t) < 0).any()):
+        raise _FullRead("times not finite or not in order")
+    columns = [_as_float(table.column(c)) if c in table.column_names and c not in ("t", "phase") else None
+               for c in header]
+    return reduce_chunk(t, columns, file.starts, file.ends, plan)
+
+
+# -- parsing a file in chunks -------------------------------------------------------------------------
+def _chunk_bounds(data, start: int, end: int) -> list[tuple[int, int]]:
+    """[start, end) cut at line ends into pieces of about CHUNK_BYTES."""
+    bounds, at = [], start
+    while at < end:
+        stop = min(at + CHUNK_BYTES, end)
+        if stop < end:
+            nl = data.find(b"\n", stop - 1, end)  # mmap.find: no copy
+            stop = end if nl < 0 else nl + 1
+        bounds.append((at, stop))
+        at = stop
+    return bounds
+
+
+def _parse_chunk(data, lo: int, hi: int, header: list[str], file: _File, plan) -> tuple[dict, int]:
+    skipped = [0]
+
+    def on_invalid(_row) -> str:
+        skipped[0] += 1
+        return "skip"
+
+    types = {c: pa.int64() for c in header if c not in ("t", "phase")}
+    types["t"] = pa.float64()
+    try:
+        table = pacsv.read_csv(
+            pa.py_buffer(memoryview(data)[lo:hi]),
+            read_options=pacsv.ReadOptions(column_names=header, use_threads=False),
+            parse_options=pacsv.ParseOptions(invalid_row_handler=on_invalid),
+            convert_options=pacsv.ConvertOptions(column_types=types, include_columns=[c for c in header if c != "phase"]))
+    except (pa.ArrowInvalid, pa.ArrowTypeError, KeyError, UnicodeDecodeError) as exc:
+        raise _FullRead(str(exc)) from None
+    finally:
+        _drop_pages(data, lo, hi)
+    return _reduce_table(table, header, file, plan), skipped[0]
+
+
+def _drop_pages(data, lo: int, hi: int) -> None:
+    """Unmap the parsed chunk's pages from this process (they stay in the page cache): a mapped file's
+    touched pages count in the RSS, and 32 files of 38 MB held mapped were 1.2 GB of it."""
+    if isinstance(data, mmap.mmap) and hasattr(mmap, "MADV_DONTNEED"):
+        start = lo - lo % mmap.PAGESIZE
+        try:
+            data.madvise(mmap.MADV_DONTNEED, start, hi - start)
+        except (OSError, ValueError):
+            pass
+
+
+class _Plan:
+    """One file's parse: its header, series plan, chunks and the merge of their partials."""
+
+    def __init__(self, file: _File):
+        self.file = file
+        self.mapped, extents = map_regular(file.path)
+        self.size = len(self.mapped)
+        self.header: list[str] = []
+        self.chunks: list[tuple[int, int]] = []
+        self.truncated = False
+        if not self.size:
+            return
+        # the header as reader._read_samples decodes it (the first line of the first 4 KiB)
+        self.header = bytes(self.mapped[:4096]).split(b"\n", 1)[0].decode(errors="replace").split(",")
+        first_nl = self.mapped.find(b"\n", 0, min(self.size, 4097))
+        if not usable_header(self.header) or first_nl < 0:
+            return
+        if sum(e - s for s, e in extents) < self.size:
+            raise _FullRead("a sparse file")
+        end = self.mapped.rfind(b"\n") + 1
+        self.truncated = end < self.size
+        self.chunks = _chunk_bounds(self.mapped, first_nl + 1, end)
+        self.plan = series_plan([c for c in self.header if c not in ("t", "phase")])
+        # plan indices into the header (series_plan indexed the columns without t and phase)
+        values = [i for i, c in enumerate(self.header) if c not in ("t", "phase")]
+        self.plan = [(name, values[li], None if pi is None else values[pi]) for name, li, pi in self.plan]
+
+
+def _summaries_of(file: _File, windows: _Windows) -> pd.DataFrame:
+    """One file's rows of the summaries frame: every (finished phase, series) with a value, in the
+    order of a recorded summary (by phase, then series)."""
+    has = np.isfinite(windows.stats["peak"]) | np.isfinite(windows.stats["first"])
+    has &= (windows.rows > 0)[None, :]
+    w_at, s_at = np.nonzero(has.T)  # by window, then series
+    series = np.array([name for name, _, _ in windows.plan] or [""], dtype=object)
+    frame = {"host": np.full(len(w_at), file.host, dtype=object), "pid": np.full(len(w_at), file.pid, dtype=np.int64),
+             "id": file.ids[w_at].astype(np.int64), "name": file.names[w_at].astype(object),
+             "series": series[s_at]}
+    for stat in _STATS:
+        values = windows.stats[stat][s_at, w_at]
+        frame[stat] = pd.array(values, dtype="Float64").astype("Int64")  # NaN: <NA>; bytes < 2**53 exact
+    frame["rows"] = _int64(windows.rows[w_at].tolist())
+    frame["t_first"], frame["t_last"] = windows.t_first[w_at], windows.t_last[w_at]
+    return pd.DataFrame(frame)[SUMMARY_COLUMNS]
+
+
+def _from_frame(samples: pd.DataFrame, file: _File) -> pd.DataFrame:
+    """The damage-tolerant path's frame (reader._read_samples, times cleaned) reduced in one piece."""
+    header = list(samples.columns)
+    values = [c for c in header if c not in ("t", "phase")]
+    plan = [(name, header.index(values[li]), None if pi is None else header.index(values[pi]))
+            for name, li, pi in series_plan(values)]
+    columns = [None if c in ("t", "phase") else samples[c].to_numpy(dtype=np.float64, na_value=np.nan) for c in header]
+    columns = [None if c is None or np.isnan(c).all() else c for c in columns]
+    windows = _Windows(file.starts, file.ends, plan)
+    windows.feed(reduce_chunk(samples["t"].to_numpy(np.float64), columns, file.starts, file.ends, plan))
+    return _summaries_of(file, windows)
+
+
+def _read_whole(file: _File) -> pd.DataFrame:
+    from miles_profile.logdir.reader import _clean_times, _read_samples
+    try:
+        samples = _read_samples(file.path, file.warnings)
+    except NotRegularFile as exc:
+        file.warnings.append(str(exc))
+        return _empty()
+    if samples is None or not len(samples):
+        return _empty()
+    return _from_frame(_clean_times(samples, file.warnings, file.path.name), file)
+
+
+# -- the cache ------------------------------------------------------------------------------------------
+def cache_path(samples_csv: Path) -> Path:
+    return samples_csv.with_name(f".{samples_csv.name}{CACHE_SUFFIX}")
+
+
+def _cache_key(stat: os.stat_result, digest: bytes) -> dict[bytes, bytes]:
+    return {b"format": _CACHE_TAG, b"size": str(stat.st_size).encode(),
+            b"mtime_ns": str(stat.st_mtime_ns).encode(), b"windows": digest}
+
+
+def _content_digest(table: pa.Table) -> bytes:
+    """A digest of every value (and every absent one): a flipped bit in the data is caught, not read."""
+    h = hashlib.sha1()
+    for column in table.columns:
+        h.update(np.asarray(column.is_null().to_numpy(zero_copy_only=False), dtype=bool).tobytes())
+        if pa.types.is_string(column.type):
+            h.update("\0".join(column.fill_null("").to_pylist()).encode("utf-8", "surrogatepass"))
+        else:
+            h.update(column.fill_null(0).to_numpy().tobytes())
+    return h.hexdigest().encode()
+
+
+def _cache_enabled(stat: os.stat_result, file: _File) -> bool:
+    return (os.environ.get("MILES_PROFILE_CACHE", "1") != "0" and stat.st_size >= CACHE_MIN_BYTES
+            and (file.cacheable or time.time() - stat.st_mtime > STALE_S))
+
+
+def _read_cache(file: _File, stat: os.stat_result, header: list[str]) -> pd.DataFrame | None:
+    """The cached rows if the cache is intact and made from this very CSV and these phases; else None."""
+    try:
+        fd = open_regular(cache_path(file.path))  # a FIFO or a device by that name is never opened
+    except NotRegularFile:
+        return None
+    try:
+        with os.fdopen(fd, "rb") as source:
+            data = source.read(CACHE_MAX_BYTES + 1)
+        if len(data) > CACHE_MAX_BYTES:
+            return None
+        table = pa.ipc.open_file(pa.py_buffer(data)).read_all()
+        meta = table.schema.metadata or {}
+        if any(meta.get(k) != v for k, v in _cache_key(stat, file.digest(header)).items()):
+            return None
+        if not table.schema.remove_metadata().equals(_CACHE_SCHEMA):
+            return None
+        table.validate(full=True)
+        if meta.get(b"content") != _content_digest(table):
+            return None
+        warnings = json.loads(meta.get(b"warnings", b"[]"))
+        if not isinstance(warnings, list) or not all(isinstance(w, str) for w in warnings):
+            return None
+        if table.column("id").null_count or table.column("rows").null_count or table.column("series").null_count:
+            return None
+        ids = table.column("id").to_numpy()
+        if len(ids) and not np.isin(ids, file.ids).all():
+            return None
+        names_of = dict(zip(file.ids.tolist(), file.names.tolist()))
+        frame = {"host": np.full(len(ids), file.host, dtype=object), "pid": np.full(len(ids), file.pid, dtype=np.int64),
+                 "id": ids.astype(np.int64), "name": np.array([names_of[i] for i in ids.tolist()], dtype=object),
+                 "series": np.asarray(table.column("series").to_pylist(), dtype=object)}
+        for stat in _STATS:
+            frame[stat] = table.column(stat).to_pandas(types_mapper={pa.int64(): pd.Int64Dtype()}.get).array
+        frame["rows"] = _int64(table.column("rows").to_pylist())
+        frame["t_first"] = table.column("t_first").to_numpy(zero_copy_only=False)
+        frame["t_last"] = table.column("t_last").to_numpy(zero_copy_only=False)
+        file.warnings.extend(warnings)
+        return pd.DataFrame(frame)[SUMMARY_COLUMNS]
+    except (OSError, pa.ArrowException, ValueError, TypeError, KeyError, RecursionError):
+        return None
+
+
+def _write_cache(file: _File, stat: os.stat_result, header: list[str], frame: pd.DataFrame) -> None:
+    """Leave the rows beside the CSV, atomically; a directory that can't be written gets none."""
+    cache = cache_path(file.path)
+    tmp = cache.with_name(f"{cache.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    try:
+        columns = {f.name: pa.array(frame[f.name].to_numpy(dtype=object if f.type == pa.string() else None)
+                                    if f.name in ("id", "series", "t_first", "t_last") else frame[f.name],
+                                    type=f.type, from_pandas=True) for f in _CACHE_SCHEMA}
+        table = pa.table(columns, schema=_CACHE_SCHEMA)
+        table = table.replace_schema_metadata({**_cache_key(stat, file.digest(header)), b"content": _content_digest(table),
+                                               b"warnings": json.dumps(file.warnings).encode()})
+        with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
+            writer.write_table(table)
+        os.replace(tmp, cache)
+    except (OSError, pa.ArrowException, ValueError, TypeError):
+        try:
+            tmp.unlink(missing_ok=True)
+        except OSError:
+            pass
+
+
+# -- a run ------------------------------------------------------------------------------------------------
+def _empty() -> pd.DataFrame:
+    from miles_profile.logdir.summaries import summaries_frame
+    return summaries_frame(pd.DataFrame({"kind": [], "host": [], "pid": [], "id": [], "name": [], "attrs": []}))
+
+
+def _files(run, who: set[tuple[str, int]] | None) -> list[_File]:
+    """The samples files of the processes (in `who`) that have finished phases, with those phases."""
+    phases = run.phases
+    if phases.empty:
+        return []
+    phases = phases[phases["status"].astype(str) != "open"]
+    hosts = phases["host"].fillna("").astype(str).to_numpy() if "host" in phases else np.full(len(phases), "")
+    by_process = pd.Series(np.arange(len(phases))).groupby([hosts, phases["pid"].to_numpy(np.int64)]).indices
+    aliases = {p["stem"]: p["pid"] for p in run.processes if "os_pid" in p and isinstance(p.get("stem"), str)}
+    finished = {p.get("stem") for p in run.processes if p.get("end_time") or p.get("died")}
+    copies = copied_stems(list(run.directories))
+    files = []
+    for folder in run.directories:
+        for path in sorted(Path(folder).glob(f"*{SAMPLES_SUFFIX}")):
+            stem = path.name[: -len(SAMPLES_SUFFIX)]
+            host, _, pid_text = stem.rpartition("-")
+            if stem in copies.get(folder, ()) or not host:
+                continue
+            try:
+                pid = int(aliases.get(stem, pid_text))
+            except ValueError:
+                continue
+            rows = by_process.get((host, pid))
+            if rows is None or (who is not None and (host, pid) not in who):
+                continue
+            own = phases.iloc[rows]
+            files.append(_File(path, host, pid, own["id"].to_numpy(np.int64), own["name"].astype(str).to_numpy(),
+                               own["start"].to_numpy(np.float64), own["end"].to_numpy(np.float64), stem in finished))
+    return files
+
+
+def summaries_from_samples(run, who: set[tuple[str, int]] | None = None) -> pd.DataFrame:
+    """The phase summaries of `run`'s finished phases computed from its samples files (for the
+    processes `who`, as (host, pid), or all), in the frame of `summaries.summaries_frame`. Computed
+    once per process and run (kept in the run), read from the cache beside each file where it is
+    valid. Warnings about damaged files go to `run.warnings` (each once)."""
+    done: dict = run.__dict__.setdefault("_sample_summaries", {})
+    todo = [f for f in _files(run, who) if (f.host, f.pid) not in done]
+    for file, frame in zip(todo, _compute(todo)):
+        done[(file.host, file.pid)] = frame
+        run.warnings.extend(w for w in file.warnings if w not in run.warnings)
+    frames = [frame for key, frame in done.items() if (who is None or key in who) and len(frame)]
+    if not frames:
+        return _empty()
+    return frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True)
+
+
+def _compute(files: list[_File]) -> list[pd.DataFrame]:
+    """Each file's rows: from its cache, else parsed in chunks by the pool, else read whole."""
+    results: list[pd.DataFrame | None] = [None] * len(files)
+    plans: dict[int, _Plan] = {}
+    stats: dict[int, os.stat_result] = {}
+    for k, file in enumerate(files):
+        try:
+            stats[k] = os.stat(file.path)
+            plan = _Plan(file)
+        except _FullRead:
+            continue  # read whole below
+        except (NotRegularFile, OSError) as exc:
+            file.warnings.append(str(exc) if isinstance(exc, NotRegularFile) else f"{file.path.name}: unreadable")
+            results[k] = _empty()
+            continue
+        if plan.size and not usable_header(plan.header):
+            file.warnings.append(f"{file.path.name}: no t/phase header, skipped")
+        if not plan.chunks:  # empty, header only, or no usable header
+            results[k] = _empty()
+            continue
+        cached = _read_cache(file, stats[k], plan.header) if _cache_enabled(stats[k], file) else None
+        if cached is not None:
+            results[k] = cached
+        else:
+            plans[k] = plan
+    parts = _parse_all(plans)
+    for k, plan in plans.items():
+        file = plan.file
+        if parts.get(k) is None:
+            continue  # read whole below
+        try:
+            windows = _Windows(file.starts, file.ends, plan.plan)
+            skipped = 0
+            for part, bad in parts[k]:
+                windows.feed(part)
+                skipped += bad
+        except _FullRead:
+            continue
+        if skipped:
+            file.warnings.append(f"{file.path.name}: skipped {skipped} malformed rows")
+        if plan.truncated:
+            file.warnings.append(f"{file.path.name}: dropped a truncated last line")
+        results[k] = _summaries_of(file, windows)
+        if stats[k].st_size == plan.size and _cache_enabled(stats[k], file):
+            _write_cache(file, stats[k], plan.header, results[k])
+    for k, file in enumerate(files):
+        if results[k] is None:  # damaged: the reader's tolerant path, then the same reduction
+            file.warnings.clear()
+            results[k] = _read_whole(file)
+            header = plans[k].header if k in plans else _header_of(file.path)
+            if k in stats and header and _cache_enabled(stats[k], file):
+                _write_cache(file, stats[k], header, results[k])
+    return results
+
+
+def _parse_all(plans: dict[int, "_Plan"]) -> dict[int, list | None]:
+    """The chunks of every file, parsed and reduced by a pool of threads: {file: [(partial, malformed
+    rows)] in file order, or None where the fast parse failed}."""
+    tasks = [(k, i) for k, plan in plans.items() for i in range(len(plan.chunks))]
+    parts: dict[int, list | None] = {k: [None] * len(p.chunks) for k, p in plans.items()}
+
+    def one(task):
+        k, i = task
+        if parts[k] is None:
+            return
+        plan = plans[k]
+        lo, hi = plan.chunks[i]
+        try:
+            result = _parse_chunk(plan.mapped, lo, hi, plan.header, plan.file, plan.plan)
+        except _FullRead:
+            parts[k] = None
+            return
+        if parts[k] is not None:
+            parts[k][i] = result
+
+    with quiet_invalid_rows(), ThreadPoolExecutor(max_workers=workers()) as pool:
+        list(pool.map(one, tasks))
+    return parts
+
+
+def _header_of(path: Path) -> list[str]:
+    try:
+        with os.fdopen(open_regular(path), "rb") as f:
+            return f.readline(4096).decode(errors="replace").rstrip("\n").split(",")
+    except (NotRegularFile, OSError):
+        return []
