@@ -3,6 +3,8 @@ some runs, and the what-if checked against the configurations that kept what oth
 
     python scripts/transitions_tables.py meter sample_logs/h200/5-both-gpu-peak sample_logs/h200-tms/5-both-gpu-peak
     python scripts/transitions_tables.py check sample_logs/h200 sample_logs/h200-tms
+    python scripts/transitions_tables.py side sample_logs/h200/5-both-gpu-peak sample_logs/h200-tms/5-both-gpu-peak \
+        sample_logs/h200/6-gpu-peak-disk
 """
 from __future__ import annotations
 
@@ -14,8 +16,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from miles_profile.logdir.reader import load_run  # noqa: E402
 from miles_profile.report.series import GiB  # noqa: E402
-from miles_profile.report.transitions import transitions  # noqa: E402
-from miles_profile.report.transitions_html import METER_COLUMNS, meter_rows  # noqa: E402
+from miles_profile.report.transitions import GB, transitions  # noqa: E402
+from miles_profile.report.transitions_html import LINK_TEXT, METER_COLUMNS, meter_rows  # noqa: E402
 from miles_profile.report.whatif import whatif  # noqa: E402
 from miles_profile.report.whatif_html import WHATIF_COLUMNS, whatif_rows  # noqa: E402
 
@@ -47,6 +49,23 @@ def meter(paths: list[str]) -> list[str]:
     return out
 
 
+def side(paths: list[str]) -> list[str]:
+    """The training state's offload and onload in the loop, one row per run: backend, link, GB/s."""
+    out = ["| log | backend | offload link | offload GB/s | onload link | onload GB/s | share of step |", "|" + "---|" * 7]
+    for path in paths:
+        m = transitions(load_run(path))
+        loop = m.table[m.table["iteration"] >= 0]
+        cells = []
+        for phase in ("offload_train", "onload_train"):
+            rows = loop[loop["phase"] == phase]
+            moved = rows["measured"].where(rows["measured"] > 0, rows["declared"]).sum()
+            cells += [LINK_TEXT.get(rows["link"].iloc[0], rows["link"].iloc[0]), f"{moved / rows['seconds'].sum() / GB:.2f}"]
+        backend = loop[loop["phase"] == "offload_train"]["backend"].iloc[0]
+        share = m.by_kind[(m.by_kind["phase"].isin(["offload_train", "onload_train"])) & ~m.by_kind["setup"]]
+        out.append(f"| {path} | {backend} | {' | '.join(cells)} | {share['share_of_step'].sum():.0%} |")
+    return out
+
+
 def check(roots: list[str]) -> list[str]:
     out = ["| logs | offloading config | offloads undone | kept by | run peak if kept (GiB) | measured (GiB) | error "
            "| generate if kept / measured | train if kept / measured |", "|" + "---|" * 9]
@@ -65,10 +84,10 @@ def check(roots: list[str]) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("what", choices=("meter", "check"))
+    parser.add_argument("what", choices=("meter", "check", "side"))
     parser.add_argument("paths", nargs="+")
     args = parser.parse_args(argv)
-    print("\n".join(meter(args.paths) if args.what == "meter" else check(args.paths)))
+    print("\n".join({"meter": meter, "check": check, "side": side}[args.what](args.paths)))
     return 0
 
 
