@@ -17,6 +17,7 @@ import pandas as pd
 
 import miles_profile
 from miles_profile.logdir.layout import EVENTS_SUFFIX, SAMPLES_SUFFIX
+from miles_profile.logdir.merge import PID_ALIAS_STEP, alias_event_pids
 from miles_profile.logdir.reader import Run, phases_from_events
 from miles_profile.logdir.tail import EventsTail, SamplesTail, label_outside_samples
 from dashboards.paths import LogRoot
@@ -27,6 +28,10 @@ def _pid_of(path: Path, suffix: str) -> int:
         return int(path.name[: -len(suffix)].rsplit("-", 1)[1])
     except (IndexError, ValueError):
         return -1
+
+
+def _host_of(stem: str) -> str:
+    return stem.rsplit("-", 1)[0]
 
 
 def _merge_sorted(old: pd.DataFrame, new: pd.DataFrame) -> pd.DataFrame:
@@ -56,10 +61,14 @@ class LiveRun:
         self._lock = threading.Lock()
         sizes = {p: p.stat().st_size for p in self._files(SAMPLES_SUFFIX) + self._files(EVENTS_SUFFIX)}
         run = miles_profile.load(run_dir)  # the reader: damage handling and warnings as everywhere
+        # A process is its file stem (host-pid): the same pid on two hosts writing here (containers) is
+        # two processes, which the reader told apart by an alias (logdir/merge.py); appended rows keep it.
+        self._pids: dict[str, int] = {p["stem"]: p["pid"] for p in run.processes
+                                      if isinstance(p.get("stem"), str) and type(p.get("pid")) is int}
         self._samples_tails: dict[Path, SamplesTail] = {}
         last_t = run.samples.groupby("pid")["t"].max().to_dict() if len(run.samples) else {}
         for path in self._files(SAMPLES_SUFFIX):
-            pid = _pid_of(path, SAMPLES_SUFFIX)
+            pid = self._pid(path, SAMPLES_SUFFIX)
             self._samples_tails[path] = SamplesTail(path, sizes.get(path, 0), last_t.get(pid, -np.inf))
         self._events_tails = {p: EventsTail(p, _pid_of(p, EVENTS_SUFFIX), sizes.get(p, 0))
                               for p in self._files(EVENTS_SUFFIX)}
@@ -90,6 +99,17 @@ class LiveRun:
             value = compute(run)
             self._memo[key] = (version, value)
             return value
+
+    def _pid(self, path: Path, suffix: str) -> int:
+        """The pid the run shows for a file's process: the reader's (an alias where another host's
+        process has the same pid); a process that appeared since the load gets the next free alias."""
+        stem = path.name[: -len(suffix)]
+        if stem not in self._pids:
+            pid = _pid_of(path, suffix)
+            taken = [p // PID_ALIAS_STEP for s, p in self._pids.items()
+                     if p % PID_ALIAS_STEP == pid and _host_of(s) != _host_of(stem)]
+            self._pids[stem] = pid + (max(taken) + 1) * PID_ALIAS_STEP if taken and pid >= 0 else pid
+        return self._pids[stem]
 
     def _files(self, suffix: str) -> list[Path]:
         return sorted(p for p in self.run_dir.glob(f"*{suffix}") if not p.is_symlink())
@@ -127,7 +147,7 @@ class LiveRun:
     def _with_pid(self, tail: SamplesTail) -> pd.DataFrame | None:
         frame = tail.read()
         if frame is not None:
-            frame.insert(2, "pid", np.int64(_pid_of(tail.path, SAMPLES_SUFFIX)))
+            frame.insert(2, "pid", np.int64(self._pid(tail.path, SAMPLES_SUFFIX)))
         return frame
 
     def _updated(self, run: Run, new_rows: list[pd.DataFrame], new_events: list[pd.DataFrame]) -> Run:
@@ -139,6 +159,7 @@ class LiveRun:
             samples = _merge_sorted(samples, rows)
         if new_events:
             added = pd.concat(new_events, ignore_index=True)
+            added = alias_event_pids(added, {s: p for s, p in self._pids.items() if p >= PID_ALIAS_STEP})
             since = min(since, float(added["t"].min()))
             # The tail started where the first load began; events written during that load come twice.
             events = pd.concat([events, added], ignore_index=True)
