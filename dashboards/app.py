@@ -19,7 +19,9 @@ from werkzeug.exceptions import HTTPException
 
 from dashboards.hosts import HostPolicy
 from dashboards.live_run import RunCache
-from dashboards.panels import checks, compare, fleet, ledger, phases, runs, summary, timeline, transitions
+from dashboards.panels import (
+    checks, compare, fleet, ledger, miles_series, phases, runs, summary, timeline, transitions,
+)
 from dashboards.paths import LogRoot
 from dashboards.runs import list_runs
 from dashboards.verdicts import verdict_of
@@ -57,6 +59,7 @@ def create_app(log_dir: str | Path, poll_ms: int = 1000, preload: bool = True,
                 summary.layout(),  # first: the verdict, the peak, the offloads, the failing checks
                 fleet.layout(),
                 timeline.layout(),
+                miles_series.layout(),  # a Miles dump's utilization and SGLang series, under its memory
                 html.Div(className="page-panels", children=[checks.layout(), phases.layout()]),
                 ledger.layout(),
                 transitions.layout(),
@@ -64,7 +67,7 @@ def create_app(log_dir: str | Path, poll_ms: int = 1000, preload: bool = True,
             ]),
         ]),
     ])
-    for panel in (runs, summary, fleet, timeline, checks, phases, ledger, transitions, compare):
+    for panel in (runs, summary, fleet, timeline, miles_series, checks, phases, ledger, transitions, compare):
         panel.register(app, state)
     app.server.register_error_handler(Exception, _refuse_request)
     app.server.before_request(lambda: _refuse_foreign_host(hosts))

@@ -47,9 +47,18 @@ class FleetView:
 
 
 def one_lane_each(run) -> bool:
-    """Whether the run is small enough for the run-wide timeline (one lane per GPU, as for one process):
-    beyond, it would draw one line per process of the whole run, and the fleet view replaces it."""
-    return sum(p.get("role") != "exec_parent" for p in run.processes) <= 2 * ONE_LANE_EACH
+    """Whether the run-wide timeline draws the run (one lane per GPU, as for one process). Past 16
+    processes it would draw one line per process, and the fleet view replaces it, but only where the fleet
+    panel shows (is_fleet): 5,000 processes that wrote a meta and nothing else are no fleet, and the
+    timeline draws the one that has samples instead of pointing to a hidden view (issue 19 item 15)."""
+    many = sum(p.get("role") != "exec_parent" for p in run.processes) > 2 * ONE_LANE_EACH
+    return not many or not is_fleet(run)
+
+
+def timeline_note(run) -> str:
+    """What the run-wide timeline says where it gives way (one_lane_each is False): the fleet panel is
+    shown then, with its heatmap and lanes or with why it has none yet."""
+    return f"{len(run.processes):,} processes: the fleet view above replaces the run-wide timeline."
 
 
 def compute(run) -> FleetView | None:
@@ -71,28 +80,45 @@ def compute(run) -> FleetView | None:
     return FleetView(table, fleet.coarsen(matrix, MAX_COLUMNS), figure, outliers, run_start(run))
 
 
+def empty_reason(run) -> str:
+    """Why a run the fleet view is for (several GPUs or processes) has no heatmap, in words a user acts on."""
+    from miles_profile.importers.miles_dashboard import SOURCE
+    miles = run.meta.get("source") == SOURCE
+    if run.phases.empty:
+        if miles:
+            return ("This Miles dump has no phase events (no phases/ stream: Miles' Timer hooks wrote nothing), "
+                    "so the fleet heatmap has no columns and there are no outliers. Each GPU's NVML memory is in "
+                    "the timeline below, its utilization and the SGLang engine series under it.")
+        return ("No phase has begun in this run yet, so the fleet heatmap has no columns: it has one per "
+                "(iteration, phase), and fills in as the processes' phases end.")
+    return ("No phase has ended with a summary yet, so the fleet heatmap has no cells: each column is a phase's "
+            "peak, known at its end.")
+
+
 def layout() -> html.Section:
     return html.Section(id="fleet-panel", className="panel fleet", style=_HIDDEN, children=[
         html.Div(className="panel-head", children=[html.H2("Fleet"), html.Div(id="fleet-status",
                                                                                className="timeline-status")]),
         html.Div(id="fleet-message"),
-        dcc.Graph(id="fleet-heatmap", config={"displaylogo": False}),
-        html.Div(className="fleet-row", children=[
-            html.Div(className="fleet-outliers", children=[html.H2("Outliers (click to open)"),
-                                                           html.Div(id="fleet-outliers")]),
-            html.Div(className="fleet-gpu", children=[
-                html.Div(id="fleet-gpu-message", children=message("Click a cell or an outlier to open that "
-                                                                   "GPU's timeline at that phase.", "info")),
-                dcc.Graph(id="fleet-gpu-graph", style=_HIDDEN, config={"displaylogo": False}),
+        html.Div(id="fleet-body", children=[  # hidden, with the reason in fleet-message, when there is nothing to draw
+            dcc.Graph(id="fleet-heatmap", config={"displaylogo": False}),
+            html.Div(className="fleet-row", children=[
+                html.Div(className="fleet-outliers", children=[html.H2("Outliers (click to open)"),
+                                                               html.Div(id="fleet-outliers")]),
+                html.Div(className="fleet-gpu", children=[
+                    html.Div(id="fleet-gpu-message", children=message("Click a cell or an outlier to open that "
+                                                                       "GPU's timeline at that phase.", "info")),
+                    dcc.Graph(id="fleet-gpu-graph", style=_HIDDEN, config={"displaylogo": False}),
+                ]),
             ]),
+            html.Div(className="fleet-lanes-head", children=[
+                html.H2("Lanes"),
+                dcc.Input(id="fleet-lanes-spec", type="text", debounce=True, placeholder="rank:0-7, host:node3, worst:5",
+                          className="fleet-lanes-spec"),
+                html.Div(id="fleet-lanes-message"),
+            ]),
+            html.Div(id="fleet-lanes", className="fleet-lanes"),
         ]),
-        html.Div(className="fleet-lanes-head", children=[
-            html.H2("Lanes"),
-            dcc.Input(id="fleet-lanes-spec", type="text", debounce=True, placeholder="rank:0-7, host:node3, worst:5",
-                      className="fleet-lanes-spec"),
-            html.Div(id="fleet-lanes-message"),
-        ]),
-        html.Div(id="fleet-lanes", className="fleet-lanes"),
         dcc.Store(id="fleet-rendered"),
         dcc.Store(id="fleet-due"),
         dcc.Store(id="fleet-outlier-links"),
@@ -213,11 +239,11 @@ def register(app, state) -> None:
     @app.callback(
         Output("fleet-panel", "style"), Output("fleet-heatmap", "figure"), Output("fleet-outliers", "children"),
         Output("fleet-outlier-links", "data"), Output("fleet-status", "children"), Output("fleet-message", "children"),
-        Output("fleet-rendered", "data"),
+        Output("fleet-rendered", "data"), Output("fleet-body", "style"),
         Input("runs-selected", "data"), Input("fleet-due", "data"), State("fleet-rendered", "data"))
     def draw_fleet(run_id, _due, rendered):
         if run_id is None:
-            return _HIDDEN, {}, None, None, "", None, None
+            return _HIDDEN, {}, None, None, "", None, None, _SHOWN
         try:
             live_run = state.cache.get(run_id)
             live_run.refresh()
@@ -228,15 +254,20 @@ def register(app, state) -> None:
         except PreventUpdate:
             raise
         except Exception as exc:  # noqa: BLE001 - a message in the page, never a traceback
-            return _SHOWN, {}, None, None, "", message(describe(exc)), {"run": run_id, "version": -1, "at": 0}
+            return (_SHOWN, {}, None, None, "", message(describe(exc)), {"run": run_id, "version": -1, "at": 0},
+                    _HIDDEN)
         if view is None:
-            return _HIDDEN, {}, None, None, "", None, {**key, "fleet": False}
+            if not is_fleet(live_run.current):
+                return _HIDDEN, {}, None, None, "", None, {**key, "fleet": False}, _SHOWN
+            # a fleet with nothing to draw: say why, not a blank heatmap
+            return (_SHOWN, {}, None, None, "", message(empty_reason(live_run.current), "info"),
+                    {**key, "fleet": False}, _HIDDEN)
         lanes = view.matrix.lanes
         status = (f"{len(lanes)} lanes · {view.table['pid'].nunique():,} processes · "
                   f"{len(view.table):,} phase instances")
         links = {"run": run_id, "rows": [[r["lane"], r["t0"], r["t1"]] for r in view.outliers]}
         return (_SHOWN, view.figure, _outlier_items(view.outliers), links, status, None,
-                {**key, "fleet": True, "lanes": len(lanes)})
+                {**key, "fleet": True, "lanes": len(lanes)}, _SHOWN)
 
     @app.callback(Output("fleet-due", "data"), Input("page-poll", "n_intervals"),
                   State("runs-selected", "data"), State("fleet-rendered", "data"), prevent_initial_call=True)

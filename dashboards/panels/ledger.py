@@ -12,7 +12,7 @@ from miles_profile.report.figures import run_start, time_range
 from dashboards.panels.fleet import compute as fleet_compute
 from miles_profile.report.ledger import LEDGER_MAX_PROCESSES, fleet_ledger, ledger
 from miles_profile.report.ledger_figures import ledger_area_figure, ledger_bar_figure
-from miles_profile.report.ledger_html import add_up_text, peak_text
+from miles_profile.report.ledger_html import add_up_text, peak_text, unsplit_reason
 
 _EMPTY = {"data": [], "layout": {}}
 _HIDDEN, _SHOWN = {"display": "none"}, {}
@@ -64,10 +64,14 @@ def register(app, state) -> None:
 
     @app.callback(
         Output("ledger-graph", "figure"), Output("ledger-add-up", "children"), Output("ledger-rendered", "data"),
-        Output("ledger-draw", "style"),
+        Output("ledger-draw", "style"), Output("ledger-graph", "style"),
         Input("runs-selected", "data"), Input("page-poll", "n_intervals"), Input("ledger-view", "value"),
         Input("ledger-request", "data"), State("ledger-rendered", "data"))
     def show_ledger(run_id, _tick, view, requested, rendered):
+        figure, text, key, button = _ledger_view(run_id, view, requested, rendered)
+        return figure, text, key, button, _HIDDEN if figure is _EMPTY else _SHOWN  # no empty axes under a message
+
+    def _ledger_view(run_id, view, requested, rendered):
         if run_id is None:
             return _EMPTY, None, None, _HIDDEN
         try:
@@ -94,4 +98,6 @@ def register(app, state) -> None:
             return _EMPTY, message(describe(exc)), None, _HIDDEN
         if frame.empty:
             return _EMPTY, message("No phase has ended yet.", "info"), key, button
+        if unsplit_reason(frame):  # one category: say why rather than draw it
+            return _EMPTY, message(unsplit_reason(frame), "info"), key, button
         return (area if view == "area" else bars), text, key, button

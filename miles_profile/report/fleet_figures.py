@@ -51,6 +51,8 @@ def fleet_heatmap(matrix: fleet.GpuMatrix, *, max_columns: int = 600, height: in
     cols = list(matrix.columns["label"])
     z = np.clip(matrix.fraction, 0, None).astype(np.float32)
     gib = (matrix.bytes / GiB).astype(np.float32)
+    if not np.isfinite(z).any() and np.isfinite(gib).any():
+        return _heatmap_in_gib(rows, cols, gib, height)
     # Colours fitted to the data, not to 0-100%: a rank 2% above its peers on a 140 GiB GPU is the
     # finding, and on a fixed scale it is the same pale cell as every other (the same in every view).
     finite = z[np.isfinite(z)]
@@ -61,19 +63,36 @@ def fleet_heatmap(matrix: fleet.GpuMatrix, *, max_columns: int = 600, height: in
         z=z, x=cols, y=rows, customdata=gib, zmin=low, zmax=high, colorscale=_COLORSCALE,
         colorbar=dict(title="peak / total<br>(fitted)", tickformat=".1%"), xgap=0, ygap=0, hoverongaps=False,
         hovertemplate="%{y}<br>%{x}<br>peak %{customdata:.3f} GiB (%{z:.1%} of the total)<extra></extra>"))
+    _heatmap_layout(figure, rows, cols, height, "Peak per GPU and phase")
+    return figure
+
+
+def _heatmap_in_gib(rows: list, cols: list, gib: np.ndarray, height: int | None) -> go.Figure:
+    """No lane's total is known (a Miles dashboard import: NVML used without the total): the peak in GiB,
+    colours fitted to the data, rather than a blank share of an unknown total."""
+    finite = gib[np.isfinite(gib)]
+    low, high = float(finite.min()), float(finite.max())
+    figure = go.Figure(go.Heatmap(
+        z=gib, x=cols, y=rows, zmin=low, zmax=max(high, low + 1e-3), colorscale=_COLORSCALE,
+        colorbar=dict(title="peak GiB<br>(totals unknown)", tickformat=".1f"), xgap=0, ygap=0, hoverongaps=False,
+        hovertemplate="%{y}<br>%{x}<br>peak %{z:.3f} GiB (device total unknown)<extra></extra>"))
+    _heatmap_layout(figure, rows, cols, height, "Peak per GPU and phase, in GiB (device totals unknown)")
+    return figure
+
+
+def _heatmap_layout(figure: go.Figure, rows: list, cols: list, height: int | None, title: str) -> None:
     n = len(rows)
     step = max(1, int(np.ceil(n / ROW_LABELS_MAX)))
     x_step = max(1, int(np.ceil(len(cols) / 40)))
     figure.update_layout(
         height=height or int(min(900, max(260, 140 + 14 * min(n, ROW_LABELS_MAX)))),
         margin=dict(l=10, r=10, t=30, b=10),
-        title=dict(text=f"Peak per GPU and phase: {n} lanes x {len(cols)} (iteration, phase)", x=0, font_size=13),
+        title=dict(text=f"{title}: {n} lanes x {len(cols)} (iteration, phase)", x=0, font_size=13),
         yaxis=dict(autorange="reversed", tickmode="array", tickvals=rows[::step], ticktext=rows[::step],
                    tickfont_size=10, type="category"),
         xaxis=dict(tickmode="array", tickvals=cols[::x_step], ticktext=cols[::x_step], tickangle=-45,
                    tickfont_size=9, type="category"),
     )
-    return figure
 
 
 _KINDS = (("peak", "highest peak"), ("floor_slope", "fastest-rising floor"), ("shortfall", "largest offload shortfall"))

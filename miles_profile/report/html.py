@@ -235,6 +235,8 @@ def _run_section(report: RunReport, k: int, single: bool) -> str:
   <p class="muted small">Drag to zoom, double-click to reset. Every phase's peak and the global peak are drawn exactly
   as recorded; the red envelope is the true peak between samples. Exact bytes: hover a table cell.</p>
   <div class="figure">{figure}</div>"""
+    from miles_profile.report.miles_series import miles_series_html  # a Miles dump's utilization, SGLang series
+    timeline += miles_series_html(run, suffix, align_to=report.figure)
     if report.ledger is not None:  # also for a few processes in the fleet view (an actor and its engine server)
         from miles_profile.report.ledger_html import ledger_html
         timeline += ledger_html(report.ledger, t0, suffix, align_to=report.figure)

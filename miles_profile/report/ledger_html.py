@@ -7,7 +7,7 @@ import html
 import pandas as pd
 
 from miles_profile.names import iteration_text
-from miles_profile.report.ledger import AT_END, AT_PEAK, add_up
+from miles_profile.report.ledger import AT_END, AT_PEAK, OTHER_PROCESSES, add_up
 from miles_profile.report.ledger_figures import category_text, ledger_area_figure, ledger_bar_figure, lane_name
 from miles_profile.report.series import GiB
 
@@ -69,6 +69,17 @@ def peak_text(frame: pd.DataFrame) -> str:
             f"{rise['end'] / GiB:.2f} GiB at the end).")
 
 
+def unsplit_reason(frame: pd.DataFrame) -> str:
+    """Why a ledger splits nothing ("" when it splits): every byte in one category, NVML's device used
+    with no recorded process on the GPU (a Miles dashboard import records no allocator, no per-process
+    bytes and no declarations)."""
+    if frame.empty or set(frame["category"]) != {OTHER_PROCESSES}:
+        return ""
+    return ("Nothing to split here: this run has only NVML's device used for each GPU (no allocator, no "
+            "per-process bytes, no declarations, as a Miles dashboard import), so every byte would be 'other "
+            "processes and driver'. The timeline shows that level.")
+
+
 def alignment(timeline) -> dict:
     """The x range and side margins of a timeline figure (or {}): the ledger over time drawn with them
     lines up with the timeline above it, second for second."""
@@ -82,6 +93,9 @@ def ledger_html(frame: pd.DataFrame, t0: float, suffix: str, align_to=None) -> s
     """`align_to`: the run's timeline figure, whose x range and margins the ledger over time takes."""
     if frame.empty:
         return ""
+    if unsplit_reason(frame):
+        return f"""<h3>Where the bytes are</h3>
+  <p class="small" id="ledger-unsplit{suffix}">{html.escape(unsplit_reason(frame))}</p>"""
     declared = (frame["source"] == "declared").any()
     note = ("" if declared else " This run declared nothing (no <code>miles_profile.account()</code> calls): "
             "every byte the allocator holds shows as allocated, nothing declared.")
