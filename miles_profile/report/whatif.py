@@ -64,7 +64,7 @@ class WhatIf:
         cols = [c for c in self._extra.columns if c[0] in set(offloads)
                 and (categories is None or c[1] in set(categories))]
         extra = self._extra[cols].sum(axis=1).to_numpy(float) if cols else 0.0
-        return float(np.nanmax(self._peaks + extra))
+        return _top(self._peaks + extra)
 
     def peaks_by_phase(self, offloads=(), categories=None) -> dict[str, float]:
         """Per phase name, its highest peak over the loop's iterations (setup left out: an offload
@@ -85,6 +85,12 @@ class WhatIf:
             return None if v is None or v != v else int(round(v))
         return {"series": self.series, "total": whole(self.total), "threshold": whole(self.threshold),
                 "measured_peak": whole(self.measured_peak), "rows": rows}
+
+
+def _top(values: np.ndarray) -> float:
+    """The highest finite value, NaN when there is none (a phase without samples has no peak)."""
+    finite = values[np.isfinite(values)]
+    return float(finite.max()) if len(finite) else float("nan")
 
 
 def _peak_series(run, instances: pd.DataFrame) -> tuple[str | None, str]:
@@ -194,7 +200,7 @@ def whatif(run, ledger_frame: pd.DataFrame | None = None, thresholds: Thresholds
             onload = None if back is None else (str(phases.at[mine[back], "name"]), float(phases.at[mine[back], "duration"]))
             trips.setdefault((name, category), []).append((float(nbytes), float(phases.at[k, "duration"]), onload, j, stop))
     frame = pd.DataFrame(extra, index=range(len(mine)))
-    result = WhatIf(pd.DataFrame(columns=TABLE_COLUMNS), float(np.nanmax(peaks)) if len(peaks) else None, series,
+    result = WhatIf(pd.DataFrame(columns=TABLE_COLUMNS), _top(peaks) if np.isfinite(peaks).any() else None, series,
                     total, threshold, peaks, frame, phases["name"].astype(str).to_numpy()[mine],
                     instances["iteration"].to_numpy(np.int64)[mine])
     rows = []
@@ -212,9 +218,9 @@ def _row(offload, category, picked, peaks, frame, phases, mine, result, total, t
             and (category == ALL or c == category)]
     held = frame[cols].sum(axis=1).to_numpy(float)
     window = held > 0
-    whatif_peak = float(np.nanmax((peaks + held)[window])) if window.any() else np.nan
-    measured = float(np.nanmax(peaks[window])) if window.any() else np.nan
-    at = int(np.nanargmax(np.where(window, peaks + held, -np.inf))) if window.any() else None
+    whatif_peak, measured = _top((peaks + held)[window]), _top(peaks[window])
+    ranked = np.where(window & np.isfinite(peaks), peaks + held, -np.inf)
+    at = int(np.argmax(ranked)) if np.isfinite(ranked).any() else None
     by_instance: dict[int, list] = {}  # offload instance (its position) -> its trips, one per category
     for group in picked:
         for trip in group:
