@@ -124,8 +124,9 @@ class _Windows:
 
 def reduce_chunk(t: np.ndarray, columns: list[np.ndarray | None], starts: np.ndarray, ends: np.ndarray,
                  plan: list[tuple[str, int, int | None]]) -> dict:
-    """Per-window partial statistics of one chunk of rows (t sorted, finite). `columns[i]` is the
-    float64 values of header column i (None: all absent). The windows are start < t <= end."""
+    """Per-window partial statistics of one chunk of rows (t sorted, finite). `columns[i]` holds the
+    values of header column i: int64 when none is absent, float64 with NaN otherwise, None when all
+    are absent. The windows are start < t <= end."""
     n = len(t)
     part = {"t0": float(t[0]) if n else np.inf, "t1": float(t[-1]) if n else -np.inf, "rows": None}
     if not n:
@@ -137,20 +138,20 @@ def reduce_chunk(t: np.ndarray, columns: list[np.ndarray | None], starts: np.nda
         return part
     a, b = i0[live], i1[live]
     part.update(live=live, rows=b - a, t_first=t[a], t_last=t[b - 1])
-    # reduceat over interleaved [a, b) bounds, every other result; a bound at n lands on a NaN pad
-    bounds = np.column_stack([a, b]).ravel()
+    bounds = np.column_stack([a, np.minimum(b, n - 1)]).ravel()
+    at_end = b == n
     out = {stat: np.full((len(plan), len(live)), np.nan) for stat in _STATS}
     for k, (_, level, peak) in enumerate(plan):
         y = columns[level]
         p = columns[peak] if peak is not None else None
-        if y is None and p is None:
+        tops = [_window_reduce(np.fmax, x, bounds, at_end) for x in (y, p) if x is not None]
+        if not tops:
             continue
-        top = y if p is None else (p if y is None else np.fmax(y, p))
-        out["peak"][k] = np.fmax.reduceat(np.append(top, np.nan), bounds)[::2]
+        out["peak"][k] = tops[0] if len(tops) == 1 else np.fmax(tops[0], tops[1])
         if y is None:
             continue
-        out["floor"][k] = np.fmin.reduceat(np.append(y, np.nan), bounds)[::2]
-        if not np.isnan(y[a]).any() and not np.isnan(y[b - 1]).any():
+        out["floor"][k] = _window_reduce(np.fmin, y, bounds, at_end)
+        if y.dtype.kind != "f" or not (np.isnan(y[a]).any() or np.isnan(y[b - 1]).any()):
             out["first"][k], out["last"][k] = y[a], y[b - 1]
         else:  # the first/last finite value: next finite at or after a, last finite before b
             finite = ~np.isnan(y)
@@ -165,10 +166,23 @@ def reduce_chunk(t: np.ndarray, columns: list[np.ndarray | None], starts: np.nda
     return part
 
 
-def _as_float(column: pa.ChunkedArray | pa.Array | None) -> np.ndarray | None:
+def _window_reduce(ufunc, x: np.ndarray, bounds: np.ndarray, at_end: np.ndarray) -> np.ndarray:
+    """ufunc (np.fmax or np.fmin: NaN ignored) over each window [a, b), from `bounds` = interleaved
+    (a, min(b, n - 1)): reduceat takes no index n, so a window reaching the end was reduced one short
+    and gets its last element here. No temporary the size of x."""
+    out = ufunc.reduceat(x, bounds)[::2].astype(np.float64)
+    if at_end.any():
+        out[at_end] = ufunc(out[at_end], float(x[-1]))
+    return out
+
+
+def _values(column: pa.ChunkedArray | pa.Array | None) -> np.ndarray | None:
+    """int64 as parsed (no copy) when no value is absent; float64 with NaN for the absent ones."""
     if column is None or column.null_count == len(column):
         return None
-    return np.asarray(column.to_numpy(zero_copy_only=False), dtype=np.float64)  # nulls: NaN
+    if column.null_count:
+        return np.asarray(column.to_numpy(zero_copy_only=False), dtype=np.float64)
+    return column.to_numpy()
 
 
 def _reduce_table(table: pa.Table, header: list[str], file: _File, plan) -> dict:
@@ -178,7 +192,7 @@ def _reduce_table(table: pa.Table, header: list[str], file: _File, plan) -> dict
     t = np.asarray(t.to_numpy(), dtype=np.float64)
     if len(t) and (not np.isfinite(t).all() or (np.diff(t) < 0).any()):
         raise _FullRead("times not finite or not in order")
-    columns = [_as_float(table.column(c)) if c in table.column_names and c not in ("t", "phase") else None
+    columns = [_values(table.column(c)) if c in table.column_names and c not in ("t", "phase") else None
                for c in header]
     return reduce_chunk(t, columns, file.starts, file.ends, plan)
 
@@ -209,7 +223,8 @@ def _parse_chunk(data, lo: int, hi: int, header: list[str], file: _File, plan) -
     try:
         table = pacsv.read_csv(
             pa.py_buffer(memoryview(data)[lo:hi]),
-            read_options=pacsv.ReadOptions(column_names=header, use_threads=False),
+            # one block per chunk: each column comes as one array, viewed by numpy without a copy
+            read_options=pacsv.ReadOptions(column_names=header, use_threads=False, block_size=hi - lo + 1),
             parse_options=pacsv.ParseOptions(invalid_row_handler=on_invalid),
             convert_options=pacsv.ConvertOptions(column_types=types, include_columns=[c for c in header if c != "phase"]))
     except (pa.ArrowInvalid, pa.ArrowTypeError, KeyError, UnicodeDecodeError) as exc:
@@ -324,8 +339,11 @@ def _content_digest(table: pa.Table) -> bytes:
 
 
 def _cache_enabled(stat: os.stat_result, file: _File) -> bool:
+    """A finished (or long unchanged) file large enough to be worth it, whose phase ids name one
+    phase each (damaged events can repeat an id: the cache keys its rows by id)."""
     return (os.environ.get("MILES_PROFILE_CACHE", "1") != "0" and stat.st_size >= CACHE_MIN_BYTES
-            and (file.cacheable or time.time() - stat.st_mtime > STALE_S))
+            and (file.cacheable or time.time() - stat.st_mtime > STALE_S)
+            and len(np.unique(file.ids)) == len(file.ids))
 
 
 def _read_cache(file: _File, stat: os.stat_result, header: list[str]) -> pd.DataFrame | None:
@@ -354,15 +372,17 @@ def _read_cache(file: _File, stat: os.stat_result, header: list[str]) -> pd.Data
         if table.column("id").null_count or table.column("rows").null_count or table.column("series").null_count:
             return None
         ids = table.column("id").to_numpy()
-        if len(ids) and not np.isin(ids, file.ids).all():
-            return None
-        names_of = dict(zip(file.ids.tolist(), file.names.tolist()))
+        order = np.argsort(file.ids, kind="stable")
+        at = order[np.minimum(np.searchsorted(file.ids[order], ids), len(order) - 1)] if len(order) else ids[:0]
+        if len(ids) and (not len(order) or (file.ids[at] != ids).any()):
+            return None  # a phase this file does not have
         frame = {"host": np.full(len(ids), file.host, dtype=object), "pid": np.full(len(ids), file.pid, dtype=np.int64),
-                 "id": ids.astype(np.int64), "name": np.array([names_of[i] for i in ids.tolist()], dtype=object),
-                 "series": np.asarray(table.column("series").to_pylist(), dtype=object)}
+                 "id": ids.astype(np.int64), "name": file.names[at].astype(object),
+                 "series": table.column("series").to_numpy(zero_copy_only=False).astype(object)}
         for stat in _STATS:
             frame[stat] = table.column(stat).to_pandas(types_mapper={pa.int64(): pd.Int64Dtype()}.get).array
-        frame["rows"] = _int64(table.column("rows").to_pylist())
+        rows = table.column("rows").to_numpy()
+        frame["rows"] = pd.arrays.IntegerArray(rows.astype(np.int64), np.zeros(len(rows), dtype=bool))
         frame["t_first"] = table.column("t_first").to_numpy(zero_copy_only=False)
         frame["t_last"] = table.column("t_last").to_numpy(zero_copy_only=False)
         file.warnings.extend(warnings)
