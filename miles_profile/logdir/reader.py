@@ -343,9 +343,15 @@ def _read_cache(path: Path, warnings: list[str]) -> pd.DataFrame | None:
         key = _cache_key(path)
         if any(meta.get(k) != v for k, v in key.items()):
             return None
-        warnings.extend(json.loads(meta.get(b"warnings", b"[]")))
+        schema = table.schema
+        if "t" not in schema.names or "phase" not in schema.names or schema.field("t").type != pa.float64():
+            return None  # damaged, or not ours: the CSV is the record
+        cached = json.loads(meta.get(b"warnings", b"[]"))
+        if not isinstance(cached, list) or not all(isinstance(w, str) for w in cached):
+            return None
+        warnings.extend(cached)
         return table.to_pandas(split_blocks=True, self_destruct=True)
-    except (OSError, pa.ArrowException, ValueError):
+    except (OSError, pa.ArrowException, ValueError, TypeError, KeyError, RecursionError):
         return None
 
 

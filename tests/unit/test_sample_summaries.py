@@ -237,3 +237,28 @@ def test_rows_out_of_time_order_are_sorted_as_the_reader_does(tmp_path, referenc
     run = load_run(run_dir, sample_pids=set())
     assert _as_dict(ss.summaries_from_samples(run)) == reference
     assert any("out of time order" in w for w in run.warnings)
+
+
+@pytest.mark.parametrize("damage", ["truncated", "other_schema"])
+def test_a_damaged_columnar_samples_cache_is_never_trusted(tmp_path, monkeypatch, damage):
+    """The reader's copy of a large file's samples (`.<name>.arrow`) is held to the same rule."""
+    from miles_profile.logdir import reader
+    monkeypatch.setattr(reader, "CACHE_MIN_BYTES", 1)
+    monkeypatch.delenv("MILES_PROFILE_CACHE", raising=False)
+    run_dir = _write_run(tmp_path)
+    intact = load_run(run_dir).samples
+    for thread in __import__("threading").enumerate():
+        if thread.name == "miles_profile-cache":
+            thread.join()
+    cache = run_dir / ".h-7.samples.csv.arrow"
+    assert cache.is_file()
+    if damage == "truncated":
+        cache.write_bytes(cache.read_bytes()[:-4000])
+    else:  # opens, and even carries the right key, but holds other columns
+        import pyarrow as pa
+        key = pa.ipc.open_file(pa.memory_map(str(cache))).schema.metadata
+        table = pa.table({"x": [1, 2]}).replace_schema_metadata(key)
+        with pa.OSFile(str(cache), "wb") as sink, pa.ipc.new_file(sink, table.schema) as w:
+            w.write_table(table)
+    again = load_run(run_dir)
+    pd.testing.assert_frame_equal(intact, again.samples, check_categorical=False)
