@@ -5,8 +5,9 @@ function of a Run and its ledger (report/ledger.py); docs/transitions.md explain
     meter_of(run, ledger_frame) -> Transitions   # the same, cached per run and ledger (report and --json share it)
         .table      one row per transition phase instance (TABLE_COLUMNS)
         .by_kind    per (phase, tags, link): count, bytes, seconds, GB/s, ratio to the ceiling
-        .steps      per iteration: step seconds, seconds in transitions, share
-        .share      seconds in transitions / seconds of the iterations (None: no iteration)
+        .steps      per process and iteration: step seconds, seconds in transitions, share
+        .share      seconds in transitions / seconds of the iterations, over the processes that made
+                    transitions (None: no iteration)
         .ceilings   link -> bytes/s from the run's calibration (record --calibrate); {} when none
 
 Bytes moved, three ways, never mixed: `declared` is the phase's `expected_bytes` (`weights_bytes` for
@@ -106,59 +107,68 @@ def phase_ends(ledger_frame: pd.DataFrame) -> pd.DataFrame:
     return ledger_frame[ledger_frame["at"].fillna("end") == "end"]
 
 
+def _declares(attrs) -> bool:
+    return isinstance(attrs, dict) and any(isinstance(attrs.get(k), (int, float)) for k in ("expected_bytes", "weights_bytes"))
+
+
 def _mirrors(phases: pd.DataFrame) -> np.ndarray:
-    """True for a phase inside a same-named phase of another process: the server side of a call the
-    client recorded (an engine server's /release_memory_occupation inside the actor's offload_kv)."""
+    """True for the server side of a call the client recorded: a phase that declares no bytes, inside a
+    same-named phase of another process that does (an engine server's /release_memory_occupation inside
+    the actor's offload_kv). Ranks' own phases, which declare their bytes, overlap and are all kept."""
     out = np.zeros(len(phases), dtype=bool)
-    key = phases["host"].fillna("").astype(str) + ":" + phases["pid"].astype(str)
-    for _, group in phases.groupby("name", sort=False):
-        if key[group.index].nunique() < 2:
+    key = (phases["host"].fillna("").astype(str) + ":" + phases["pid"].astype(str)).to_numpy()
+    declares = np.array([_declares(a) for a in phases["attrs"]], dtype=bool)
+    for _, rows in phases.groupby("name", sort=False).indices.items():
+        clients, servers = rows[declares[rows]], rows[~declares[rows]]
+        if not len(clients) or not len(servers):
             continue
-        s, e, k = group["start"].to_numpy(float), group["end"].to_numpy(float), key[group.index].to_numpy()
-        for j, row in enumerate(group.index):
-            out[phases.index.get_loc(row)] = bool(np.any((k != k[j]) & (s <= s[j]) & (e >= e[j])))
+        s, e = phases["start"].to_numpy(float), phases["end"].to_numpy(float)
+        for j in servers:
+            out[j] = bool(np.any((key[clients] != key[j]) & (s[clients] <= s[j]) & (e[clients] >= e[j])))
     return out
 
 
-def _boundaries(ledger_frame: pd.DataFrame) -> dict:
-    """(host, pid) -> per phase id: (working device bytes by category, host declared total, NVML used),
-    in time order, so a phase can be read against the boundary before it."""
-    out: dict = {}
+@dataclass
+class _Boundaries:
+    """One process's phase ends in time order: declared bytes of its working device per category, its
+    declared host buffers, NVML device used and host RSS (NaN where not measured)."""
+    at: dict  # phase id -> row
+    working: np.ndarray  # (phase ends, categories)
+    host_kept: np.ndarray
+    used: np.ndarray
+    rss: np.ndarray
+
+    def deltas(self, phase_id: int) -> tuple[float, float, float, float] | None:
+        """(freed, taken, NVML change, host change) from the phase end before `phase_id`'s to its own."""
+        k = self.at.get(phase_id)
+        if k is None or k == 0:
+            return None
+        change = self.working[k] - self.working[k - 1]
+        host = np.fmax(self.rss[k] - self.rss[k - 1], self.host_kept[k] - self.host_kept[k - 1])  # NaN: unknown
+        return (float(np.clip(-change, 0, None).sum()), float(np.clip(change, 0, None).sum()),
+                float(self.used[k] - self.used[k - 1]), float(host))
+
+
+def _boundaries(ledger_frame: pd.DataFrame | None) -> dict[tuple[str, int], _Boundaries]:
+    out: dict[tuple[str, int], _Boundaries] = {}
     if ledger_frame is None or ledger_frame.empty:
         return out
     frame = phase_ends(ledger_frame)
-    on_gpu = frame.groupby(["host", "pid"])["device"].transform(lambda d: (d != names.ACCOUNT_HOST).any())
-    declared = frame["source"] == "declared"
-    working = declared & ~frame["category"].isin(_NOT_WORKING) & ((frame["device"] != names.ACCOUNT_HOST) == on_gpu)
-    host_kept = declared & (frame["device"] == names.ACCOUNT_HOST) & frame["category"].isin(_NOT_WORKING)
     for (host, pid), rows in frame.groupby(["host", "pid"], sort=False):
-        order = rows.drop_duplicates("id").sort_values("t")[["id", "t"]]
-        w = rows[working[rows.index]]
-        cats = w.pivot_table(index="id", columns=["device", "category"], values="bytes", aggfunc="sum")
-        kept = rows[host_kept[rows.index]].groupby("id")["bytes"].sum()
-        devices = rows[(rows["device"] != names.ACCOUNT_HOST) == on_gpu[rows.index]]
-        used = devices.groupby(["id", "device"])["total"].first().groupby("id").sum(min_count=1)
-        host_rss = rows[rows["device"] == names.ACCOUNT_HOST].groupby("id")["total"].first()
-        out[(str(host), int(pid))] = (order["id"].to_list(), cats, kept, used, host_rss)
+        ids = rows.drop_duplicates("id").sort_values("t")["id"].to_list()
+        on_gpu = bool((rows["device"] != names.ACCOUNT_HOST).any())
+        declared = rows["source"] == "declared"
+        device = (rows["device"] != names.ACCOUNT_HOST) == on_gpu
+        working = rows[declared & ~rows["category"].isin(_NOT_WORKING) & device]
+        cats = working.pivot_table(index="id", columns=["device", "category"], values="bytes", aggfunc="sum")
+        kept = rows[declared & (rows["device"] == names.ACCOUNT_HOST) & rows["category"].isin(_NOT_WORKING)]
+        used = rows[device].groupby(["id", "device"])["total"].first().groupby("id").sum(min_count=1)
+        rss = rows[rows["device"] == names.ACCOUNT_HOST].groupby("id")["total"].first()
+        out[(str(host), int(pid))] = _Boundaries(
+            {i: k for k, i in enumerate(ids)}, cats.reindex(ids).fillna(0.0).to_numpy(float).reshape(len(ids), -1),
+            kept.groupby("id")["bytes"].sum().reindex(ids).to_numpy(float),
+            used.reindex(ids).to_numpy(float), rss.reindex(ids).to_numpy(float))
     return out
-
-
-def _deltas(bounds, host: str, pid: int, phase_id: int) -> tuple[float, float, float, float] | None:
-    """(freed, taken, nvml change, host change) of the working device from the boundary before to this one."""
-    found = bounds.get((host, pid))
-    if found is None:
-        return None
-    ids, cats, kept, used, host_rss = found
-    if phase_id not in ids or ids.index(phase_id) == 0:
-        return None
-    before = ids[ids.index(phase_id) - 1]
-    change = (cats.reindex([phase_id]).fillna(0).iloc[0] - cats.reindex([before]).fillna(0).iloc[0]) if len(cats.columns) else pd.Series(dtype=float)
-    freed, taken = float((-change).clip(lower=0).sum()), float(change.clip(lower=0).sum())
-    nvml = float(used.get(phase_id, np.nan) - used.get(before, np.nan))
-    host_now = kept.get(phase_id, np.nan) if len(kept) else np.nan
-    host_then = kept.get(before, np.nan) if len(kept) else np.nan
-    rss = float(host_rss.get(phase_id, np.nan) - host_rss.get(before, np.nan))
-    return freed, taken, nvml, rss if np.isnan(host_now - host_then) else max(rss, float(host_now - host_then))
 
 
 def _link(kind: str, name: str, target, on_gpu: bool, copied: bool, train_at=None) -> str | None:
@@ -198,16 +208,19 @@ def _rows(run, ledger_frame: pd.DataFrame, ceilings: dict[str, float]) -> pd.Dat
     copied_last: dict[tuple, bool] = {}  # (host, pid, tags) -> whether its last release copied
     train_at: dict[tuple, str | None] = {}  # (host, pid) -> where its training state is (None: on the device)
     out = []
+    # plain lists: a fleet has tens of thousands of phases, and a pandas row costs 0.5 ms
+    names_, attrs_, pids_ = phases["name"].astype(str).tolist(), phases["attrs"].tolist(), phases["pid"].tolist()
+    ids_, starts, durations = phases["id"].tolist(), phases["start"].tolist(), phases["duration"].tolist()
     for k in np.argsort(phases["start"].to_numpy(float), kind="stable"):
-        row, kind = phases.iloc[k], kinds[k]
+        kind = kinds[k]
         if kind is None or mirrors[k]:
             continue
-        name, attrs, host, pid = str(row["name"]), row["attrs"], str(row["host"]), int(row["pid"])
-        pid_id = int(row["id"]) if row["id"] == row["id"] else -1
+        name, attrs, host, pid = names_[k], attrs_[k], hosts.iat[k], int(pids_[k])
+        pid_id = int(ids_[k]) if ids_[k] == ids_[k] else -1
         tags, target = _tags_of(name, attrs), _attr(attrs, "target")
         declared = _attr(attrs, "weights_bytes" if kind == UPDATE else "expected_bytes")
         declared = float(declared) if isinstance(declared, (int, float)) else np.nan
-        d = _deltas(bounds, host, pid, pid_id)
+        d = bounds[(host, pid)].deltas(pid_id) if (host, pid) in bounds else None
         freed, taken, nvml, host_change = d if d is not None else (np.nan,) * 4
         measured = np.nan if kind == UPDATE or d is None else (freed if kind == OFFLOAD else taken)
         if kind == UPDATE or target is not None or name.endswith("_train"):
@@ -220,12 +233,12 @@ def _rows(run, ledger_frame: pd.DataFrame, ceilings: dict[str, float]) -> pd.Dat
         link = _link(kind, name, target, (host, pid) in gpu_pids, copied, train_at.get((host, pid)))
         if name.endswith("_train"):
             train_at[(host, pid)] = target if kind == OFFLOAD else None
-        seconds = float(row["duration"])
+        seconds = float(durations[k])
         nbytes = measured if measured == measured and measured > 0 else declared
         rate = nbytes / seconds if seconds > 0 and nbytes == nbytes else np.nan
         ceiling = ceilings.get(link, np.nan) if link else np.nan
         out.append((host, pid, pid_id, name, kind, int(iterations[k]), tags, target, _attr(attrs, "backend"),
-                    float(row["start"]), seconds, declared, measured, nvml, copied, link or NO_COPY, rate, ceiling,
+                    float(starts[k]), seconds, declared, measured, nvml, copied, link or NO_COPY, rate, ceiling,
                     rate / ceiling if ceiling == ceiling and rate == rate else np.nan))
     return pd.DataFrame(out, columns=TABLE_COLUMNS)
 
@@ -258,22 +271,31 @@ def _union_seconds(spans: list[tuple[float, float]]) -> float:
 
 
 def _steps(run, table: pd.DataFrame) -> pd.DataFrame:
-    """Per iteration (rollout): its span from the first phase's start to the last one's end, the
-    seconds inside transition phases (overlaps counted once), and their share."""
-    cols = ["iteration", "seconds", "transition_seconds", "share"]
+    """Per process that made transitions and per iteration (rollout): its span from the first phase's
+    start to the last one's end, the seconds inside its transition phases (overlaps counted once), and
+    their share. Per process, so that ranks moving memory at the same time are not added into one step."""
+    cols = ["host", "pid", "iteration", "seconds", "transition_seconds", "share"]
     phases = run.phases
     if phases.empty or table.empty:
         return pd.DataFrame(columns=cols)
-    hosts = phases["host"].fillna("").astype(str) if "host" in phases else [""] * len(phases)
+    hosts = phases["host"].fillna("").astype(str) if "host" in phases else pd.Series([""] * len(phases))
     its = _iterations(phases.assign(pid=[f"{h}:{p}" for h, p in zip(hosts, phases["pid"])]))
-    spans = pd.DataFrame({"iteration": its, "start": phases["start"].to_numpy(float),
-                          "end": phases["end"].to_numpy(float)})
+    spans = pd.DataFrame({"host": hosts.to_numpy(), "pid": phases["pid"].to_numpy(np.int64), "iteration": its,
+                          "start": phases["start"].to_numpy(float), "end": phases["end"].to_numpy(float)})
+    movers = set(zip(table["host"], table["pid"]))
+    spans = spans[(spans["iteration"].to_numpy() >= 0) &
+                  np.array([k in movers for k in zip(spans["host"], spans["pid"])], dtype=bool)]
+    keys = ["host", "pid", "iteration"]
+    steps = spans.groupby(keys).agg(first=("start", "min"), last=("end", "max")).reset_index()
+    busy: dict[tuple, list] = {}
+    for key, begin, seconds in zip(zip(table["host"], table["pid"], table["iteration"]), table["start"],
+                                   table["seconds"]):
+        busy.setdefault(key, []).append((begin, begin + seconds))
     out = []
-    for it, rows in spans[spans["iteration"] >= 0].groupby("iteration"):
-        step = float(rows["end"].max() - rows["start"].min())
-        moving = table[table["iteration"] == it]
-        busy = _union_seconds(list(zip(moving["start"], moving["start"] + moving["seconds"])))
-        out.append((int(it), step, busy, busy / step if step > 0 else np.nan))
+    for host, pid, it, first, last in steps.itertuples(index=False):
+        step = float(last - first)
+        moving = _union_seconds(busy.get((host, pid, it), []))
+        out.append((host, int(pid), int(it), step, moving, moving / step if step > 0 else np.nan))
     return pd.DataFrame(out, columns=cols)
 
 

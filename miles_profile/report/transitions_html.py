@@ -71,7 +71,7 @@ def meter_lines(meter: Transitions) -> list[str]:
         return []
     lines = []
     if meter.share is not None:
-        lines.append(f"moving memory: {meter.share:.0%} of the step ({len(meter.steps)} iterations)")
+        lines.append(f"moving memory: {meter.share:.0%} of the step ({meter.steps['iteration'].nunique()} iterations)")
     for r in meter.by_kind.to_dict("records"):
         if r["link"] == NO_COPY or r["setup"] or r["rate"] != r["rate"]:
             continue
@@ -99,7 +99,10 @@ def ceilings_text(meter: Transitions) -> str:
 def share_text(meter: Transitions) -> str:
     if meter.share is None:
         return "No iteration: no step to share."
-    return (f"{meter.share:.0%} of each step (iterations 0–{len(meter.steps) - 1}, first phase's start to last "
+    its = meter.steps["iteration"]
+    processes = len(meter.steps.groupby(["host", "pid"]))
+    who = "" if processes == 1 else f", over {processes} processes"
+    return (f"{meter.share:.0%} of each step (iterations {its.min()}–{its.max()}{who}, first phase's start to last "
             "phase's end) was spent in offload, onload and weight-update phases.")
 
 

@@ -166,7 +166,9 @@ def whatif(run, ledger_frame: pd.DataFrame | None = None, thresholds: Thresholds
     offloads = [k for k in range(len(phases)) if kind_of(str(phases.at[k, "name"])) == OFFLOAD]
     # the process that offloads the most (else: has the most phases) is the one judged: its NVML reads
     # see the whole device; a run without offloads still has its measured peak, to compare with
-    candidates = offloads or list(range(len(phases)))
+    in_ledger = set(zip(ledger_frame["host"].astype(str), ledger_frame["pid"].astype(int)))
+    candidates = [k for k in offloads if (hosts[k], int(phases.at[k, "pid"])) in in_ledger] or offloads \
+        or list(range(len(phases)))  # a fleet's ledger holds the lanes drawn: one of those
     keys = [(hosts[k], int(phases.at[k, "pid"])) for k in candidates]
     host, pid = max(dict.fromkeys(keys), key=keys.count)
     mine = np.flatnonzero((hosts.to_numpy() == host) & (phases["pid"].to_numpy(np.int64) == pid))

@@ -96,3 +96,15 @@ def test_a_calibrated_log_gets_ratios_from_its_own_ceilings(tmp_path):
     assert onload["ratio"] == pytest.approx(onload["rate"] / 55.1e9) and 0.7 < onload["ratio"] < 1.1
     assert np.isnan(_loop(meter, "offload_train")["ratio"])  # its link was not measured
     assert meter.to_dict()["calibrated"] is True
+
+
+def test_ranks_moving_memory_at_once_are_each_metered_and_shared_per_process(tmp_path):
+    from bench.make_fleet_log import write_fleet_run
+    write_fleet_run(tmp_path / "fleet", hosts=1, gpus=4, minutes=1.0)
+    run = load_run(tmp_path / "fleet")
+    meter = transitions(run)
+    offloads = meter.table[meter.table["phase"] == "offload_train"]
+    actors = {p["pid"] for p in run.processes if p.get("role") == "actor"}
+    assert set(offloads["pid"]) == actors and len(actors) == 4  # overlapping ranks: none taken for a server side
+    assert meter.steps.groupby(["host", "pid"]).ngroups == 8  # every actor and engine process that moved memory
+    assert 0 < meter.share < 1  # per process: four ranks offloading at once are not four times the step
