@@ -107,12 +107,14 @@ print(json.dumps({"seconds": done - imported, "load_s": loaded - imported, "cpu_
 
 def measure(path: Path, mode: str) -> dict:
     env = dict(os.environ, PYTHONPATH=str(REPO))
+    load = os.getloadavg()[0]  # on a shared machine the wall time says as much about the others
     started = time.perf_counter()
     done = subprocess.run([sys.executable, "-c", CHILD, mode, str(path)], env=env, capture_output=True, text=True)
     if done.returncode:
         sys.exit(f"the read failed ({done.returncode}):\n{done.stderr[-3000:]}")
     result = json.loads(done.stdout.strip().splitlines()[-1])
     result["wall_s"] = time.perf_counter() - started
+    result["load"] = load
     return result
 
 
@@ -128,7 +130,7 @@ def _row(label: str, what: str, r: dict, target_s: float | None, target_rss: int
     ts = f"<= {target_s:g} s" if target_s is not None else "-"
     tm = f"<= {target_rss / GiB:g} GiB" if target_rss is not None else "(stated)"
     return (f"| {label} | {what} | {r['seconds']:.2f} s ({r['cpu_s']:.1f} s CPU) | {ts} {ok_s} | "
-            f"{r['peak_rss'] / GiB:.2f} GiB | {tm} {ok_m} | {r['wall_s']:.1f} s |")
+            f"{r['peak_rss'] / GiB:.2f} GiB | {tm} {ok_m} | {r['wall_s']:.1f} s | {r['load']:.1f} |")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -146,7 +148,8 @@ def main(argv: list[str] | None = None) -> int:
     logs = {"fleet": (root / "fleet", f"{args.processes} x {args.rows:,}",
                       lambda p: write_fleet_log(p, args.processes, args.rows)),
             "single": (root / "single", f"1 x {args.samples:,}", lambda p: synth.write_log(p, args.samples))}
-    lines = ["| log | read | in-process time | target | peak RSS | target | child wall |", "|---|---|---|---|---|---|---|"]
+    lines = ["| log | read | in-process time | target | peak RSS | target | child wall | load before |",
+             "|---|---|---|---|---|---|---|---|"]
     try:
         for name, (path, label, write) in logs.items():
             if args.only and name != args.only:
