@@ -34,8 +34,11 @@ demo: setup
 	$(PY) -m miles_profile.record --heap --log-dir $$logs -- $(DEMO_ARGS) && \
 	$(PY) -m miles_profile.visualize $$logs -o $$logs/report.html
 
+# The suite on every core (TEST_WORKERS=0 runs it in one process); tests/conftest.py keeps the tests of a
+# module-scoped fixture on one worker and runs the slow end-to-end ones after the fast ones.
+TEST_WORKERS ?= auto
 test: setup
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup
 
 # Every benchmark, each printing ratios measured side by side (figures: docs/benchmarks.md,
 # docs/trainer.md, docs/report.md, docs/dashboard.md, docs/forecast.md). Minutes; run on an idle machine.

@@ -1,6 +1,7 @@
 """Shared fixtures. Browser tests use Debian's Chromium through Playwright (no browser download)."""
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import subprocess
@@ -50,14 +51,38 @@ def browser():
         chromium.close()
 
 
+def pytest_collection_modifyitems(config, items):
+    """Grouping and order for the parallel suite (`make test` runs pytest-xdist with `--dist loadgroup`).
+    Tests that share a module-scoped fixture (a recorded run, a dashboard server) stay on one worker, so
+    the fixture is built once, not once per worker; the slow end-to-end tests run after the fast ones, so
+    a broken unit shows within the first minute."""
+    for item in items:
+        info = getattr(item, "_fixtureinfo", None)
+        if info and any(d.scope == "module" for defs in info.name2fixturedefs.values() for d in defs):
+            item.add_marker(pytest.mark.xdist_group(item.module.__name__))
+    items.sort(key=lambda item: item.get_closest_marker("slow") is not None)  # stable: the rest keep their order
+
+
+def shared_across_workers(tmp_path_factory) -> Path:
+    """A directory every pytest-xdist worker of this session sees (the session's own otherwise)."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
 @pytest.fixture(scope="session")
 def recorded_cpu_run(tmp_path_factory) -> Path:
     """The log dir of one recorded CPU trainer run with both offloads, shared read-only by the tests that
-    only read it (recording it takes ~15 s)."""
-    log_dir = tmp_path_factory.mktemp("recorded-cpu-run")
-    subprocess.run([sys.executable, "-m", "miles_profile.record", "--log-dir", str(log_dir), "--", "--preset", "cpu",
-                    "--num-rollout", "2", "--offload-train", "--offload-rollout"],
-                   cwd=REPO, env=python_env(), check=True, capture_output=True, timeout=300)
+    only read it (recording it takes ~15 s): recorded once per session, by whichever worker asks first."""
+    shared = shared_across_workers(tmp_path_factory)
+    log_dir, done = shared / "recorded-cpu-run", shared / "recorded-cpu-run.done"
+    with open(shared / "recorded-cpu-run.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # the other workers wait here until it is recorded
+        if not done.exists():
+            log_dir.mkdir(exist_ok=True)
+            subprocess.run([sys.executable, "-m", "miles_profile.record", "--log-dir", str(log_dir), "--",
+                            "--preset", "cpu", "--num-rollout", "2", "--offload-train", "--offload-rollout"],
+                           cwd=REPO, env=python_env(), check=True, capture_output=True, timeout=300)
+            done.touch()
     return log_dir
 
 
