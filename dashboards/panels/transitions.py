@@ -25,8 +25,9 @@ def layout() -> html.Section:
 
 
 def compute(run):
-    """(meter, what-if) of the run, over the ledger at phase ends (the ledger panel's frame, cached per run)."""
-    frame = ledger(run)
+    """(meter, what-if) of the run, over the ledger's phase ends (the ledger panel's frame, with its peaks:
+    computed once per run for both panels)."""
+    frame = ledger(run, peaks=True)
     return transitions(run, frame), whatif(run, frame)
 
 
