@@ -94,6 +94,8 @@ def warn_unended(dirs: list[Path], processes: list[dict[str, Any]], warnings: li
     for folder in dirs:
         with contextlib.suppress(OSError):
             for entry in os.scandir(folder):
+                if entry.name.startswith("."):  # the reader's own caches: written by reading, not recording
+                    continue
                 with contextlib.suppress(OSError):
                     newest = max(newest, entry.stat(follow_symlinks=False).st_mtime)
     idle = (time.time() if now is None else now) - newest

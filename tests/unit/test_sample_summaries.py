@@ -262,3 +262,21 @@ def test_a_damaged_columnar_samples_cache_is_never_trusted(tmp_path, monkeypatch
             w.write_table(table)
     again = load_run(run_dir)
     pd.testing.assert_frame_equal(intact, again.samples, check_categorical=False)
+
+
+def test_a_cache_left_by_reading_does_not_make_a_stopped_recording_look_live(tmp_path, cache_on):
+    """A run that ended without a clean stop is cached (its files unchanged for 10 minutes); the cache
+    file written by that read must not hide the 'stopped without a clean stop' warning next time."""
+    run_dir = _write_run(tmp_path)
+    meta = json.loads((run_dir / "h-7.meta.json").read_text())
+    del meta["end_time"]
+    (run_dir / "h-7.meta.json").write_text(json.dumps(meta))
+    old = 1_700_000_000
+    for path in run_dir.iterdir():
+        os.utime(path, (old, old))
+    first = load_run(run_dir, sample_pids=set())
+    ss.summaries_from_samples(first)
+    assert ss.cache_path(run_dir / "h-7.samples.csv").is_file()
+    again = load_run(run_dir, sample_pids=set())
+    assert any("without a clean stop" in w for w in first.warnings)
+    assert any("without a clean stop" in w for w in again.warnings)
