@@ -2,7 +2,8 @@
 meter (report/transitions.py) holds every offload, onload and weight update against.
 
     measure(nbytes=DEFAULT_BYTES, disk_dir=None, repeats=3) -> dict    # one measurement, now
-    for_this_host(disk_dir=None, refresh=False, cache_dir=None) -> dict  # cached per host
+    for_this_host(disk_dir=None, refresh=False, cache_dir=None) -> dict  # cached per host, measured in a child
+    python -m miles_profile.calibrate [--bytes N] [--disk-dir D]       # measure(), as JSON on stdout
     ceilings_of(meta) -> dict[str, float]                              # link -> bytes/s; {} when none
 
 Links (bytes per second, the best of `repeats` copies of `nbytes`):
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -129,6 +131,38 @@ def measure(nbytes: int = DEFAULT_BYTES, disk_dir: str | Path | None = None, rep
             "links": {k: float(links[k]) for k in LINKS if k in links}}
 
 
+def measure_in_child(nbytes: int = DEFAULT_BYTES, disk_dir: str | Path | None = None) -> dict:
+    """measure() in a child process: its CUDA context (half a GiB on an H200) and buffers go with it,
+    instead of staying in the recorder for the whole run, where NVML would count them against the job."""
+    package_root = str(Path(__file__).resolve().parents[1])
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (package_root, os.environ.get("PYTHONPATH")) if p))
+    command = [sys.executable, "-m", "miles_profile.calibrate", "--bytes", str(int(nbytes))]
+    if disk_dir:
+        command += ["--disk-dir", str(disk_dir)]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or [f"exit code {done.returncode}"])[-1]
+        raise RuntimeError(f"calibration failed: {last[:300]}")
+    return json.loads(done.stdout)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """python -m miles_profile.calibrate [--bytes N] [--disk-dir D]: this machine's links as JSON on stdout."""
+    import argparse
+    parser = argparse.ArgumentParser(prog="python -m miles_profile.calibrate", description=main.__doc__)
+    parser.add_argument("--bytes", type=int, default=DEFAULT_BYTES, help="bytes per copy (default: %(default)s)")
+    parser.add_argument("--disk-dir", default=None, help="where the temporary file goes (default: the temp dir)")
+    args = parser.parse_args(argv)
+    if args.bytes < 1:
+        parser.error("--bytes must be positive")
+    try:
+        print(json.dumps(measure(args.bytes, args.disk_dir)))
+    except OSError as exc:
+        print(f"miles_profile.calibrate: error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
 def _cache_path(cache_dir: str | Path | None) -> Path:
     root = Path(cache_dir or os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "miles_profile")
     return root / f"calibration-{host_name()}.json"
@@ -147,7 +181,7 @@ def for_this_host(disk_dir: str | Path | None = None, refresh: bool = False, cac
                 return {**found, "cached": True}
         except (OSError, ValueError, AttributeError):
             pass
-    result = measure(nbytes, disk_dir)
+    result = measure_in_child(nbytes, disk_dir)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(result, indent=1))
@@ -163,3 +197,7 @@ def ceilings_of(meta: dict | None) -> dict[str, float]:
         return {}
     return {k: float(v) for k, v in found["links"].items()
             if k in LINKS and isinstance(v, (int, float)) and np.isfinite(v) and v > 0}
+
+
+if __name__ == "__main__":
+    sys.exit(main())

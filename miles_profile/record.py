@@ -164,7 +164,7 @@ def calibration_meta(args: argparse.Namespace) -> dict:
     try:
         os.makedirs(disk_dir, exist_ok=True)
         found = calibrate.for_this_host(disk_dir)
-    except (OSError, RuntimeError) as exc:
+    except (OSError, RuntimeError, ValueError, subprocess.SubprocessError) as exc:  # measured in a child
         print(f"miles_profile: warning: not calibrated: {exc}", file=sys.stderr, flush=True)
         return {}
     links = ", ".join(f"{k} {v / 1e9:.2f} GB/s" for k, v in found["links"].items())

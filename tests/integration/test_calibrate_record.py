@@ -49,3 +49,17 @@ def test_record_without_calibrate_stores_none(tmp_path):
     assert done.returncode == 0, done.stderr
     (meta,) = tmp_path.glob("*/meta.json")
     assert calibrate.CALIBRATION_KEY not in json.loads(meta.read_text())
+
+
+def test_a_calibration_that_cannot_run_is_one_warning_and_the_job_runs(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")  # the disk directory lies under a file: no temp file there, no calibration
+    done = subprocess.run([sys.executable, "-m", "miles_profile.record", "--calibrate", "--log-dir", str(tmp_path / "logs"),
+                           "--watch-dir", str(blocker / "offload"), "--exec", "--", sys.executable, "-c",
+                           "print('job ran')"],
+                          cwd=REPO, env=dict(python_env(), **{calibrate.CACHE_ENV: str(tmp_path / "cache")}),
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and "job ran" in done.stdout, done.stderr
+    assert "warning: not calibrated" in done.stderr and "Traceback" not in done.stderr
+    (meta,) = (tmp_path / "logs").glob("*/meta.json")
+    assert calibrate.CALIBRATION_KEY not in json.loads(meta.read_text())
