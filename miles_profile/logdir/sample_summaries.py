@@ -465,6 +465,11 @@ def summaries_from_samples(run, who: set[tuple[str, int]] | None = None) -> pd.D
     return frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True)
 
 
+def processes_read(run) -> set[tuple[str, int]]:
+    """The (host, pid) whose samples files `summaries_from_samples` has read (or found cached) so far."""
+    return set(run.__dict__.get("_sample_summaries", {}))
+
+
 def _compute(files: list[_File]) -> list[pd.DataFrame]:
     """Each file's rows: from its cache, else parsed in chunks by the pool, else read whole."""
     results: list[pd.DataFrame | None] = [None] * len(files)

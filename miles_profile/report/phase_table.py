@@ -203,14 +203,16 @@ def _fill_from_samples(run, table: pd.DataFrame, info: dict) -> None:
     own = ["proc", "alloc", "reserved", "rss"]
     missing = ~np.isfinite(table[[f"{k}_peak" for k in own]].to_numpy()).any(axis=1)
     if missing.any() and getattr(run, "directories", None):
-        from miles_profile.logdir.sample_summaries import summaries_from_samples
+        from miles_profile.logdir.sample_summaries import processes_read, summaries_from_samples
         who = set(zip(table.loc[missing, "host"].tolist(), table.loc[missing, "pid"].astype(int).tolist()))
         found = summaries_from_samples(run, who)
         keys = pd.MultiIndex.from_arrays([found["host"], found["pid"].astype(np.int64), found["id"].astype(np.int64)])
         wanted = pd.MultiIndex.from_arrays([table.loc[missing, "host"], table.loc[missing, "pid"].astype(np.int64),
                                             table.loc[missing, "phase_id"].astype(np.int64)])
         _fill_from_summaries(run, table, info, found[keys.isin(wanted)])
-        return
+        # what has no samples file (an imported run's samples are only in memory) goes on below
+        done = processes_read(run)
+        missing &= ~pd.Series(list(zip(table["host"], table["pid"].astype(int)))).isin(done).to_numpy()
     if not missing.any() or run.samples.empty or "pid" not in run.samples:
         return
     from miles_profile.report.series import series_arrays

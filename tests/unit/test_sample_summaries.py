@@ -280,3 +280,13 @@ def test_a_cache_left_by_reading_does_not_make_a_stopped_recording_look_live(tmp
     again = load_run(run_dir, sample_pids=set())
     assert any("without a clean stop" in w for w in first.warnings)
     assert any("without a clean stop" in w for w in again.warnings)
+
+
+def test_samples_held_only_in_memory_still_fill_the_phase_table(tmp_path, reference):
+    """An imported run has its samples in memory and no samples file: phase_table takes them there."""
+    run_dir = _write_run(tmp_path)
+    run = load_run(run_dir)
+    (run_dir / "h-7.samples.csv").unlink()
+    table = phase_table(run).set_index("phase_id")
+    assert table.loc[2, "rss_peak"] == reference[(2, "rss")][0]
+    assert table.loc[4, "alloc_floor"] == reference[(4, "gpu0_alloc")][1]
