@@ -13,6 +13,7 @@ from dashboards.panels.fleet import compute as fleet_compute
 from miles_profile.report.ledger import LEDGER_MAX_PROCESSES, fleet_ledger, ledger
 from miles_profile.report.ledger_figures import ledger_area_figure, ledger_bar_figure
 from miles_profile.report.ledger_html import add_up_text, peak_text, unsplit_reason
+from miles_profile.report.process_view import is_fleet
 
 _EMPTY = {"data": [], "layout": {}}
 _HIDDEN, _SHOWN = {"display": "none"}, {}
@@ -46,6 +47,15 @@ def compute(run, processes=None):
     return frame, ledger_bar_figure(frame), area, " ".join(t for t in (peak_text(frame), add_up_text(frame)) if t)
 
 
+def _no_rows(run) -> str:
+    """Why the ledger has no rows: it is taken at phase ends and peaks."""
+    from miles_profile.importers.miles_dashboard import SOURCE
+    if run.phases.empty and run.meta.get("source") == SOURCE:
+        return ("This Miles dump has no phase events, so the ledger (bytes by category at each phase's peak "
+                "and end) has no rows.")
+    return "No phase has ended yet."
+
+
 def _lane_processes(live_run, lane: str) -> set[tuple[str, int]]:
     view = live_run.memo("fleet", fleet_compute)
     rows = view.table[view.table["lane"] == lane] if view is not None else None
@@ -76,7 +86,8 @@ def register(app, state) -> None:
             return _EMPTY, None, None, _HIDDEN
         try:
             live_run = state.cache.get(run_id)
-            fleet = len(live_run.current.processes) > LEDGER_MAX_PROCESSES
+            # per GPU only where the fleet panel shows: 5,000 processes with no phases or GPU are no fleet
+            fleet = len(live_run.current.processes) > LEDGER_MAX_PROCESSES and is_fleet(live_run.current)
             asked = isinstance(requested, dict) and requested.get("run") == run_id
             lane = requested.get("lane") if fleet and asked else None
             key = due(f"{run_id}\n{view}\n{lane}", live_run.version, rendered)
@@ -97,7 +108,7 @@ def register(app, state) -> None:
         except Exception as exc:  # noqa: BLE001 - a message in the page, never a traceback
             return _EMPTY, message(describe(exc)), None, _HIDDEN
         if frame.empty:
-            return _EMPTY, message("No phase has ended yet.", "info"), key, button
+            return _EMPTY, message(_no_rows(live_run.current), "info"), key, button
         if unsplit_reason(frame):  # one category: say why rather than draw it
             return _EMPTY, message(unsplit_reason(frame), "info"), key, button
         return (area if view == "area" else bars), text, key, button

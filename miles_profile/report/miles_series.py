@@ -56,16 +56,24 @@ def _reduced(t: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return t[keep], y[keep]
 
 
-def _lane_traces(part: pd.DataFrame, t0: float, lane: int) -> list:
-    """One line per GPU or engine; past LINES_MAX, their median and min-max range per instant."""
+# Tableau 20: a GPU or an engine keeps its colour in every lane
+_COLORS = ("#4E79A7", "#F28E2B", "#59A14F", "#E15759", "#76B7B2", "#EDC948", "#B07AA1", "#FF9DA7", "#9C755F",
+           "#BAB0AC", "#A0CBE8", "#FFBE7D", "#8CD17D", "#B6992D", "#F1CE63", "#86BCB6", "#FABFD2", "#D37295")
+
+
+def _lane_traces(part: pd.DataFrame, t0: float, lane: int, seen: set) -> list:
+    """One line per GPU or engine (named in the legend once); past LINES_MAX, their median and
+    min-max range per instant."""
     whos = sorted(part["who"].unique())
     if len(whos) <= LINES_MAX:
         traces = []
-        for who in whos:
+        for k, who in enumerate(whos):
             mine = part[part["who"] == who].sort_values("t", kind="stable")
             t, y = _reduced(mine["t"].to_numpy(float) - t0, mine["value"].to_numpy(float))
-            traces.append(go.Scattergl(x=t, y=y, mode="lines", name=who, legendgroup=who, showlegend=False,
-                                       line=dict(width=1.2), hovertemplate=f"{html.escape(who)}: %{{y:.3g}}<extra></extra>"))
+            traces.append(go.Scattergl(x=t, y=y, mode="lines", name=who, legendgroup=who, showlegend=who not in seen,
+                                       line=dict(width=1.4, color=_COLORS[k % len(_COLORS)]),
+                                       hovertemplate=f"{html.escape(who)}: %{{y:.3g}}<extra></extra>"))
+            seen.add(who)
         return traces
     stats = part.assign(t=part["t"].round(0)).groupby("t")["value"].agg(["min", "median", "max"])
     t = stats.index.to_numpy(float) - t0
@@ -91,17 +99,26 @@ def miles_series_figure(gpus: pd.DataFrame | None, engines: pd.DataFrame | None,
     height = 170 * len(lanes) + 90
     fig = make_subplots(rows=len(lanes), cols=1, shared_xaxes=True, vertical_spacing=min(0.08, 50 / height),
                         subplot_titles=[title for title, _ in lanes])
-    traces, rows = [], []
+    traces, rows, seen = [], [], set()
     for row, (_, part) in enumerate(lanes, start=1):
-        lane = _lane_traces(part, t0, row)
+        lane = _lane_traces(part, t0, row, seen)
         traces += lane
         rows += [row] * len(lane)
     fig.add_traces(traces, rows=rows, cols=[1] * len(rows))  # one call: plotly copies the figure per add
+    for row, (title, _) in enumerate(lanes, start=1):
+        if title.startswith("GPU utilization"):  # a percentage: its whole scale, so 50% reads as half busy
+            fig.update_yaxes(range=[0, 105], row=row, col=1)
+        else:
+            fig.update_yaxes(rangemode="tozero", row=row, col=1)
     fig.update_xaxes(title_text="seconds since the run started", row=len(lanes), col=1)
     if x_range is not None:
         fig.update_xaxes(range=list(x_range), autorange=False)
+    legend_rows = -(-len(seen) // 6)  # below the plots, so their width (and seconds) stay the timeline's
+    height += 22 * legend_rows
     fig.update_layout(template="plotly_white", height=height, hovermode="x unified",
-                      margin=dict(l=margin_left or 70, r=margin_right if margin_right is not None else 20, t=60, b=50),
+                      legend=dict(orientation="h", yanchor="top", y=-85 / height, x=0, font=dict(size=11)),
+                      margin=dict(l=margin_left or 70, r=margin_right if margin_right is not None else 20, t=60,
+                                  b=95 + 22 * legend_rows),
                       title=dict(text="Besides memory: GPU utilization and power, SGLang engine series (Miles dump)",
                                  font=dict(size=14), x=0))
     return fig
