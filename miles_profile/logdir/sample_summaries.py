@@ -102,9 +102,9 @@ class _Windows:
     def feed(self, part: dict) -> None:
         if part["t0"] < self.t_end:
             raise _FullRead("time goes backwards across chunks")
+        self.t_end = max(self.t_end, part["t1"])  # a chunk outside every phase counts too
         if part["rows"] is None:
             return
-        self.t_end = part["t1"]
         live = part["live"]
         self.rows[live] += part["rows"]
         self.t_first[live] = np.where(np.isnan(self.t_first[live]), part["t_first"], self.t_first[live])

@@ -227,12 +227,13 @@ def test_a_damaged_csv_goes_through_the_tolerant_path_with_the_same_numbers(tmp_
     assert any("truncated" in w for w in bare.warnings)
 
 
-def test_rows_out_of_time_order_are_sorted_as_the_reader_does(tmp_path, reference, monkeypatch):
-    monkeypatch.setattr(ss, "CHUNK_BYTES", 1500)
+@pytest.mark.parametrize("rows", [(1200, 1202), (1290, 1350)])  # inside a phase; across chunks, outside any
+def test_rows_out_of_time_order_are_sorted_as_the_reader_does(tmp_path, reference, monkeypatch, rows):
+    monkeypatch.setattr(ss, "CHUNK_BYTES", 1500)  # about 20 rows a chunk
     run_dir = _write_run(tmp_path)
     path = run_dir / "h-7.samples.csv"
     lines = path.read_text().splitlines()
-    lines[1200], lines[1201] = lines[1201], lines[1200]  # two rows swapped (a clock step)
+    lines[rows[0]:rows[1]] = lines[rows[0]:rows[1]][::-1]  # rows in reverse order (a clock step)
     path.write_text("\n".join(lines) + "\n")
     run = load_run(run_dir, sample_pids=set())
     assert _as_dict(ss.summaries_from_samples(run)) == reference
