@@ -8,6 +8,8 @@
 # when the package is not importable. MEMORY_BACKEND=builtin forces the first set's backend (the trainer's
 # auto would pick torch_memory_saver wherever the package imports). Unset: each run's defaults.
 # ONLY="4-both 8-critic-both" records those configurations alone.
+# CALIBRATE=1 measures the links once (record --calibrate: pinned/pageable copies, the offload disk) and
+# stores them in every log, so the report's transition meter gives ratios to them (docs/transitions.md).
 set -uo pipefail
 out=${1:?usage: $0 OUT_DIR [PRESET] [NUM_ROLLOUT] [extra trainer args...]}
 preset=${2:-gpu}
@@ -47,7 +49,9 @@ for name in $(printf '%s\n' "${!configs[@]}" | sort); do
     *) echo "MEMORY_BACKEND must be builtin or torch_memory_saver, not $backend"; exit 2;;
   esac
   echo "=== $name: $flags"
-  python3 -m miles_profile.record --log-dir "$out/$name" --interval-ms "$interval" -- \
+  calibrate=()
+  [ -z "${CALIBRATE:-}" ] || { mkdir -p "$disk_dir"; calibrate=(--calibrate --watch-dir "$disk_dir"); }
+  python3 -m miles_profile.record --log-dir "$out/$name" --interval-ms "$interval" ${calibrate[@]+"${calibrate[@]}"} -- \
     --preset "$preset" --num-rollout "$rollouts" $flags "$@" || { echo "FAILED: $name"; status=1; }
   # One run per configuration: make $out/<config> the run directory itself (sample_logs/h200 layout).
   run_dir=$(ls -d "$out/$name"/run-* 2>/dev/null | head -1)
