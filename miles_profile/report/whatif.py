@@ -125,22 +125,65 @@ def _working(ledger_frame: pd.DataFrame, host: str, pid: int) -> pd.DataFrame:
     return w.pivot_table(index="id", columns="category", values="bytes", aggfunc="sum").reindex(order).fillna(0.0)
 
 
-def _tags(phase) -> set[str]:
-    tags = phase["attrs"].get("tags") if isinstance(phase["attrs"], dict) else None
-    return set(map(str, tags)) if isinstance(tags, (list, tuple)) else set()
+@dataclass(frozen=True)
+class _Phase:
+    """What matching an offload with its onload needs of a phase (plain values: a long run has thousands)."""
+    name: str
+    tags: frozenset
+    seconds: float
+    phase_id: object
+
+    @property
+    def kind(self) -> str | None:
+        return kind_of(self.name)
 
 
-def _gives_back(offload, onload, category: str) -> bool:
+def _phase_records(phases: pd.DataFrame, rows: np.ndarray) -> list[_Phase]:
+    out = []
+    for name, attrs, seconds, phase_id in zip(phases["name"].astype(str).to_numpy()[rows], phases["attrs"].to_numpy()[rows],
+                                              phases["duration"].to_numpy(float)[rows], phases["id"].to_numpy()[rows]):
+        tags = attrs.get("tags") if isinstance(attrs, dict) else None
+        out.append(_Phase(name, frozenset(map(str, tags)) if isinstance(tags, (list, tuple)) else frozenset(),
+                          float(seconds), phase_id))
+    return out
+
+
+def _gives_back(offload: _Phase, onload: _Phase, category: str) -> bool:
     """Whether `onload` is the phase that brings back what `offload` freed of `category`: by tags
     (offload_rollout's kv_cache comes back in onload_kv), else by name (offload_train -> onload_train).
     Not by bytes alone: the ledger sums a category over owners (the actor's and the engine's weights)."""
-    if kind_of(str(onload["name"])) != ONLOAD:
+    if onload.kind != ONLOAD:
         return False
-    freed, back = _tags(offload), _tags(onload)
+    freed, back = offload.tags, onload.tags
     if freed and back:
         return category in back if category in freed else bool(freed & back)
-    suffix = lambda name: str(name).split("_", 1)[-1]  # noqa: E731
-    return not freed and not back and suffix(offload["name"]) == suffix(onload["name"])
+    return not freed and not back and offload.name.split("_", 1)[-1] == onload.name.split("_", 1)[-1]
+
+
+def _onload_of(mine: list[_Phase], j: int, category: str, nbytes: float, working: pd.DataFrame,
+               named: bool) -> int | None:
+    """The position of the phase that brings back what the offload at `j` freed of `category`: the first
+    later one matching it by tags or name; where no phase of the run does (`named` False), the first
+    that gives at least BACK_SHARE of the bytes back."""
+    if named:
+        return next((m for m in range(j + 1, len(mine)) if _gives_back(mine[j], mine[m], category)), None)
+    held = working[category] if category in working else None
+    for m in range(j + 1, len(mine)):
+        at = working.index.get_loc(mine[m].phase_id) if held is not None and mine[m].phase_id in working.index else 0
+        if at > 0 and held.iloc[at] - held.iloc[at - 1] >= BACK_SHARE * nbytes:
+            return m
+    return None
+
+
+def _judged_process(phases: pd.DataFrame, hosts: pd.Series, ledger_frame: pd.DataFrame) -> tuple[str, int]:
+    """The process that offloads the most (its NVML reads see the whole device), among those of the
+    ledger (a fleet's holds the lanes drawn); a run without offloads: the one with the most phases."""
+    kinds = [kind_of(n) for n in phases["name"].astype(str)]
+    keys = list(zip(hosts, phases["pid"].astype(int)))
+    in_ledger = set(zip(ledger_frame["host"].astype(str), ledger_frame["pid"].astype(int)))
+    offloads = [key for key, kind in zip(keys, kinds) if kind == OFFLOAD]
+    candidates = [key for key in offloads if key in in_ledger] or offloads or keys
+    return max(dict.fromkeys(candidates), key=candidates.count)
 
 
 def _judge(peak: float, total: float | None, threshold: float | None) -> str:
@@ -163,59 +206,47 @@ def whatif(run, ledger_frame: pd.DataFrame | None = None, thresholds: Thresholds
     if column is None:
         return empty
     hosts = phases["host"].fillna("").astype(str) if "host" in phases else pd.Series([""] * len(phases))
-    offloads = [k for k in range(len(phases)) if kind_of(str(phases.at[k, "name"])) == OFFLOAD]
-    # the process that offloads the most (else: has the most phases) is the one judged: its NVML reads
-    # see the whole device; a run without offloads still has its measured peak, to compare with
-    in_ledger = set(zip(ledger_frame["host"].astype(str), ledger_frame["pid"].astype(int)))
-    candidates = [k for k in offloads if (hosts[k], int(phases.at[k, "pid"])) in in_ledger] or offloads \
-        or list(range(len(phases)))  # a fleet's ledger holds the lanes drawn: one of those
-    keys = [(hosts[k], int(phases.at[k, "pid"])) for k in candidates]
-    host, pid = max(dict.fromkeys(keys), key=keys.count)
-    mine = np.flatnonzero((hosts.to_numpy() == host) & (phases["pid"].to_numpy(np.int64) == pid))
-    mine = mine[np.argsort(phases["start"].to_numpy(float)[mine], kind="stable")]
-    peaks = pd.to_numeric(instances[column], errors="coerce").astype(float).to_numpy()[mine]
+    host, pid = _judged_process(phases, hosts, ledger_frame)
+    own = np.flatnonzero((hosts.to_numpy() == host) & (phases["pid"].to_numpy(np.int64) == pid))
+    own = own[np.argsort(phases["start"].to_numpy(float)[own], kind="stable")]
+    mine = _phase_records(phases, own)
+    peaks = pd.to_numeric(instances[column], errors="coerce").astype(float).to_numpy()[own]
     working = _working(ledger_frame, host, pid)
-    ids = phases["id"].to_numpy()[mine]
     total = _total(run, column)
     threshold = None if total is None else th.headroom_max_share * total
-    extra: dict[tuple[str, str], np.ndarray] = {}
-    trips: dict[tuple[str, str], list] = {}
-    for j, k in enumerate(mine):
-        name = str(phases.at[k, "name"])
-        if kind_of(name) != OFFLOAD or ids[j] not in working.index:
+    extra: dict[tuple[str, str], np.ndarray] = {}  # (offload, category) -> bytes each phase would have held more
+    trips: dict[tuple[str, str], list] = {}  # (offload, category) -> (bytes, offload s, (onload, s), position)
+    named: dict[tuple[str, str], bool] = {}
+    for j, phase in enumerate(mine):
+        if phase.kind != OFFLOAD or phase.phase_id not in working.index:
             continue
-        at = working.index.get_loc(ids[j])
-        if at == 0:
+        at = working.index.get_loc(phase.phase_id)
+        if at == 0:  # the run's first phase end: what it freed is unknown
             continue
         freed = (working.iloc[at - 1] - working.iloc[at]).clip(lower=0)
         for category, nbytes in freed[freed > 0].items():
-            back = next((m for m in range(j + 1, len(mine))
-                         if _gives_back(phases.loc[k], phases.loc[mine[m]], category)), None)
-            named = any(_gives_back(phases.loc[k], phases.loc[m], category) for m in mine)
-            if back is None and not named:  # phases named otherwise: the first onload that gives the bytes back
-                back = next((m for m in range(j + 1, len(mine)) if ids[m] in working.index and
-                             working.at[ids[m], category] - working.iloc[working.index.get_loc(ids[m]) - 1][category]
-                             >= BACK_SHARE * nbytes), None)
-            stop = back if back is not None else len(mine)
-            vec = extra.setdefault((name, category), np.zeros(len(mine)))
-            vec[j + 1:stop] += nbytes
-            onload = None if back is None else (str(phases.at[mine[back], "name"]), float(phases.at[mine[back], "duration"]))
-            trips.setdefault((name, category), []).append((float(nbytes), float(phases.at[k, "duration"]), onload, j, stop))
+            key = (phase.name, category)
+            if key not in named:
+                named[key] = any(_gives_back(phase, other, category) for other in mine)
+            back = _onload_of(mine, j, category, nbytes, working, named[key])
+            extra.setdefault(key, np.zeros(len(mine)))[j + 1:len(mine) if back is None else back] += nbytes
+            onload = None if back is None else (mine[back].name, mine[back].seconds)
+            trips.setdefault(key, []).append((float(nbytes), phase.seconds, onload, j))
     frame = pd.DataFrame(extra, index=range(len(mine)))
     result = WhatIf(pd.DataFrame(columns=TABLE_COLUMNS), _top(peaks) if np.isfinite(peaks).any() else None, series,
-                    total, threshold, peaks, frame, phases["name"].astype(str).to_numpy()[mine],
-                    instances["iteration"].to_numpy(np.int64)[mine])
+                    total, threshold, peaks, frame, np.array([p.name for p in mine]),
+                    instances["iteration"].to_numpy(np.int64)[own])
     rows = []
     for offload in dict.fromkeys(name for name, _ in trips):
         cats = [c for (n, c) in trips if n == offload]
         for category in [*cats, ALL] if len(cats) > 1 else cats:
             picked = [trips[(offload, c)] for c in (cats if category == ALL else [category])]
-            rows.append(_row(offload, category, picked, peaks, frame, phases, mine, result, total, threshold))
+            rows.append(_row(offload, category, picked, peaks, frame, mine, result, total, threshold))
     result.table = pd.DataFrame(rows, columns=TABLE_COLUMNS)
     return result
 
 
-def _row(offload, category, picked, peaks, frame, phases, mine, result, total, threshold) -> tuple:
+def _row(offload, category, picked, peaks, frame, mine, result, total, threshold) -> tuple:
     cols = [(offload, c) for c in frame.columns.get_level_values(1).unique() if (offload, c) in frame.columns
             and (category == ALL or c == category)]
     held = frame[cols].sum(axis=1).to_numpy(float)
@@ -234,7 +265,7 @@ def _row(offload, category, picked, peaks, frame, phases, mine, result, total, t
     # per instance, each distinct onload once (offload_rollout's kv and weights come back in two)
     per_instance = [sum(dict(t[2] for t in trips if t[2] is not None).values()) for trips in by_instance.values()]
     onload_s = float(np.mean(per_instance)) if onloads else np.nan
-    return (offload, category, len(by_instance), freed, None if at is None else str(phases.at[mine[at], "name"]),
+    return (offload, category, len(by_instance), freed, None if at is None else mine[at].name,
             measured, whatif_peak, result.peak_if_kept([offload], None if category == ALL else [category]),
             total, threshold, _judge(whatif_peak, total, threshold), offload_s, onload_names, onload_s,
             offload_s + (onload_s if onload_s == onload_s else 0.0), result.series)
