@@ -3,7 +3,6 @@ spent in transitions (a bar per phase kind), the transition meter per phase kind
 (report/transitions.py) and the offload what-if (report/whatif_html.py).
 
     transitions_html(run, ledger_frame, suffix) -> str
-    meter_lines(meter) -> list[str]                 # the headline, for a person (CLI, dashboard)
     meter_rows(meter) -> list[dict], METER_COLUMNS  # the table as text: the report's and the dashboard's
     share_text(meter), ceilings_text(meter) -> str
 """
@@ -63,21 +62,6 @@ def meter_rows(meter: Transitions) -> list[dict[str, str]]:
                      "rate": rate, "link": LINK_TEXT.get(r["link"], r["link"]), "ratio": ratio_text(r),
                      "share": _fmt(r["share_of_step"], ".1f", 0.01), "_link": r["link"], "_setup": bool(r["setup"])})
     return rows
-
-
-def meter_lines(meter: Transitions) -> list[str]:
-    """What a person reads first: the share of the step, then each copying link's rate."""
-    if meter.empty:
-        return []
-    lines = []
-    if meter.share is not None:
-        lines.append(f"moving memory: {meter.share:.0%} of the step ({meter.steps['iteration'].nunique()} iterations)")
-    for r in meter.by_kind.to_dict("records"):
-        if r["link"] == NO_COPY or r["setup"] or r["rate"] != r["rate"]:
-            continue
-        lines.append(f"{r['phase']} ({r['tags']}): {r['rate'] / GB:.2f} GB/s over {LINK_TEXT.get(r['link'], r['link'])}, "
-                     f"{ratio_text(r)}")
-    return lines
 
 
 def _bar(meter: Transitions) -> str:
