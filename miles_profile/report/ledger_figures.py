@@ -139,6 +139,28 @@ def _bar_traces(x, wide: pd.DataFrame, total: pd.Series, show_legend: bool, seen
 _AT_TEXT = {L.AT_PEAK: " ▲ peak", L.AT_END: " end"}
 
 
+def _paired_traces(wide: pd.DataFrame, total: pd.Series, names_of: dict, instances: list, seen: set) -> list:
+    """Bars of a ledger with peaks: instance j's peak at x = 3j (dotted), its end at 3j + 1, a gap at
+    3j + 2 between pairs; hover names the instance and which bar ("0:train ▲ peak"). The ends carry the
+    legend (solid swatches); the peaks join their category's legend group."""
+    order = {k: j for j, k in enumerate(instances)}
+    traces = []
+    for at in (L.AT_PEAK, L.AT_END):
+        rows = [k[5] == at for k in wide.index]
+        if not any(rows):
+            continue
+        keys = [k for k, r in zip(wide.index, rows) if r]
+        x = [3 * order[k[:5]] + (0 if at == L.AT_PEAK else 1) for k in keys]
+        part = _bar_traces(x, wide[rows], total[rows], at == L.AT_END, seen if at == L.AT_END else set(),
+                           "%{customdata}")
+        for trace in part:
+            trace.customdata = [names_of[k[:5]] + _AT_TEXT[at] for k in keys]
+            if at == L.AT_PEAK and isinstance(trace, go.Bar) and not trace.marker.pattern.shape:
+                trace.marker.pattern = dict(shape=".", fgcolor="#ffffff", solidity=0.3)  # negatives keep "/"
+        traces += part
+    return traces
+
+
 def ledger_bar_figure(frame: pd.DataFrame, *, top_level_only: bool = True) -> go.Figure:
     """One stacked bar per phase instance (its end; with the ledger's peak rows, its peak beside it),
     one row per device lane; a dash marks the measured total the categories should reach."""
@@ -159,14 +181,19 @@ def ledger_bar_figure(frame: pd.DataFrame, *, top_level_only: bool = True) -> go
         names_of = dict(zip(instances, _numbered([  # two setup update_weights stay two bars
             f"{iteration_text(it)}:{phase}" + (f" ({pid})" if picked["pid"].nunique() > 1 else "")
             for (_, pid, _, phase, it) in instances])))
-        x = [names_of[k[:5]] + (_AT_TEXT[k[5]] if peaks else "") for k in wide.index]
-        batch.add(_bar_traces(x, wide, total, True, seen, "%{x}"), row, 1)
+        if not peaks:
+            x = [names_of[k[:5]] for k in wide.index]
+            batch.add(_bar_traces(x, wide, total, True, seen, "%{x}"), row, 1)
+        else:
+            batch.add(_paired_traces(wide, total, names_of, instances, seen), row, 1)
+            fig.update_xaxes(tickmode="array", tickvals=[3 * j + 0.5 for j in range(len(instances))],
+                             ticktext=[names_of[k] for k in instances], row=row, col=1)
         fig.update_yaxes(title_text="GiB", row=row, col=1)
         fig.update_xaxes(tickangle=-45, row=row, col=1)
     batch.into(fig)
     fig.update_layout(barmode="relative", template="plotly_white", height=height,
                       margin=dict(l=70, r=20, t=60, b=110), bargap=0.15,
-                      title="Where the bytes are at each phase's peak (▲) and at its end" if peaks
+                      title="Where the bytes are at each phase's peak (left bar, dotted) and at its end (right)" if peaks
                       else "Where the bytes are at the end of each phase")
     return fig
 

@@ -45,11 +45,15 @@ def test_a_peak_above_reserved_was_reserved_and_on_the_device_too():
 
 def test_figures_draw_a_bar_at_each_peak_beside_its_end_and_a_step_over_time():
     frame = ledger(_with_peak(7.5), peaks=True)
-    activations = next(t for t in ledger_bar_figure(frame).data if t.name == "activations and temporaries")
-    x = list(activations.x)
-    assert x.index("0:train ▲ peak") + 1 == x.index("0:train end")
-    y = dict(zip(x, np.asarray(activations.y, float)))
-    assert y["0:train ▲ peak"] == 5.5 and y["0:train end"] == 4.0
+    bars = {}  # hover name -> (x, GiB, pattern): the peaks are one trace, the ends another
+    for t in ledger_bar_figure(frame).data:
+        if t.name == "activations and temporaries":
+            for x, y, name in zip(t.x, np.asarray(t.y, float), t.customdata):
+                bars[name] = (x, y, t.marker.pattern.shape, t.showlegend)
+    assert bars["0:train ▲ peak"][0] + 1 == bars["0:train end"][0]  # side by side, the peak first
+    assert bars["0:train ▲ peak"][2] == "." and not bars["0:train end"][2]  # the peak's bar is dotted
+    assert bars["0:train ▲ peak"][1] == 5.5 and bars["0:train end"][1] == 4.0
+    assert bars["0:train end"][3] and not bars["0:train ▲ peak"][3]  # the legend shows the solid swatch
     area = next(t for t in ledger_area_figure(frame, 0.0).data if t.name == "activations and temporaries")
     steps = dict(zip(np.asarray(area.x, float), np.asarray(area.y, float)))
     assert steps[2.5] == 5.5 and steps[3.2] == 4.0  # up at the peak, down at the end
