@@ -45,7 +45,7 @@ def body(meter, result) -> list:
                 _table(meter_rows(meter), METER_COLUMNS, "moving-table")]
     if not result.empty:
         children += [html.H3("What you could keep on the GPU"), html.P(basis_text(result), className="muted small"),
-                     _table(whatif_rows(result), WHATIF_COLUMNS, "whatif-table")]
+                     _table(whatif_rows(result), WHATIF_COLUMNS, "moving-whatif-table")]
     return children
 
 

@@ -74,7 +74,7 @@ def test_dashboard_panel_shows_the_reports_rows(browser, artifacts, tmp_path):
                                   ".filter(r => r.length)")
             assert cells == expected
             assert "ceiling not measured" in page.locator("#moving-ceilings").inner_text()
-            assert page.locator("#whatif-table td").count() > 0
+            assert page.locator("#moving-whatif-table td").count() > 0
             assert float(page.locator("#moving-share").get_attribute("data-share")) == pytest.approx(
                 transitions(load_run(LOG)).share, abs=1e-4)
             page.locator("#moving-section").screenshot(path=str(artifacts / "transitions-dashboard.png"))
