@@ -12,6 +12,7 @@ import math
 import os
 import re
 import tempfile
+import urllib.parse
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
@@ -52,6 +53,7 @@ class RunConfig:
     colocate_memory_peak_device: str
     rollout_engine: str          # "in_process" or "server", resolved from auto
     world_size: int = 1          # data-parallel ranks (torchrun's WORLD_SIZE)
+    rollout_engine_url: str | None = None  # drive a server already listening there (rollout_engine "server")
 
 
 def parse_bytes(text: str) -> int:
@@ -120,6 +122,11 @@ def _add_rollout_arguments(g) -> None:
                         "on the same device, driven over SGLang-style HTTP (python -m trainer.engine_server). "
                         "auto: server under torchrun (Miles' topology), in_process otherwise "
                         "(default: %(default)s)")
+    g.add_argument("--rollout-engine-url", metavar="URL",
+                   help="drive an SGLang-compatible server already listening at URL (e.g. "
+                        "http://127.0.0.1:30000) instead of starting one: python -m trainer.engine_server, or "
+                        "a server with SGLang's endpoints on this host (weights cross as shared memory or CUDA "
+                        "IPC handles); one rank only; docs/trainer.md")
 
 
 def _add_train_arguments(g) -> None:
@@ -182,6 +189,10 @@ def validate(args: argparse.Namespace, cuda_available: bool, world_size: int = 1
     device = _device(args.device, cuda_available)
     if args.cuda_graph and device != "cuda":
         return "--cuda-graph needs --device cuda"
+    if args.rollout_engine_url is not None:
+        problem = _engine_url_problem(args, world_size)
+        if problem:
+            return problem
     if args.offload_rollout_level is not None:
         if not args.offload_rollout:
             return "--offload-rollout-level needs --offload-rollout"
@@ -267,6 +278,17 @@ def device_memory(device: str) -> int | None:
         return None
 
 
+def _engine_url_problem(args: argparse.Namespace, world_size: int) -> str | None:
+    url = urllib.parse.urlsplit(args.rollout_engine_url)
+    if url.scheme not in ("http", "https") or not url.hostname:
+        return f"--rollout-engine-url {args.rollout_engine_url!r} is not an http:// or https:// URL with a host"
+    if args.rollout_engine == "in_process":
+        return "--rollout-engine-url drives a server: it does not go with --rollout-engine in_process"
+    if world_size > 1:
+        return "--rollout-engine-url names one server, for one rank: run a single rank"
+    return None
+
+
 def _unwritable(directory: Path) -> str | None:
     """Why files cannot be created in `directory` (made if missing), or None."""
     try:
@@ -307,8 +329,9 @@ def resolve(args: argparse.Namespace, cuda_available: bool, world_size: int = 1,
         offload_train_backend=args.offload_train_backend,
         offload_train_disk_dir=args.offload_train_disk_dir,
         chunk_bytes=args.offload_chunk_bytes or p.chunk_bytes,
-        colocate_memory_peak_device=args.colocate_memory_peak_device, rollout_engine=engine,
-        world_size=world_size)
+        colocate_memory_peak_device=args.colocate_memory_peak_device,
+        rollout_engine="server" if args.rollout_engine_url else engine, world_size=world_size,
+        rollout_engine_url=args.rollout_engine_url)
 
 
 def parse_args(argv: list[str] | None, cuda_available: bool | None = None,

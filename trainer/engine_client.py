@@ -44,13 +44,31 @@ class KVInfo:
 
 
 class RemoteEngine:
-    def __init__(self, proc: subprocess.Popen, url: str, workdir: tempfile.TemporaryDirectory, device: torch.device):
+    """`proc` and `workdir` are None for a server we did not start (`connect`): we never stop it."""
+
+    def __init__(self, proc: subprocess.Popen | None, url: str, workdir: tempfile.TemporaryDirectory | None,
+                 device: torch.device):
         self.proc, self.url, self._workdir, self.device = proc, url, workdir, device
         info = self._request("GET", api.SERVER_INFO)
-        self.pid: int = info["pid"]
-        self.weights_bytes: int = info["weights_bytes"]
-        self.kv = KVInfo(info["kv_cache_bytes"], info["kv_capacity_tokens"])
+        # Our engine server states its sizes; another SGLang-compatible server (SGLang's own /server_info
+        # lists its server args instead) leaves them unknown: 0 bytes, and no expected_bytes on the phases.
+        self.ours = "kv_cache_bytes" in info
+        self.pid: int | None = info.get("pid")
+        self.weights_bytes: int = int(info.get("weights_bytes") or 0)
+        self.kv = KVInfo(int(info.get("kv_cache_bytes") or 0), int(info.get("kv_capacity_tokens") or 0))
         self.memory_backend: str = info.get("memory_backend", BUILTIN)
+
+    @classmethod
+    def connect(cls, url: str, device: torch.device) -> "RemoteEngine":
+        """Drive a server already listening at `url` (--rollout-engine-url): ours started by hand, or
+        any server with SGLang's endpoints on this host (weights cross as shared memory / CUDA IPC handles)."""
+        if device.type == "cpu":
+            api.use_file_system_sharing()
+        elif device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+        engine = cls(None, url.rstrip("/"), None, device)
+        engine._request("GET", api.HEALTH)
+        return engine
 
     @classmethod
     def start(cls, cfg: ModelConfig, device: torch.device, kv_cache_bytes: int, cuda_graph: bool = False,
@@ -104,11 +122,12 @@ class RemoteEngine:
     def resume_memory_occupation(self, tags: Sequence[str]) -> None:
         self._request("POST", api.RESUME, {"tags": list(tags)})
 
-    def occupied_bytes(self, tags: Sequence[str]) -> int:
-        return self._request("POST", api.MEMORY, {"tags": list(tags)})["occupied_bytes"]
+    def occupied_bytes(self, tags: Sequence[str]) -> int | None:
+        """Bytes a release of `tags` would free; None from a server without our /memory_occupation."""
+        return self._request("POST", api.MEMORY, {"tags": list(tags)})["occupied_bytes"] if self.ours else None
 
-    def released_bytes(self, tags: Sequence[str]) -> int:
-        return self._request("POST", api.MEMORY, {"tags": list(tags)})["released_bytes"]
+    def released_bytes(self, tags: Sequence[str]) -> int | None:
+        return self._request("POST", api.MEMORY, {"tags": list(tags)})["released_bytes"] if self.ours else None
 
     def flush_cache(self) -> None:
         self._request("POST", api.FLUSH_CACHE, {})
@@ -137,8 +156,10 @@ class RemoteEngine:
             raise EngineError(f"update_weights_from_tensor: {reply.get('message')}")
 
     def close(self) -> None:
-        _stop(self.proc)
-        self._workdir.cleanup()
+        if self.proc is not None:  # a server we connected to is not ours to stop
+            _stop(self.proc)
+        if self._workdir is not None:
+            self._workdir.cleanup()
 
     # --- HTTP ------------------------------------------------------------------------------------
 
@@ -152,6 +173,9 @@ class RemoteEngine:
         except urllib.error.HTTPError as exc:
             raise EngineError(f"engine {path}: {_message(exc.read())}") from None
         except (urllib.error.URLError, ConnectionError, TimeoutError) as exc:
+            if self.proc is None:
+                raise EngineError(f"engine server at {self.url} not answering: {path} failed "
+                                  f"({getattr(exc, 'reason', exc)})") from None
             code = self.proc.poll()
             state = f"exited with code {code}" if code is not None else "not answering"
             raise EngineError(f"engine server (pid {self.proc.pid}) {state}: {path} failed "

@@ -204,6 +204,8 @@ def _device(cfg: RunConfig, rank: dist.Rank) -> torch.device:
 
 
 def _start_engine(cfg: RunConfig, model_cfg, device: torch.device) -> RolloutEngine | RemoteEngine:
+    if cfg.rollout_engine_url:  # a server someone else started (ours by hand, or SGLang-compatible)
+        return RemoteEngine.connect(cfg.rollout_engine_url, device)
     if cfg.rollout_engine == "server":
         return RemoteEngine.start(model_cfg, device, cfg.kv_cache_bytes, cuda_graph=cfg.cuda_graph,
                                   torch_threads=cfg.preset.torch_threads, memory_backend=cfg.rollout_memory_backend)
