@@ -14,7 +14,7 @@ from dash import ClientsideFunction, Input, Output, State, ctx, dcc, html
 from dash.exceptions import PreventUpdate
 
 from dashboards.messages import describe, message
-from dashboards.panels.fleet import one_lane_each
+from dashboards.panels.fleet import one_lane_each, timeline_note
 from miles_profile.report.figures import run_start, timeline_figure
 
 FOCUS_PAD = 0.15  # share of a check's span shown on each side of it
@@ -161,8 +161,7 @@ def register(app, state) -> None:
         except Exception as exc:  # noqa: BLE001 - every failure becomes a message in the page
             return _blank(), None, None, "", message(describe(exc))
         if not one_lane_each(live_run.current):
-            return (_blank(), None, None, "", message(
-                f"{len(live_run.current.processes):,} processes: see the fleet view and its lanes above.", "info"))
+            return _blank(), None, None, "", message(timeline_note(live_run.current), "info")
         planned = plan_window(run_id, live_run.version, zoom, focus, view, rendered, triggers,
                               lambda z: window_from_zoom(z, live_run.current))
         if planned is None:

@@ -8,6 +8,7 @@ import shutil
 from pathlib import Path
 
 import pandas as pd
+import pytest
 
 from miles_profile.logdir.reader import load_run
 from tests.unit.test_logdir_multihost import write_host_run
@@ -78,3 +79,60 @@ def test_a_process_that_appears_later_on_a_second_host_gets_its_own_pid(tmp_path
     assert sorted(samples.loc[samples["pid"] != 7, "rss"].tolist()) == [1, 2, 5]  # node-c's rows, apart
     (alias,) = set(samples["pid"]) - {7}
     assert alias % 2 ** 32 == 7
+
+
+# -- item 15: thousands of empty processes, and the fleet view the timeline points to --------------------
+def empty_processes_run(base: Path, count: int) -> Path:
+    """One process that recorded, and `count` processes whose recorder wrote its meta and then nothing
+    (empty samples and events files): no phases, no GPU, so no fleet."""
+    from miles_profile.logdir.writer import write_process_meta
+    from tests.faults.test_faults_files import make_run
+    run = make_run(base / "logs")
+    for k in range(count):
+        stem = f"e-{k}"
+        write_process_meta(run, stem, {"pid": 100 + k, "host": "e", "role": "actor", "stem": stem})
+        (run / f"{stem}.samples.csv").write_bytes(b"")
+        (run / f"{stem}.events.jsonl").write_bytes(b"")
+    return run
+
+
+def test_the_timeline_points_to_the_fleet_view_only_where_the_fleet_panel_shows(tmp_path):
+    from bench.make_fleet_log import write_fleet_run
+    from dashboards.live_run import LiveRun
+    from dashboards.panels import fleet, timeline
+    live = LiveRun(empty_processes_run(tmp_path, 40))
+    run = live.current
+    assert len(run.processes) == 41 and not fleet.is_fleet(run)  # the fleet panel stays hidden
+    assert fleet.one_lane_each(run)  # so the run-wide timeline draws, instead of pointing to it
+    figure = timeline.build_figure(run, "run", None, None)
+    drawn = [[round(v * GiB) for v in t.y] for t in figure.data if t.name == "RSS"]  # GiB on screen
+    assert drawn == [list(range(10, 30))]  # the process that recorded
+    big = load_run(write_fleet_run(tmp_path / "fleet", hosts=1, gpus=9, minutes=0.2))  # 18 processes
+    assert fleet.is_fleet(big) and not fleet.one_lane_each(big)  # a fleet: its panel replaces the timeline
+    assert fleet.timeline_note(big) == "18 processes: the fleet view above replaces the run-wide timeline."
+
+
+@pytest.mark.browser
+@pytest.mark.slow
+def test_empty_processes_in_the_page_draw_the_timeline_and_name_no_hidden_view(browser, tmp_path):
+    """The issue's case in headless Chromium: with 5,000 empty processes the page said "5,001 processes: see
+    the fleet view and its lanes above", and the ledger "open one in the fleet view", while the fleet panel
+    was hidden (no phases, no GPU: no fleet). 300 processes take the same path past 16, in less time."""
+    from dashboards.serve import dashboard_process
+    run = empty_processes_run(tmp_path, 300)
+    graph = "document.querySelector('#timeline-graph .js-plotly-plot')"
+    with open(tmp_path / "stderr.txt", "w") as stderr, \
+            dashboard_process(run.parent, stderr=stderr, timeout_s=120) as url:
+        context = browser.new_context(viewport={"width": 1400, "height": 1000})
+        try:
+            page = context.new_page()
+            page.goto(url)
+            drawn = f"{graph} && {graph}.data && {graph}.data.some(d => d.name === 'RSS')"
+            said = "document.querySelector('#timeline-message').innerText.length > 0"
+            page.wait_for_function(f"() => ({drawn}) || ({said})", timeout=120_000)
+            assert page.evaluate(f"() => {drawn}")  # the run-wide timeline of the process that recorded
+            assert not page.locator("#fleet-panel").is_visible()
+            assert "fleet view" not in page.locator("body").inner_text()  # the timeline's, the ledger's
+        finally:
+            context.close()
+    assert "Traceback" not in (tmp_path / "stderr.txt").read_text()
