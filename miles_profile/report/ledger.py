@@ -214,6 +214,16 @@ class _Member:
     declares: bool = True  # False: a process without account() calls
 
 
+def _held(m: _Member) -> float:
+    """What a recorded process holds on its GPU by its best measure: NVML's per-process bytes, else the
+    allocator's reserved bytes, else what it declared."""
+    if m.proc is not None:
+        return m.proc
+    if m.reserved is not None:
+        return m.reserved - m.declared.get(names.PAUSED, 0)
+    return float(sum(v for c, v in m.declared.items() if c != names.PAUSED))
+
+
 def _gpu_rows(used: float | None, members: list[_Member]) -> list[tuple[str, str, float]]:
     """(category, source, bytes) of one GPU at one instant."""
     rows: dict[tuple[str, str], float] = {}
@@ -235,12 +245,7 @@ def _gpu_rows(used: float | None, members: list[_Member]) -> list[tuple[str, str
             below = reserved if reserved is not None else declared
             rows[(NON_PYTORCH, "derived")] = rows.get((NON_PYTORCH, "derived"), 0.0) + m.proc - below
     if used is not None:
-        # What the recorded processes hold by their best measure: NVML's per-process bytes, else the
-        # allocator's reserved bytes, else what they declared.
-        held = sum(m.proc if m.proc is not None else
-                   m.reserved - m.declared.get(names.PAUSED, 0) if m.reserved is not None else
-                   float(sum(v for c, v in m.declared.items() if c != names.PAUSED)) for m in members)
-        rows[(OTHER_PROCESSES, "derived")] = used - held
+        rows[(OTHER_PROCESSES, "derived")] = used - sum(_held(m) for m in members)
     return [(c, s, v) for (c, s), v in rows.items()]
 
 
@@ -351,24 +356,11 @@ def _highest(window: pd.DataFrame, series: tuple[str, ...]) -> tuple[int, str, f
 
 
 def _carry_nvml(frame: pd.DataFrame) -> pd.DataFrame:
-    """NVML is read less often than the allocator: in a row without its own read, per GPU, NVML
-    per-process is reserved plus what it held beyond reserved at the latest read (context, NCCL), and
-    device used that plus what others held then. Taking the latest read as it was (or the host
-    sampler's) put 19 GiB of a finished generate under "other processes" at an update_weights peak
-    and 2.9 GiB of reserved growth below zero in non-PyTorch (sample_logs/h200/4-both)."""
-    for column in [c for c in frame.columns if c.startswith("gpu") and c.endswith("_reserved")]:
-        i = column[3:-len("_reserved")]
-        reserved = pd.to_numeric(frame[column], errors="coerce")
-        below = reserved
-        for kind in ("proc", "used"):
-            name = f"gpu{i}_{kind}"
-            if name not in frame:
-                continue
-            read = pd.to_numeric(frame[name], errors="coerce")
-            frame[name] = read.fillna(below + (read - below).ffill())
-            below = frame[name]
+    """NVML read less often than the samples (a Miles import, logs without an allocator): a row without
+    its own read takes the latest one. With an allocator, a peak's NVML comes from the phase boundary
+    before it instead (_gpu_peak)."""
     rest = [c for c in frame.columns if c.startswith("gpu") and c.endswith(("_used", "_proc"))]
-    frame[rest] = frame[rest].ffill()  # no allocator on that GPU: the latest read as it was
+    frame[rest] = frame[rest].ffill()
     return frame
 
 
@@ -401,32 +393,53 @@ def _host_peak(ctx: _Context, host: str, pid: int, window: pd.DataFrame) -> list
     return [(t, HOST, f"host RSS, pid {pid}", c, s, v, np.nan if total is None else total) for c, s, v in rows]
 
 
+def _at_peak(state: pd.Series | None, row: pd.Series, i: int, peak: float) -> tuple[pd.Series, float | None]:
+    """This process's row at its allocated peak, made of one instant: allocated = the true peak,
+    reserved at least that; NVML per-process = reserved plus what it held beyond reserved at the
+    phase boundary before (context, NCCL: they barely move), device used = that boundary's plus this
+    process's change since. NVML and the allocator are read at different instants inside a phase:
+    taken as read, an onload's peak showed -10.6 GiB of non-PyTorch memory and an offload's +14 GiB
+    (sample_logs/h200/9-dist-engine-server), the latest periodic read 19 GiB of a finished generate
+    under other processes (h200/4-both). Returns the row and device used (None: unknown)."""
+    row = row.copy()
+    row[f"gpu{i}_alloc"] = peak
+    reserved = _value(row, f"gpu{i}_reserved")
+    if reserved is not None:
+        reserved = row[f"gpu{i}_reserved"] = max(reserved, peak)
+    before = {k: _nvml(state, i, k) for k in ("proc", "used")}
+    before_reserved = _value(state, f"gpu{i}_reserved")
+    for name in (f"gpu{i}_proc", f"gpu{i}_boundary_proc", f"gpu{i}_used", f"gpu{i}_boundary_used"):
+        row[name] = np.nan
+    if before["proc"] is None:
+        return row, before["used"]
+    proc = before["proc"] if reserved is None or before_reserved is None else reserved + before["proc"] - before_reserved
+    row[f"gpu{i}_proc"] = proc
+    return row, None if before["used"] is None else before["used"] + proc - before["proc"]
+
+
 def _gpu_peak(ctx: _Context, host: str, pid: int, i: int, window: pd.DataFrame) -> list[tuple] | None:
     found = _highest(window, _gpu_peak_series(i))
     if found is None:
         return None
     k, column, peak = found
-    row = window.iloc[k].copy()
+    row = window.iloc[k]
     t = float(row["t"])
-    # The allocator's true peak stands for allocated at that instant; what it held beyond the row's
-    # reserved bytes was reserved too, and NVML saw it as well (it was on the device).
-    grown = 0.0
-    if column.endswith("_alloc_peak"):
-        row[f"gpu{i}_alloc"] = peak
-        reserved = _value(row, f"gpu{i}_reserved")
-        if reserved is not None and peak > reserved:
-            grown, row[f"gpu{i}_reserved"] = peak - reserved, peak
-        for kind in ("proc", "used"):
-            for name in (f"gpu{i}_{kind}", f"gpu{i}_boundary_{kind}"):
-                if _value(row, name) is not None:
-                    row[name] = row[name] + grown
     uuid = ctx.uuids((host, pid)).get(i, f"gpu{i}")
+    state = _row_at(ctx.states.get((host, pid)), t)
+    if column.endswith(("_alloc_peak", "_alloc")) and state is not None:
+        row, used = _at_peak(state, row, i, peak)
+    else:  # no allocator (or no boundary yet): the row's own reads, the latest carried
+        used = _nvml(row, i, "used")
     members = [_member(ctx, who, uuid, t, row if who == (host, pid) else None)
                for who in ctx.on_gpu.get((host, uuid), [])]
-    used = _nvml(row, i, "used")
+    if used is not None and state is not None and column.endswith(("_alloc_peak", "_alloc")):
+        # the others' change since this process's boundary is on the device too (an engine server that
+        # freed its KV cache during the actor's offload_kv call), or it lands in "other processes"
+        others = [who for who in ctx.on_gpu.get((host, uuid), []) if who != (host, pid)]
+        used += sum(_held(_member(ctx, who, uuid, t)) - _held(_member(ctx, who, uuid, float(state.name)))
+                    for who in others)
     if used is None:
-        found = _used_at(ctx.run, host, uuid, t)
-        used = None if found is None else found + grown
+        used = _used_at(ctx.run, host, uuid, t)
     if not members and used is None:
         return None
     label = f"gpu{i} ({uuid[:12]})" if uuid.startswith("GPU-") else f"gpu{i}"

@@ -74,3 +74,16 @@ def test_on_the_committed_h200_log_activations_stand_at_train_peaks_and_nvml_mov
     assert wide.xs("other_processes", level="category")[AT_PEAK].max() < GiB
     rise = peak_rise(frame)
     assert (rise["phase"], rise["category"]) == ("train", "activations")
+
+
+def test_an_actor_and_its_engine_server_at_their_peaks_keep_nvml_in_step_with_the_allocator():
+    """sample_logs/h200/9-dist-engine-server: NVML is read at phase boundaries, the allocator at every
+    sample. A peak's NVML from the boundary before it, moved by what the allocator and the other process
+    on the GPU changed since: taken as read, an onload's peak showed -10.6 GiB of non-PyTorch memory, an
+    offload's +14 GiB, the engine's freed KV cache 13 GiB of "other processes"."""
+    import miles_profile as mp
+    from tests.conftest import REPO
+    frame = ledger(mp.load(REPO / "sample_logs" / "h200" / "9-dist-engine-server"), peaks=True)
+    peaks = frame[(frame["device"] != "host") & (frame["at"] == AT_PEAK)]
+    outside = peaks[peaks["category"].isin(["non_pytorch", "other_processes"])]["bytes"]
+    assert len(outside) > 100 and outside.abs().max() < 2 * GiB  # 6.8-14 GiB before
