@@ -44,7 +44,9 @@ def compute(run, processes=None):
     frame = ledger(run, peaks=True) if processes is None else fleet_ledger(run, processes, peaks=True)
     # the timeline's seconds: the same origin and range as the timeline panel's x axis
     area = ledger_area_figure(frame, run_start(run), x_range=time_range(run))
-    return frame, ledger_bar_figure(frame), area, " ".join(t for t in (peak_text(frame), add_up_text(frame)) if t)
+    lines = [t for t in (peak_text(frame), add_up_text(frame)) if t]  # one line each: two findings, not one run-on
+    text = [part for k, line in enumerate(lines) for part in ([html.Br()] if k else []) + [line]]
+    return frame, ledger_bar_figure(frame), area, text
 
 
 def _no_rows(run) -> str:

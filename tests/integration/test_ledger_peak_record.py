@@ -72,4 +72,4 @@ def test_report_json_and_dashboard_show_the_peak(run_dir, tmp_path):
 
     from dashboards.panels.ledger import compute
     frame, bars, _area, text = compute(mp.load(run_dir))
-    assert "0:train ▲ peak" in set(bars.data[0].customdata) and text.startswith("Most held at a phase's peak beyond its end: other anonymous")
+    assert "0:train ▲ peak" in set(bars.data[0].customdata) and text[0].startswith("Most held at a phase's peak beyond its end: other anonymous")
