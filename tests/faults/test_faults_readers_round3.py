@@ -43,6 +43,60 @@ def test_a_full_disk_run_says_the_log_is_incomplete_and_how_much_was_lost(small_
     assert process["end_time"] and process["dropped"]["samples"] + process["dropped"]["events"] > 0
 
 
+RANK_JOB = """
+from miles_profile import Recorder, phase
+run_dir, ready, rank = sys.argv[1], sys.argv[2], int(os.environ["RANK"])
+filler = os.path.join(os.environ.get("FILL_DIR", ""), "filler")
+def wait_for(path):
+    deadline = time.monotonic() + 60
+    while not os.path.exists(path) and time.monotonic() < deadline:
+        time.sleep(0.01)
+done = 0
+with Recorder(run_dir=run_dir, interval_ms=1):
+    open(os.path.join(ready, str(rank)), "w").close()  # recording (off the small disk)
+    for i in range(150):
+        with phase("train", rollout_id=i):
+            time.sleep(0.01)
+        done += 1
+        if i == 0 and rank == 0:
+            wait_for(os.path.join(ready, "1"))
+            fill()  # another writer takes the disk: both ranks meet ENOSPC from here on
+        if i == 0 and rank == 1 and os.environ.get("FILL_DIR"):
+            wait_for(filler)
+print("done", done, flush=True)
+sys.exit(7)
+"""
+
+
+def test_two_ranks_on_a_full_disk_each_say_how_much_they_lost(small_disk, tmp_path):
+    """Issue 19 item 4, two ranks: the report covered 56 of 150 iterations without a word."""
+    from miles_profile.recorder import create_run
+    from tests.faults.test_faults_recorder import PRELUDE
+    run_dir = create_run(small_disk.path, ["two ranks"], 1.0, run_id="full-disk")
+    ranks = []
+    for rank in (0, 1):
+        env = dict(os.environ, PYTHONPATH=str(REPO), RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2",
+                   MILES_PROFILE_ROLE="actor", **small_disk.env)
+        ranks.append(subprocess.Popen([sys.executable, "-c", PRELUDE + RANK_JOB, str(run_dir), str(tmp_path)],
+                                      env=env, cwd=REPO,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                      preexec_fn=small_disk.preexec))
+    for job in ranks:
+        out, err = job.communicate(timeout=120)
+        assert job.returncode == 7 and "done 150" in out and "Traceback" not in err, err
+    run = load_run(run_dir)
+    assert sorted(p["rank"] for p in run.processes if p.get("role") == "actor") == [0, 1]
+    (lost,) = [w for w in run.warnings if "the log is incomplete" in w]
+    for p in run.processes:
+        if p.get("role") == "actor":
+            assert p["end_time"] and p["dropped"]["samples"] + p["dropped"]["events"] > 0, p
+            assert f"actor rank {p['rank']} (pid {p['pid']}," in lost and (
+                f"lost {p['dropped']['samples']:,} sample rows and {p['dropped']['events']:,} events" in lost), lost
+    done = cli("-m", "miles_profile.visualize", str(run_dir), "--json", str(tmp_path / "v.json"),
+               "-o", str(tmp_path / "r.html"))
+    assert done.returncode in (0, 1) and lost in done.stdout + done.stderr, done.stdout + done.stderr
+
+
 # -- item 11: an impossible byte count, empty process files -------------------------------------
 def test_account_refuses_a_count_over_int64_and_the_run_still_reports(tmp_path):
     with mp.Recorder(tmp_path, interval_ms=50) as rec:
