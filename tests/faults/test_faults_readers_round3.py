@@ -574,6 +574,34 @@ def test_a_thousand_engines_registering_one_at_a_time_read_in_little_time_and_me
     assert cpu < 1.0 and peak < 32 * 2 ** 20, (cpu, peak)
 
 
+def test_the_mapped_topology_keeps_the_guarded_open(tmp_path):
+    """The topology stream is mapped, not read, and still goes through the guarded open: a FIFO is
+    skipped with a warning (never opened blocking), a 2 GiB hole is never read, a line cut by the hole
+    is a malformed line."""
+    fifo, sparse = tmp_path / "fifo", tmp_path / "sparse"
+    fifo.mkdir()
+    os.mkfifo(fifo / "topology.jsonl")
+    sparse.mkdir()
+    line = json.dumps({"ts": 1.0, "engines": [_engine(0)]}, separators=(",", ":"))
+    with open(sparse / "topology.jsonl", "w") as f:
+        f.write(line + "\n" + line[:30])
+    os.truncate(sparse / "topology.jsonl", 2 * 1024 ** 3)
+    with open(sparse / "topology.jsonl", "a") as f:
+        f.write(line[30:].replace('"ts":1.0', '"ts":2.0') + "\n" + line.replace('"ts":1.0', '"ts":3.0') + "\n")
+    result = child(f"""
+        from pathlib import Path
+        from miles_profile.importers.miles_topology import topology
+        result = {{}}
+        for name in ("fifo", "sparse"):
+            warnings = []
+            snapshots = topology(Path({str(tmp_path)!r}) / name, warnings)
+            result[name] = [[s["t0"] for s in snapshots], warnings]
+    """, timeout=60)
+    assert result["fifo"][0] == [] and "a FIFO" in result["fifo"][1][0], result["fifo"]
+    assert result["sparse"] == [[1.0, 3.0], ["topology: skipped 2 malformed snapshots"]]
+    assert result["maxrss"] < 600 * 1024 ** 2
+
+
 def test_a_run_nobody_ended_and_nobody_writes_says_it_may_end_early(tmp_path):
     run = make_run(tmp_path / "logs")
     meta = json.loads((run / "h-7.meta.json").read_text())
