@@ -199,10 +199,13 @@ def _reduce_table(table: pa.Table, header: list[str], file: _File, plan) -> dict
 
 # -- parsing a file in chunks -------------------------------------------------------------------------
 def _chunk_bounds(data, start: int, end: int) -> list[tuple[int, int]]:
-    """[start, end) cut at line ends into pieces of about CHUNK_BYTES."""
+    """[start, end) cut at line ends into equal pieces of at most about CHUNK_BYTES (a 38 MB file in
+    two of 19 MB, not 32 + 6: the pool's threads finish together)."""
+    pieces = max(1, -(-(end - start) // CHUNK_BYTES))
+    size = -(-(end - start) // pieces)
     bounds, at = [], start
     while at < end:
-        stop = min(at + CHUNK_BYTES, end)
+        stop = min(at + size, end)
         if stop < end:
             nl = data.find(b"\n", stop - 1, end)  # mmap.find: no copy
             stop = end if nl < 0 else nl + 1
