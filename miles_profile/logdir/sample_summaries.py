@@ -46,7 +46,7 @@ from miles_profile.logdir.damaged_csv import quiet_invalid_rows, usable_header
 from miles_profile.logdir.files import NotRegularFile, map_regular, open_regular
 from miles_profile.logdir.layout import SAMPLES_SUFFIX
 from miles_profile.logdir.merge import copied_stems
-from miles_profile.logdir.summaries import SUMMARY_COLUMNS, _int64
+from miles_profile.logdir.summaries import SUMMARY_COLUMNS
 from miles_profile.phase_summary import series_plan
 
 CHUNK_BYTES = 32 * 1024 * 1024  # ~250,000 rows of a one-GPU process: a few tens of MB of columns
@@ -288,8 +288,9 @@ def _summaries_of(file: _File, windows: _Windows) -> pd.DataFrame:
              "series": series[s_at]}
     for stat in _STATS:
         values = windows.stats[stat][s_at, w_at]
-        frame[stat] = pd.array(values, dtype="Float64").astype("Int64")  # NaN: <NA>; bytes < 2**53 exact
-    frame["rows"] = _int64(windows.rows[w_at].tolist())
+        absent = np.isnan(values)  # bytes below 2**53 are exact in float64
+        frame[stat] = pd.arrays.IntegerArray(np.where(absent, 0, values).astype(np.int64), absent)
+    frame["rows"] = pd.arrays.IntegerArray(windows.rows[w_at].astype(np.int64), np.zeros(len(w_at), dtype=bool))
     frame["t_first"], frame["t_last"] = windows.t_first[w_at], windows.t_last[w_at]
     return pd.DataFrame(frame)[SUMMARY_COLUMNS]
 
@@ -429,6 +430,8 @@ def _files(run, who: set[tuple[str, int]] | None) -> list[_File]:
     phases = phases[phases["status"].astype(str) != "open"]
     hosts = phases["host"].fillna("").astype(str).to_numpy() if "host" in phases else np.full(len(phases), "")
     by_process = pd.Series(np.arange(len(phases))).groupby([hosts, phases["pid"].to_numpy(np.int64)]).indices
+    ids, names = phases["id"].to_numpy(np.int64), phases["name"].astype(str).to_numpy(dtype=object)
+    starts, ends = phases["start"].to_numpy(np.float64), phases["end"].to_numpy(np.float64)
     aliases = {p["stem"]: p["pid"] for p in run.processes if "os_pid" in p and isinstance(p.get("stem"), str)}
     finished = {p.get("stem") for p in run.processes if p.get("end_time") or p.get("died")}
     copies = copied_stems(list(run.directories))
@@ -446,9 +449,7 @@ def _files(run, who: set[tuple[str, int]] | None) -> list[_File]:
             rows = by_process.get((host, pid))
             if rows is None or (who is not None and (host, pid) not in who):
                 continue
-            own = phases.iloc[rows]
-            files.append(_File(path, host, pid, own["id"].to_numpy(np.int64), own["name"].astype(str).to_numpy(),
-                               own["start"].to_numpy(np.float64), own["end"].to_numpy(np.float64), stem in finished))
+            files.append(_File(path, host, pid, ids[rows], names[rows], starts[rows], ends[rows], stem in finished))
     return files
 
 
@@ -498,26 +499,8 @@ def _compute(files: list[_File]) -> list[pd.DataFrame]:
             results[k] = cached
         else:
             plans[k] = plan
-    parts = _parse_all(plans)
-    for k, plan in plans.items():
-        file = plan.file
-        if parts.get(k) is None:
-            continue  # read whole below
-        try:
-            windows = _Windows(file.starts, file.ends, plan.plan)
-            skipped = 0
-            for part, bad in parts[k]:
-                windows.feed(part)
-                skipped += bad
-        except _FullRead:
-            continue
-        if skipped:
-            file.warnings.append(f"{file.path.name}: skipped {skipped} malformed rows")
-        if plan.truncated:
-            file.warnings.append(f"{file.path.name}: dropped a truncated last line")
-        results[k] = _summaries_of(file, windows)
-        if stats[k].st_size == plan.size and _cache_enabled(stats[k], file):
-            _write_cache(file, stats[k], plan.header, results[k])
+    for k, frame in _parse_all(plans, stats).items():
+        results[k] = frame
     for k, file in enumerate(files):
         if results[k] is None:  # damaged: the reader's tolerant path, then the same reduction
             file.warnings.clear()
@@ -528,11 +511,14 @@ def _compute(files: list[_File]) -> list[pd.DataFrame]:
     return results
 
 
-def _parse_all(plans: dict[int, "_Plan"]) -> dict[int, list | None]:
-    """The chunks of every file, parsed and reduced by a pool of threads: {file: [(partial, malformed
-    rows)] in file order, or None where the fast parse failed}."""
-    tasks = [(k, i) for k, plan in plans.items() for i in range(len(plan.chunks))]
+def _parse_all(plans: dict[int, "_Plan"], stats: dict[int, os.stat_result]) -> dict[int, pd.DataFrame | None]:
+    """The chunks of every file parsed and reduced by a pool of threads; the thread that reduces a
+    file's last chunk merges them, builds its rows and writes its cache, while the other parses on.
+    {file: rows, or None where the fast parse failed}."""
     parts: dict[int, list | None] = {k: [None] * len(p.chunks) for k, p in plans.items()}
+    left = {k: len(p.chunks) for k, p in plans.items()}
+    done: dict[int, pd.DataFrame | None] = {}
+    lock = threading.Lock()
 
     def one(task):
         k, i = task
@@ -543,14 +529,42 @@ def _parse_all(plans: dict[int, "_Plan"]) -> dict[int, list | None]:
         try:
             result = _parse_chunk(plan.mapped, lo, hi, plan.header, plan.file, plan.plan)
         except _FullRead:
-            parts[k] = None
-            return
-        if parts[k] is not None:
+            result = None
+        with lock:
+            if parts[k] is None:
+                return
+            if result is None:
+                parts[k] = None
+                return
             parts[k][i] = result
+            left[k] -= 1
+            last = not left[k]
+        if last:
+            done[k] = _finish(plan, parts[k], stats[k])
 
     with quiet_invalid_rows(), ThreadPoolExecutor(max_workers=workers()) as pool:
-        list(pool.map(one, tasks))
-    return parts
+        list(pool.map(one, [(k, i) for k, plan in plans.items() for i in range(len(plan.chunks))]))
+    return done
+
+
+def _finish(plan: "_Plan", parts: list, stat: os.stat_result) -> pd.DataFrame | None:
+    """One file's partials merged in order into its rows (None: times out of order, read it whole)."""
+    file = plan.file
+    try:
+        windows = _Windows(file.starts, file.ends, plan.plan)
+        for part, _ in parts:
+            windows.feed(part)
+    except _FullRead:
+        return None
+    skipped = sum(bad for _, bad in parts)
+    if skipped:
+        file.warnings.append(f"{file.path.name}: skipped {skipped} malformed rows")
+    if plan.truncated:
+        file.warnings.append(f"{file.path.name}: dropped a truncated last line")
+    frame = _summaries_of(file, windows)
+    if stat.st_size == plan.size and _cache_enabled(stat, file):
+        _write_cache(file, stat, plan.header, frame)
+    return frame
 
 
 def _header_of(path: Path) -> list[str]:
