@@ -20,7 +20,8 @@ going backwards or absent) is read whole by the reader's damage-tolerant path an
 The cache: the summaries of a samples file whose process finished (or that has not changed for
 completeness.STALE_S) are kept beside it as `.<host>-<pid>.samples.csv.summaries.arrow` (Arrow IPC:
 read without parsing), keyed by the CSV's size and modification time and by a digest of the phase
-windows it was computed for. A stale, damaged or foreign cache is ignored; a directory that can't be
+windows it was computed for, with a digest of its own values. A stale, damaged or foreign cache is
+ignored; a directory that can't be
 written gets none (silently); MILES_PROFILE_CACHE=0 disables it; deleting it is always safe. Its name
 starts with a dot and ends in `.arrow`, so no reader of log files (`*.samples.csv`, `*.csv`) takes it.
 """
@@ -53,7 +54,7 @@ CHUNK_BYTES = 32 * 1024 * 1024  # ~250,000 rows of a one-GPU process: a few tens
 CACHE_MIN_BYTES = 4 * 1024 * 1024  # below it the parse takes milliseconds: no file worth leaving
 CACHE_SUFFIX = ".summaries.arrow"
 _CACHE_TAG = b"miles-profile-sample-summaries-1"
-CACHE_MAX_BYTES = 1024 ** 3  # phases x series rows: far below; a larger file by that name is not ours
+CACHE_MAX_BYTES = 256 * 1024 ** 2  # 150,000 phases x 20 series fit; a larger file by that name is not ours
 _STATS = ("peak", "floor", "first", "last")
 _CACHE_SCHEMA = pa.schema([("id", pa.int64()), ("series", pa.string()), *[(s, pa.int64()) for s in _STATS],
                            ("rows", pa.int64()), ("t_first", pa.float64()), ("t_last", pa.float64())])
@@ -358,6 +359,8 @@ def _read_cache(file: _File, stat: os.stat_result, header: list[str]) -> pd.Data
         return None
     try:
         with os.fdopen(fd, "rb") as source:
+            if os.fstat(source.fileno()).st_size > CACHE_MAX_BYTES:
+                return None
             data = source.read(CACHE_MAX_BYTES + 1)
         if len(data) > CACHE_MAX_BYTES:
             return None
