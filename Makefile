@@ -19,6 +19,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q $(TORCH_PIN)
 	$(PY) -m pip install -q -e '.[dev]'
+	PY=$(PY) bash scripts/install_sglang_contract.sh || echo "sglang not installed: its contract test will skip"
 	touch $@
 
 # A short CPU training run with every offload flag (the recommended large-model configuration,

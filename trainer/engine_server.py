@@ -120,16 +120,19 @@ def _phase_attrs(body: dict) -> dict:
 # --- endpoints: (engine, JSON body) -> JSON reply ------------------------------------------------
 
 def generate(engine: RolloutEngine, body: dict):
-    """GenerateReqInput with a batch of `input_ids`; one reply per prompt, as SGLang returns a list."""
+    """GenerateReqInput with a batch of `input_ids` (one reply per prompt: a list, as SGLang returns)
+    or one prompt (a flat list of ids, as Miles sends one sample: one reply object)."""
     params = body.get("sampling_params") or {}
-    prompts = torch.tensor(body["input_ids"], dtype=torch.long)
+    single = bool(body["input_ids"]) and not isinstance(body["input_ids"][0], list)
+    prompts = torch.tensor([body["input_ids"]] if single else body["input_ids"], dtype=torch.long)
     new_tokens = int(params["max_new_tokens"])
-    out = engine.generate(prompts, new_tokens, seed=int(params.get("sampling_seed", 0)),
+    out = engine.generate(prompts, new_tokens, seed=int(params.get("sampling_seed") or 0),
                           temperature=float(params.get("temperature", 1.0)))
-    return [{"output_ids": row, "meta_info": {"id": str(i), "prompt_tokens": prompts.shape[1],
-                                              "completion_tokens": new_tokens,
-                                              "finish_reason": {"type": "length", "length": new_tokens}}}
-            for i, row in enumerate(out.tolist())]
+    replies = [{"output_ids": row, "meta_info": {"id": str(i), "prompt_tokens": prompts.shape[1],
+                                                 "completion_tokens": new_tokens,
+                                                 "finish_reason": {"type": "length", "length": new_tokens}}}
+               for i, row in enumerate(out.tolist())]
+    return replies[0] if single else replies
 
 
 def release(engine: RolloutEngine, body: dict):

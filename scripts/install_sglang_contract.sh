@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# The sglang package for tests/integration/test_sglang_contract.py: its wheel without its dependencies
+# (they are SGLang's whole GPU engine), plus the two small packages its request structs need. The test
+# skips without it. Its engine never runs here: docs/trainer.md, "SGLang's own schemas".
+set -euo pipefail
+PY=${PY:-.venv/bin/python}
+"$PY" -m pip install -q --no-deps "sglang==${SGLANG_VERSION:-0.5.23}"
+"$PY" -m pip install -q "msgspec>=0.18" "pybase64>=1.3"
