@@ -35,8 +35,11 @@ def _events(run) -> list[dict]:
     if events.empty:
         return []
     rows = events[events["kind"] == names.OOM]
-    return [{**(a if isinstance(a, dict) else {}), "t": float(t), "host": str(h), "seen_by": int(p)}
-            for t, h, p, a in zip(rows["t"], rows["host"], rows["pid"], rows["attrs"])]
+    # Only deaths: an `oom` event of a CUDA OutOfMemoryError or MemoryError that escaped a phase (the
+    # process lived to write it) has no `cause` of ours.
+    return [{**a, "t": float(t), "host": str(h), "seen_by": int(p)}
+            for t, h, p, a in zip(rows["t"], rows["host"], rows["pid"], rows["attrs"])
+            if isinstance(a, dict) and a.get("cause") in _RANK]
 
 
 def _died_without_event(run, known: set) -> list[dict]:

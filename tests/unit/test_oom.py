@@ -115,3 +115,19 @@ def test_a_counter_move_no_recorded_process_claims_is_reported_at_finish(tmp_pat
     assert w.poll() == []  # it may still be claimed
     (death,) = w.finish()
     assert death["process_pid"] is None and death["cause"] == oom.OOM_KILL and death["oom_kill_delta"] == 2
+
+
+def test_an_out_of_memory_error_the_process_survived_is_no_death(tmp_path):
+    import miles_profile as mp
+    from miles_profile.recorder import Recorder
+    from miles_profile.verdicts.oom import check_oom
+    rec = Recorder(tmp_path, interval_ms=50).start()
+    try:
+        with pytest.raises(MemoryError):
+            with mp.phase("train", rollout_id=0):
+                raise MemoryError("planted")
+    finally:
+        rec.stop()
+    run = mp.load(rec.run_dir)
+    assert (run.events["kind"] == "oom").sum() == 1  # the phase's own oom event is there ...
+    assert check_oom(run).status == "n/a"  # ... and is not a killed process
