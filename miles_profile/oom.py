@@ -133,13 +133,28 @@ def alive(pid: int) -> bool:
     except (FileNotFoundError, ProcessLookupError, IndexError):
         return False
     except OSError:
-        try:
-            os.kill(pid, 0)
-            return True
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
+        return _signalable(pid)
+
+
+def zombie_status(pid: int) -> int | None:
+    """The wait status of a dead process its parent has not reaped yet (/proc/<pid>/stat's exit_code,
+    Linux >= 3.5), or None: gone already, or still running."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[-1].split()
+        return int(fields[-1]) if fields[0] in (b"Z", b"X") and len(fields) >= 50 else None
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _signalable(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
 
 
 def _ended(run_dir: Path, stem: str) -> tuple[bool, dict[str, Any]]:
@@ -205,6 +220,7 @@ class DeathWatch:
     def _check(self, pid: int, stem: str, now: float) -> dict[str, Any] | None:
         if alive(pid):
             return None
+        status = zombie_status(pid)  # caught before its parent reaped it: how it ended
         del self._watched[pid]
         self._done.add(pid)
         ended, meta = _ended(self.run_dir, stem)
@@ -213,7 +229,11 @@ class DeathWatch:
         pending = next((p for p in self._pending if now - p[0] <= ATTRIBUTE_S), None)
         if pending is not None:
             self._pending.remove(pending)
-        return {"process_pid": pid, "cause": OOM_KILL if pending else VANISHED,
+        elif status is not None and not (os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL):
+            return None  # it ended by itself (os._exit in a forked worker, a crash of its own): no kill
+        killed = status is not None and os.WIFSIGNALED(status)
+        return {"process_pid": pid, "cause": OOM_KILL if pending else (SIGKILL if killed else VANISHED),
+                "signal": os.WTERMSIG(status) if killed else None,
                 "oom_kill_delta": pending[1] if pending else None, "memory_max": cgroup_limit(),
                 "counter": str(self.counter.path) if self.counter.path else None,
                 "role": meta.get("role"), "rank": meta.get("rank"), "detected_by": "host_sampler"}

@@ -76,7 +76,8 @@ def test_a_child_killed_by_sigkill_is_recorded_and_reported_first(killed, tmp_pa
     assert code == 128 + signal.SIGKILL
     seen = {e["attrs"]["detected_by"]: e["attrs"] for e in _oom_events(run_dir)}
     assert seen["record_exec"]["cause"] == "sigkill" and seen["record_exec"]["signal"] == signal.SIGKILL
-    assert seen["host_sampler"]["cause"] == "vanished"  # it recorded itself, and never ended
+    # it recorded itself and never ended; "sigkill" when the sampler read the zombie before record reaped it
+    assert seen["host_sampler"]["cause"] in ("vanished", "sigkill")
     pid = seen["record_exec"]["process_pid"]
 
     out, js = tmp_path / "r.html", tmp_path / "r.json"

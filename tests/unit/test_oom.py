@@ -131,3 +131,21 @@ def test_an_out_of_memory_error_the_process_survived_is_no_death(tmp_path):
     run = mp.load(rec.run_dir)
     assert (run.events["kind"] == "oom").sum() == 1  # the phase's own oom event is there ...
     assert check_oom(run).status == "n/a"  # ... and is not a killed process
+
+
+def test_a_zombie_tells_how_it_ended(tmp_path, watch):
+    w, _ = watch
+    killed = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    exited = subprocess.Popen([sys.executable, "-c", "import os, time; time.sleep(0.3); os._exit(0)"])
+    _recorded(tmp_path, "h", killed)
+    _recorded(tmp_path, "h", exited)
+    w.poll()
+    killed.kill()
+    deadline = time.monotonic() + 10
+    while (oom.alive(killed.pid) or oom.alive(exited.pid)) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert oom.zombie_status(exited.pid) == 0  # not reaped yet: its status is still readable
+    deaths = w.poll()  # both unreaped zombies
+    assert [(d["process_pid"], d["cause"], d["signal"]) for d in deaths] == [(killed.pid, oom.SIGKILL, 9)]
+    killed.wait()
+    exited.wait()
