@@ -71,12 +71,13 @@ def zoomed(pw, out: Path, png: Path, samples: int) -> None:
         page.goto(url)
         page.wait_for_function(f"() => {{ const s = ({SPAN_JS})(); return s && s[1] > {duration * 0.99}; }}",
                                timeout=1_500_000, polling=2000)
+        page.wait_for_timeout(5000)  # the page's first callbacks (checks, tables) settle before the zoom
         lo = duration * 0.5 - 100
         hi = lo + 200  # 200 s: the window bench_dashboard.py photographs (0.1% of the run)
         page.evaluate(f"() => Plotly.relayout({GRAPH}, {{'xaxis.range': [{lo}, {hi}]}})")
         near = 0.05 * (hi - lo)
         page.wait_for_function(f"() => {{ const s = ({SPAN_JS})(); return s && s[0] >= {lo - 1e-6} && s[1] <= {hi + 1e-6} "
-                               f"&& s[0] <= {lo + near} && s[1] >= {hi - near}; }}", timeout=120_000)
+                               f"&& s[0] <= {lo + near} && s[1] >= {hi - near}; }}", timeout=900_000, polling=1000)
         page.wait_for_timeout(1500)
         page.evaluate("() => document.querySelector('.panel.timeline').scrollIntoView({block: 'start'})")
         page.wait_for_timeout(500)
