@@ -248,6 +248,8 @@ class DeathWatch:
                  "detected_by": "host_sampler"} for t, moved in old]
 
     def finish(self, now: float | None = None) -> list[dict[str, Any]]:
-        """At stop: every pending counter move is reported now (no later poll will)."""
+        """At stop: every pending counter move is reported now (no later poll will), and the directory
+        is listed once more: a process that started and died since the last scan is still seen."""
+        self._scan_due = 0.0
         deaths = self.poll(now)
         return deaths + self._expired(float("inf"))

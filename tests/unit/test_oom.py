@@ -86,6 +86,16 @@ def test_a_recorded_process_killed_is_seen_vanishing(tmp_path, watch):
     assert w.poll() == []  # once
 
 
+def test_a_process_that_started_and_died_between_scans_is_seen_at_finish(tmp_path, watch):
+    w, _ = watch
+    assert w.poll() == []  # the directory listed: nothing yet; the next listing is SCAN_S away
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    _recorded(tmp_path, "h", proc)
+    _dead(proc)
+    assert w.poll() == []  # too soon to list again
+    assert [d["process_pid"] for d in w.finish()] == [proc.pid]
+
+
 def test_a_vanishing_right_after_the_counter_moved_is_an_oom_kill(tmp_path, watch):
     w, events = watch
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
