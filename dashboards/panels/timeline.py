@@ -150,7 +150,10 @@ def register(app, state) -> None:
         Output("timeline-status", "children"), Output("timeline-message", "children"),
         Input("runs-selected", "data"), Input("timeline-zoom", "data"), Input("page-poll", "n_intervals"),
         Input("checks-focus", "data"),
-        State("timeline-view", "data"), State("timeline-rendered", "data"))
+        State("timeline-view", "data"), State("timeline-rendered", "data"),
+        # The page polls again only after a redraw lands: the browser drops an answer when a newer request
+        # for the same callback goes out, so on a loaded machine redraws slower than the poll never landed.
+        running=[(Output("page-poll", "disabled"), True, False)])
     def draw_timeline(run_id, zoom, _tick, focus, view, rendered):
         triggers = {key.rsplit(".", 1)[0] for key in ctx.triggered_prop_ids}
         if run_id is None:
