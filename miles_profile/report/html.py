@@ -241,18 +241,18 @@ def _run_section(report: RunReport, k: int, single: bool) -> str:
         from miles_profile.report.ledger_html import ledger_html
         timeline += ledger_html(report.ledger, t0, suffix, align_to=report.figure)
     # First screen: the summary (verdict, peak, offloads, failing checks), then the memory itself; the
-    # checks' details and the run's facts follow.
+    # checks' details, what moving memory cost and the run's facts follow.
     return f"""
 <section class="run" id="run{suffix}">
   <h2>{_e(run.name)}{"" if report.verdict.checked else f' <span class="badge {cls}">{text}</span>'}</h2>
   {summary_html(report.summary, t0, f"run{suffix}") if report.verdict.checked else ""}
   {fold_open(single)}
-  {transitions_html(run, report.ledger, suffix)}
   {fleet}
   {skipped}
   {timeline}
   <h3>Checks</h3>
   {_checks_html(report.checks, t0, "checks" + suffix)}
+  {transitions_html(run, report.ledger, suffix)}
   <details class="run-facts"><summary>Run details (command, host, devices, processes)</summary>{_facts_html(run)}</details>
   <h3>Per phase</h3>{per_phase_note}
   {_phase_table_html(run, report.phases, False, "phases" + suffix)}
