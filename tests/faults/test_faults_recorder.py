@@ -417,3 +417,11 @@ def test_the_recorder_refuses_an_interval_out_of_range(tmp_path, value):
         mp.Recorder(tmp_path, interval_ms=value)
     mp.Recorder(tmp_path, interval_ms=1.0)
     mp.Recorder(tmp_path, interval_ms=60_000.0)
+
+
+@pytest.mark.parametrize("interval", [True, False, "20", None, float("nan"), float("inf"), 0, 0.5, 120_000])
+def test_a_recorder_refuses_an_interval_that_is_no_number_of_milliseconds(tmp_path, interval):
+    """Issue 19 item 15: `Recorder(interval_ms=True)` was accepted (a bool is an int: 1 ms)."""
+    with pytest.raises(MilesProfileError, match="interval must be"):
+        mp.Recorder(log_dir=tmp_path, interval_ms=interval)
+    assert not any(tmp_path.iterdir())  # refused before anything was written
