@@ -19,7 +19,7 @@ import sys
 
 import psutil
 
-from miles_profile import host_sampler, names, oom
+from miles_profile import host_sampler, names, oom, stacks
 from miles_profile.errors import MilesProfileError
 from miles_profile.identity import RUN_ID_ENV
 from miles_profile.lifetime import child_dies_with_us
@@ -49,6 +49,12 @@ def interval_ms(text: str) -> float:
         raise argparse.ArgumentTypeError(f"invalid interval {text!r}: a number of milliseconds") from None
     except MilesProfileError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def positive_int(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"invalid count {text!r}: a positive integer")
+    return int(text)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -86,6 +92,13 @@ def build_parser() -> argparse.ArgumentParser:
                              "copies on CUDA, memcpy, disk write/read in the first --watch-dir, else --log-dir), once "
                              "per host (cached), into the run meta: the report's transition meter compares every "
                              "offload with it (docs/transitions.md)")
+    parser.add_argument("--stacks", nargs="?", const=stacks.PEAK, default=None, metavar="PHASE",
+                        help="CUDA only: record PyTorch's allocation history (stack traces) around ONE phase per "
+                             "process, the first PHASE, or without PHASE the phase kind that held the peak so far "
+                             "(from the second iteration on), and dump its snapshot beside the log; the report lists "
+                             "the top allocation sites at that peak (docs/stacks.md)")
+    parser.add_argument("--stacks-max-entries", type=positive_int, default=stacks.DEFAULT_MAX_ENTRIES, metavar="N",
+                        help="history entries kept (the latest N allocations and frees; default: %(default)s)")
     parser.add_argument("--exec", dest="exec_child", action="store_true",
                         help="run the command after -- as a child and sample its process tree")
     return parser
@@ -329,6 +342,9 @@ def main(argv: list[str] | None = None) -> int:
         os.environ[RUN_ID_ENV] = args.run_id  # children that start runs of their own (other launches) agree
     if args.heap:
         os.environ[names.HEAP_ENV] = "1"  # every recorder of the run, in this process or a child, samples it
+    if args.stacks:  # likewise: each recording process (not the outside sampler) records its own stacks
+        os.environ[stacks.STACKS_ENV] = args.stacks
+        os.environ[stacks.MAX_ENTRIES_ENV] = str(args.stacks_max_entries)
     try:
         if args.exec_child:
             if not rest:

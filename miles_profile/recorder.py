@@ -18,7 +18,7 @@ import weakref
 from pathlib import Path
 from typing import Any, Iterable
 
-from miles_profile import host_sampler, names
+from miles_profile import host_sampler, names, stacks
 from miles_profile.errors import MilesProfileError
 from miles_profile.identity import RUN_ID_ENV, cuda_identity, host_name, process_identity
 from miles_profile.logdir.layout import new_run_dir, process_stem
@@ -175,6 +175,7 @@ class Recorder:
         self._host_sampling = host_sampling  # take part in the election of the host sampler
         self._host: host_sampler.HostSampler | None = None
         self._summaries: PhaseSummaries | None = None
+        self._stacks: stacks.StackHistory | None = None  # record --stacks / phase(stacks=True): stacks.py
         self._cuda_noted = False
         self._faults = WriteFaults()
         self._declared: dict[tuple[str, str, str], int] = {}  # (device, category, owner) -> bytes last written
@@ -208,6 +209,8 @@ class Recorder:
                 host_sampler.leave(self._host)
             raise MilesProfileError(f"cannot record into {run_dir}: {exc.strerror or exc}") from None
         self._summaries = PhaseSummaries(columns)
+        if self._child_pid is None:  # another process's allocator can't be recorded from here
+            self._stacks = stacks.from_env(run_dir, self._stem, self.event)
         self._sampler = Sampler(probes, writer, self.interval_ms / 1000.0, self.current_phase, self._summaries.add)
         self._sampler.start()
         _started.add(self)
@@ -225,6 +228,8 @@ class Recorder:
             return
         _started.discard(self)
         try:
+            if self._stacks is not None:  # a phase still recorded is dumped while events can be written
+                self._stacks.stop()
             sampler.stop()
             if self._events is not None:
                 self._events.close()
@@ -363,6 +368,8 @@ class Recorder:
         self._guarded("events", events.write, names.BEGIN, name, attrs, t=t, id=phase_id,
                       parent=stack[-1] if stack else None)
         stack.append(phase_id)
+        if self._stacks is not None:
+            self._stacks.begin(phase_id, name, attrs)
         return phase_id
 
     def end(self, phase_id: int, name: str, status: str = "ok") -> None:
@@ -382,6 +389,8 @@ class Recorder:
         if summary is not None:
             attrs["summary"] = summary
         self._guarded("events", events.write, names.END, name, attrs, t=t, id=phase_id)
+        if self._stacks is not None:  # after the end event: a snapshot's seconds are not the phase's
+            self._stacks.end(phase_id, name, summary)
         stack = self._stack()
         if phase_id in stack:
             stack.remove(phase_id)

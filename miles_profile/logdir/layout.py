@@ -23,6 +23,8 @@ HOST_LOCK_SUFFIX = ".host.lock"
 HOST_META_SUFFIX = ".host.json"
 HOST_SAMPLES_SUFFIX = ".host.csv"
 GPU_PROCS_SUFFIX = ".gpu_procs.csv"
+# Per process, opt-in (record --stacks): torch.cuda.memory._snapshot() around one phase (miles_profile/stacks.py).
+STACKS_SUFFIX = ".stacks.pickle"
 
 
 def process_stem(host: str | None = None, pid: int | None = None) -> str:
