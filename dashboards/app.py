@@ -20,7 +20,7 @@ from werkzeug.exceptions import HTTPException
 from dashboards.hosts import HostPolicy
 from dashboards.live_run import RunCache
 from dashboards.panels import (
-    checks, compare, fleet, ledger, miles_series, phases, runs, summary, timeline, transitions,
+    checks, compare, fleet, ledger, miles_series, phases, runs, stacks, summary, timeline, transitions,
 )
 from dashboards.paths import LogRoot
 from dashboards.runs import list_runs
@@ -63,11 +63,12 @@ def create_app(log_dir: str | Path, poll_ms: int = 1000, preload: bool = True,
                 html.Div(className="page-panels", children=[checks.layout(), phases.layout()]),
                 ledger.layout(),
                 transitions.layout(),
+                stacks.layout(),  # record --stacks: which code made the peak (empty without stacks)
                 compare.layout(),
             ]),
         ]),
     ])
-    for panel in (runs, summary, fleet, timeline, miles_series, checks, phases, ledger, transitions, compare):
+    for panel in (runs, summary, fleet, timeline, miles_series, checks, phases, ledger, transitions, stacks, compare):
         panel.register(app, state)
     app.server.register_error_handler(Exception, _refuse_request)
     app.server.before_request(lambda: _refuse_foreign_host(hosts))

@@ -119,10 +119,12 @@ def moving_memory(report) -> dict:
 def write_json(reports, path: str | Path) -> Path:
     """Each run's verdict as the engine gives it (RunVerdict.to_dict: `status`, `exit_code`, `checks`,
     `gates`), its warnings, per-phase statistics and `ledger` (report/ledger.py ledger_records: bytes by
-    category at each top-level phase's end and peak), `transitions` and `whatif` (moving_memory); at the
+    category at each top-level phase's end and peak), `transitions` and `whatif` (moving_memory), `stacks` (report/stacks.py: the top allocation sites at each
+    `record --stacks` snapshot's peak, [] without one); at the
     top the overall `status` and `exit_code` (those of visualize). With --baseline, `baseline` repeats the run's gate (`status`, `summary`, every
     compared value) where CI scripts read it."""
     from miles_profile.report.ledger import ledger_records
+    from miles_profile.report.stacks import stacks_of, stacks_records
     from miles_profile.verdicts.engine import exit_code_of, overall_of
     verdicts = [r.verdict for r in reports]
     runs = []
@@ -133,6 +135,7 @@ def write_json(reports, path: str | Path) -> Path:
                "phases": jsonable(report.phases.astype(object).where(report.phases.notna(), None).to_dict("records")),
                "ledger": None if getattr(report, "ledger", None) is None else ledger_records(report.ledger)}
         run.update(moving_memory(report))
+        run["stacks"] = stacks_records(stacks_of(report.run))  # record --stacks: the sites at each snapshot's peak
         if run["gates"]:
             run["baseline"] = run["gates"][0]
         runs.append(run)

@@ -35,6 +35,7 @@ from miles_profile.report.series import GiB
 from miles_profile.report.summary import Summary, summarize
 from miles_profile.report.summary_html import SUMMARY_CSS, SUMMARY_SCRIPT, summary_html
 from miles_profile.report.transitions_html import SECTION_CSS as MOVING_CSS, transitions_html
+from miles_profile.report.stacks_html import stacks_html
 from miles_profile.report.stats import phase_instances, phase_table, stat_metrics
 
 TABLE_ROW_LIMIT = 200
@@ -253,6 +254,7 @@ def _run_section(report: RunReport, k: int, single: bool) -> str:
   <h3>Checks</h3>
   {_checks_html(report.checks, t0, "checks" + suffix)}
   {transitions_html(run, report.ledger, suffix)}
+  {stacks_html(run, suffix)}
   <details class="run-facts"><summary>Run details (command, host, devices, processes)</summary>{_facts_html(run)}</details>
   <h3>Per phase</h3>{per_phase_note}
   {_phase_table_html(run, report.phases, False, "phases" + suffix)}

@@ -18,6 +18,7 @@ Each block is then charged to its site: the innermost frame outside torch's own 
 from __future__ import annotations
 
 import functools
+import numbers
 import os
 import pickle
 from dataclasses import asdict, dataclass, field
@@ -245,7 +246,9 @@ def how_to_open(found: StackSnapshot) -> str:
 
 
 def _int(value) -> int | None:
-    return int(value) if isinstance(value, (int, float)) and value == value else None
+    """An integer from JSON or numpy (np.int64 is no int), None for anything else (bool, NaN, text)."""
+    ok = isinstance(value, numbers.Real) and not isinstance(value, bool) and value == value
+    return int(value) if ok else None
 
 
 def _phase_facts(run, host: str, pid: int, phase_id) -> tuple[int | None, int | None]:

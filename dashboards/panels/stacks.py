@@ -1,0 +1,62 @@
+"""Stacks panel (record --stacks): per recorded process, the top allocation sites at its snapshot's peak and
+how to open the snapshot in memory_viz, as the text rows the HTML report renders (report/stacks_html.py).
+Empty, heading included, for a run without stacks."""
+from __future__ import annotations
+
+from dash import Input, Output, State, dash_table, dcc, html
+from dash.exceptions import PreventUpdate
+
+from dashboards.messages import describe, message
+from dashboards.panels.phases import TABLE_STYLE
+from dashboards.panels.refresh import due
+from miles_profile.report.stacks import stacks_of
+from miles_profile.report.stacks_html import SITE_COLUMNS, device_text, heading_text, site_rows, status_text
+
+
+def layout() -> html.Section:
+    return html.Section(id="stacks-section", className="panel stacks", children=[
+        html.Div(id="stacks-body"),
+        dcc.Store(id="stacks-rendered"),
+    ])
+
+
+def _table(rows: list[dict], table_id: str) -> dash_table.DataTable:
+    return dash_table.DataTable(id=table_id, data=[{k: r[k] for k, _ in SITE_COLUMNS} for r in rows],
+                                columns=[{"name": h, "id": k} for k, h in SITE_COLUMNS],
+                                tooltip_data=[{"site": {"value": r["_stack"] or r["site"], "type": "text"}} for r in rows],
+                                page_size=20, **TABLE_STYLE)
+
+
+def body(found) -> list:
+    if not found:
+        return []
+    children = [html.Div(className="panel-head", children=[html.H2("Which code made the peak")])]
+    for k, snapshot in enumerate(found):
+        children.append(html.H3(heading_text(snapshot)))
+        for dev in snapshot.devices:
+            children.append(html.P(device_text(snapshot, dev), className="small"))
+            if dev.sites:
+                children.append(_table(site_rows(dev), f"stacks-table-{k}-{dev.device}"))
+        children.append(html.P(status_text(snapshot), className="muted small" if snapshot.status == "written" else "warn",
+                               **{"data-status": snapshot.status}))
+    return children
+
+
+def register(app, state) -> None:
+    @app.callback(Output("stacks-body", "children"), Output("stacks-rendered", "data"),
+                  Input("runs-selected", "data"), Input("page-poll", "n_intervals"),
+                  State("stacks-rendered", "data"))
+    def show(run_id, _tick, rendered):
+        if run_id is None:
+            return [], None
+        try:
+            live_run = state.cache.get(run_id)
+            key = due(run_id, live_run.version, rendered)
+            if key is None:
+                raise PreventUpdate
+            found = live_run.memo("stacks", stacks_of)
+        except PreventUpdate:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a message in the page, never a traceback
+            return [message(describe(exc))], None
+        return body(found), key
