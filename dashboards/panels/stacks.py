@@ -24,6 +24,8 @@ def _table(rows: list[dict], table_id: str) -> dash_table.DataTable:
     return dash_table.DataTable(id=table_id, data=[{k: r[k] for k, _ in SITE_COLUMNS} for r in rows],
                                 columns=[{"name": h, "id": k} for k, h in SITE_COLUMNS],
                                 tooltip_data=[{"site": {"value": r["_stack"] or r["site"], "type": "text"}} for r in rows],
+                                style_cell_conditional=[{"if": {"column_id": c}, "textAlign": "left"}
+                                                        for c in ("site", "function")],
                                 page_size=20, **TABLE_STYLE)
 
 

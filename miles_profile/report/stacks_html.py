@@ -45,13 +45,17 @@ def heading_text(found: StackSnapshot) -> str:
     return f"{where}: {phase} ({rule})"
 
 
+def size_text(nbytes: int) -> str:
+    return f"{nbytes / GiB:.3f} GiB" if nbytes >= GiB else f"{nbytes / MiB:.1f} MiB"
+
+
 def device_text(found: StackSnapshot, dev: DevicePeak) -> str:
     recorded = ("" if found.recorded_peak is None else
-                f"; the recorder's allocator peak of that phase: {found.recorded_peak / GiB:.3f} GiB")
+                f"; the recorder's allocator peak of that phase: {size_text(found.recorded_peak)}")
     full = (f" The history was full ({dev.entries:,} entries, --stacks-max-entries): the peak may predate its "
             "oldest entry." if dev.truncated else "")
-    return (f"GPU {dev.device}: {dev.peak_bytes / GiB:.3f} GiB requested and live at the history's peak, "
-            f"{dev.end_bytes / GiB:.3f} GiB at the phase's end{recorded}; {dev.entries:,} history entries.{full}")
+    return (f"GPU {dev.device}: {size_text(dev.peak_bytes)} requested and live at the history's peak, "
+            f"{size_text(dev.end_bytes)} at the phase's end{recorded}; {dev.entries:,} history entries.{full}")
 
 
 def status_text(found: StackSnapshot) -> str:

@@ -73,10 +73,8 @@ def _snapshot(here: str, line: int) -> dict:
         "device_traces": [trace]}
 
 
-@pytest.fixture(scope="module")
-def run_with_snapshot(tmp_path_factory):
+def record_run_with_snapshot(log_dir):
     """A real recorded run; its `stacks` event and pickle written as miles_profile/stacks.py writes them."""
-    log_dir = tmp_path_factory.mktemp("stacks-run")
     with Recorder(log_dir, interval_ms=20) as rec:
         with phase("train", rollout_id=0):
             pass
@@ -88,6 +86,11 @@ def run_with_snapshot(tmp_path_factory):
         rec.event("stacks", "stacks", {"status": "written", "phase": "train", "phase_id": phase_id, "rule": "peak",
                                        "file": path.name, "path": str(path), "max_entries": 100})
     return rec.run_dir
+
+
+@pytest.fixture(scope="module")
+def run_with_snapshot(tmp_path_factory):
+    return record_run_with_snapshot(tmp_path_factory.mktemp("stacks-run"))
 
 
 @pytest.mark.slow
