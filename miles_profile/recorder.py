@@ -18,7 +18,7 @@ import weakref
 from pathlib import Path
 from typing import Any, Iterable
 
-from miles_profile import host_sampler, names, stacks
+from miles_profile import host_sampler, names, stacks as stack_history
 from miles_profile.errors import MilesProfileError
 from miles_profile.identity import RUN_ID_ENV, cuda_identity, host_name, process_identity
 from miles_profile.logdir.layout import new_run_dir, process_stem
@@ -137,13 +137,16 @@ class Recorder:
     share (default $MILES_PROFILE_RUN_ID, else the new directory's name). `host_sampling`: take part in
     electing this host's sampler (host_sampler.py); off, this process reads host memory and NVML itself.
     `heap`: also sample glibc's heap in use (probes/heap.py; default: $MILES_PROFILE_HEAP is "1").
+    `stacks`: "peak" or a phase name: CUDA allocation stacks around one phase (stacks.py; default:
+    $MILES_PROFILE_STACKS, as `record --stacks` sets it), at most `stacks_max_entries` history entries.
     """
 
     def __init__(self, log_dir: str | os.PathLike | None = None, *, run_dir: str | os.PathLike | None = None,
                  interval_ms: float = DEFAULT_INTERVAL_MS, watch_dirs: Iterable[str] = (),
                  child_pid: int | None = None, command: list[str] | None = None,
                  flush_interval_s: float = 0.5, disable: Iterable[str] = (), host_sampling: bool = True,
-                 run_id: str | None = None, run_meta: dict[str, Any] | None = None, heap: bool | None = None):
+                 run_id: str | None = None, run_meta: dict[str, Any] | None = None, heap: bool | None = None,
+                 stacks: str | None = None, stacks_max_entries: int | None = None):
         interval_ms = check_interval_ms(interval_ms)
         self._run_meta = dict(run_meta or {})  # more run meta keys, for a run this recorder creates
         self._log_dir = Path(log_dir or DEFAULT_LOG_DIR)
@@ -175,7 +178,8 @@ class Recorder:
         self._host_sampling = host_sampling  # take part in the election of the host sampler
         self._host: host_sampler.HostSampler | None = None
         self._summaries: PhaseSummaries | None = None
-        self._stacks: stacks.StackHistory | None = None  # record --stacks / phase(stacks=True): stacks.py
+        self._stacks_asked = (stacks, stacks_max_entries)
+        self._stacks: stack_history.StackHistory | None = None  # record --stacks / phase(stacks=True): stacks.py
         self._cuda_noted = False
         self._faults = WriteFaults()
         self._declared: dict[tuple[str, str, str], int] = {}  # (device, category, owner) -> bytes last written
@@ -210,7 +214,7 @@ class Recorder:
             raise MilesProfileError(f"cannot record into {run_dir}: {exc.strerror or exc}") from None
         self._summaries = PhaseSummaries(columns)
         if self._child_pid is None:  # another process's allocator can't be recorded from here
-            self._stacks = stacks.from_env(run_dir, self._stem, self.event)
+            self._stacks = stack_history.from_env(run_dir, self._stem, self.event, *self._stacks_asked)
         self._sampler = Sampler(probes, writer, self.interval_ms / 1000.0, self.current_phase, self._summaries.add)
         self._sampler.start()
         _started.add(self)

@@ -221,7 +221,10 @@ class StackHistory:
             pass
 
 
-def from_env(run_dir: Path, stem: str, write_event: Callable[[str, str, dict], None]) -> StackHistory:
-    """The history of a recorder that $MILES_PROFILE_STACKS (record --stacks) configures; off without it,
-    except for phases entered with `stacks=True`."""
-    return StackHistory(run_dir, stem, write_event, requested_mode(), requested_max_entries())
+def from_env(run_dir: Path, stem: str, write_event: Callable[[str, str, dict], None], mode: str | None = None,
+             max_entries: int | None = None) -> StackHistory:
+    """The history of a recorder: `mode` and `max_entries` when given (Recorder(stacks=...)), else what
+    $MILES_PROFILE_STACKS (record --stacks) asks; off without either, except for phases entered with
+    `stacks=True`."""
+    return StackHistory(run_dir, stem, write_event, mode or requested_mode(),
+                        max_entries if max_entries and max_entries > 0 else requested_max_entries())

@@ -251,23 +251,32 @@ def _int(value) -> int | None:
     return int(value) if ok else None
 
 
-def _phase_facts(run, host: str, pid: int, phase_id) -> tuple[int | None, int | None]:
-    """(iteration, the recorder's allocator peak) of the phase the snapshot was taken around."""
-    if phase_id is None or run.phases.empty:
-        return None, None
+def _phase_facts(run, keys: set[tuple[str, int, int]]) -> dict[tuple[str, int, int], tuple[int | None, int | None]]:
+    """{(host, pid, phase id): (iteration, the recorder's allocator peak)} of the phases snapshots were taken
+    around: one pass over the phases and the end events, whatever the number of processes."""
+    if not keys or run.phases.empty:
+        return {}
     from miles_profile.report.timeline_marks import with_iterations
-    phases = run.phases
-    match = phases[(phases["pid"] == pid) & (phases["id"] == phase_id) &
-                   ((phases["host"].astype(str) == host) if host else True)]
-    if match.empty:
-        return None, None
-    iteration = _int(with_iterations(phases).loc[match.index[0], "iteration"])
-    ends = run.events[(run.events["kind"] == "end") & (run.events["pid"] == pid) & (run.events["id"] == phase_id)]
-    series = ((ends.iloc[0]["attrs"] or {}).get("summary") or {}).get("series", {}) if len(ends) else {}
-    peaks = [s.get("peak") for name, s in series.items()
-             if name.startswith("gpu") and name.endswith("_alloc") and isinstance(s, dict)]
-    peaks = [p for p in peaks if isinstance(p, (int, float))]
-    return (None if iteration is None or iteration < 0 else iteration), (int(max(peaks)) if peaks else None)
+    phases = with_iterations(run.phases)
+    iterations = {}
+    for host, pid, phase_id, iteration in zip(phases["host"].astype(str), phases["pid"], phases["id"],
+                                              phases["iteration"]):
+        for key in ((host, int(pid), int(phase_id)), ("", int(pid), int(phase_id))):
+            if key in keys:
+                iterations[key] = None if iteration < 0 else int(iteration)
+    events = run.events
+    ends = events[(events["kind"] == "end") & events["id"].notna()]
+    hosts = ends["host"].astype(str) if "host" in ends else [""] * len(ends)
+    peaks = {}
+    for host, pid, phase_id, attrs in zip(hosts, ends["pid"], ends["id"], ends["attrs"]):
+        for key in ((host, int(pid), int(phase_id)), ("", int(pid), int(phase_id))):
+            if key in keys:
+                series = ((attrs or {}).get("summary") or {}).get("series") or {}
+                found = [v.get("peak") for name, v in series.items()
+                         if name.startswith("gpu") and name.endswith("_alloc") and isinstance(v, dict)]
+                found = [p for p in found if isinstance(p, (int, float))]
+                peaks[key] = int(max(found)) if found else None
+    return {key: (iterations.get(key), peaks.get(key)) for key in keys}
 
 
 def _locate(run, name: str) -> Path | None:
@@ -288,15 +297,16 @@ def stacks_of(run, *, limit: int = 10) -> list[StackSnapshot]:
     for row in rows.to_dict("records"):
         attrs = row.get("attrs") or {}
         host = "" if row.get("host") is None or row.get("host") != row.get("host") else str(row["host"])
-        found = StackSnapshot(host=host, pid=int(row["pid"]), status=str(attrs.get("status", "")),
-                              rule=str(attrs.get("rule", "")), phase=str(attrs.get("phase", "")),
-                              phase_id=_int(attrs.get("phase_id")), file=attrs.get("file"),
-                              reason=str(attrs.get("reason") or attrs.get("error") or ""),
-                              max_entries=_int(attrs.get("max_entries")))
-        found.iteration, found.recorded_peak = _phase_facts(run, host, found.pid, found.phase_id)
+        out.append(StackSnapshot(host=host, pid=int(row["pid"]), status=str(attrs.get("status", "")),
+                                 rule=str(attrs.get("rule", "")), phase=str(attrs.get("phase", "")),
+                                 phase_id=_int(attrs.get("phase_id")), file=attrs.get("file"),
+                                 reason=str(attrs.get("reason") or attrs.get("error") or ""),
+                                 max_entries=_int(attrs.get("max_entries"))))
+    facts = _phase_facts(run, {(f.host, f.pid, f.phase_id) for f in out if f.phase_id is not None})
+    for found in out:
+        found.iteration, found.recorded_peak = facts.get((found.host, found.pid, found.phase_id), (None, None))
         if found.status == "written" and isinstance(found.file, str):
             _read_into(run, found, limit)
-        out.append(found)
     return out
 
 

@@ -22,7 +22,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from miles_profile import Recorder, phase  # noqa: E402
 from miles_profile.logdir.reader import load_run  # noqa: E402
 from miles_profile.report.stacks import stacks_of  # noqa: E402
-from miles_profile.stacks import MAX_ENTRIES_ENV, STACKS_ENV  # noqa: E402
 
 try:
     import pytest
@@ -42,54 +41,36 @@ def plant() -> torch.Tensor:
 PLANTED_LINE = inspect.getsourcelines(plant)[1] + 1
 
 
-def _with_env(**values):
-    saved = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
-    return saved
-
-
-def _restore(saved):
-    for k, v in saved.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
-
-
 @gpu
 @needs_cuda
 def test_peak_rule_records_the_second_train_and_finds_the_planted_site():
     torch.zeros(1, device="cuda")  # CUDA initialised before the recorder: its allocator probe reads it
-    saved = _with_env(**{STACKS_ENV: "peak", MAX_ENTRIES_ENV: "20000"})
-    try:
-        with tempfile.TemporaryDirectory() as tmp:
-            with Recorder(tmp, interval_ms=5) as rec:
-                for i in range(3):
-                    with phase("generate", rollout_id=i):
-                        small = torch.empty(4 * MiB, dtype=torch.uint8, device="cuda")
-                        del small
-                    with phase("train", rollout_id=i):
-                        big = plant()
-                        work = big[: 8 * MiB].float()  # more allocations around it, freed before the end
-                        del big, work
-            run = load_run(rec.run_dir)
-            (found,) = stacks_of(run)
-            assert (found.status, found.rule, found.phase, found.iteration) == ("written", "peak", "train", 1), found
-            assert len(list(Path(rec.run_dir).glob("*.stacks.pickle"))) == 1
-            dev = found.top
-            top = dev.sites[0]
-            assert top.file.endswith("test_stacks_cuda.py") and top.line == PLANTED_LINE, top
-            assert top.bytes == PLANTED and top.count == 1 and top.function == "plant", top
-            assert dev.peak_bytes >= PLANTED and not dev.truncated
-            assert found.recorded_peak is not None and found.recorded_peak >= PLANTED
-            print(f"  snapshot {found.path}: {dev.entries} entries, peak {dev.peak_bytes / MiB:.1f} MiB, "
-                  f"top site {top.site} {top.bytes / MiB:.1f} MiB")
+    with tempfile.TemporaryDirectory() as tmp:
+        with Recorder(tmp, interval_ms=5, stacks="peak", stacks_max_entries=20_000) as rec:
+            for i in range(3):
+                with phase("generate", rollout_id=i):
+                    small = torch.empty(4 * MiB, dtype=torch.uint8, device="cuda")
+                    del small
+                with phase("train", rollout_id=i):
+                    big = plant()
+                    work = big[: 8 * MiB].float()  # more allocations around it, freed before the end
+                    del big, work
+        run = load_run(rec.run_dir)
+        (found,) = stacks_of(run)
+        assert (found.status, found.rule, found.phase, found.iteration) == ("written", "peak", "train", 1), found
+        assert len(list(Path(rec.run_dir).glob("*.stacks.pickle"))) == 1
+        dev = found.top
+        top = dev.sites[0]
+        assert top.file.endswith("test_stacks_cuda.py") and top.line == PLANTED_LINE, top
+        assert top.bytes == PLANTED and top.count == 1 and top.function == "plant", top
+        assert dev.peak_bytes >= PLANTED and not dev.truncated
+        assert found.recorded_peak is not None and found.recorded_peak >= PLANTED
+        print(f"  snapshot {found.path}: {dev.entries} entries, peak {dev.peak_bytes / MiB:.1f} MiB, "
+              f"top site {top.site} {top.bytes / MiB:.1f} MiB")
         after = torch.empty(MiB, dtype=torch.uint8, device="cuda")  # history is off again: no stack for it
         blocks = [b for s in torch.cuda.memory._snapshot()["segments"] for b in s["blocks"]
                   if b.get("address") == after.data_ptr()]
         assert blocks and not blocks[0].get("frames"), blocks
-    finally:
-        _restore(saved)
 
 
 PROGRAM = textwrap.dedent("""

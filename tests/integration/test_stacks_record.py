@@ -55,6 +55,20 @@ def test_record_stacks_without_cuda_is_one_line_and_the_run_goes_on(tmp_path):
     assert "Stacks not recorded: no CUDA in this process." in (tmp_path / "report.html").read_text()
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the no-CUDA notice needs a machine without CUDA")
+def test_recorder_stacks_without_cuda_in_process(tmp_path, capfd):
+    """Recorder(stacks=...) in code: the same one line at the first phase (torch is imported, CUDA is not)."""
+    with Recorder(tmp_path, interval_ms=20, stacks="train") as rec:
+        with phase("generate"):
+            pass
+        assert capfd.readouterr().err.count(NO_CUDA_NOTICE) == 1
+        with phase("train"):
+            pass
+    assert NO_CUDA_NOTICE not in capfd.readouterr().err  # said once
+    (found,) = stacks_of(load_run(rec.run_dir))
+    assert (found.status, found.rule, found.reason) == ("not_recorded", "named", "no CUDA in this process")
+
+
 def test_record_refuses_a_bad_max_entries(tmp_path):
     done = subprocess.run([sys.executable, "-m", "miles_profile.record", "--log-dir", str(tmp_path), "--stacks",
                            "--stacks-max-entries", "0", "--exec", "--", "true"], cwd=REPO, env=python_env(),
