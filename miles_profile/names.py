@@ -68,6 +68,8 @@ OPEN = "open"
 
 # Mark names.
 MARK_OOM = "oom"
+# `record --exec`'s meta annotation: its command's exit code (negative: killed by that signal).
+COMMAND_EXIT = "command_exit"
 
 # Environment variable that hands a run directory to a child process (record --exec).
 RUN_DIR_ENV = "MILES_PROFILE_RUN_DIR"

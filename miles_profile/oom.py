@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from miles_profile import names
+from miles_profile.logdir.files import NotRegularFile, read_small
 from miles_profile.logdir.layout import PROCESS_META_SUFFIX, STATUS_SUFFIX
 from miles_profile.probes.cgroup import CgroupProbe, _inside, _own_cgroups
 
@@ -147,6 +148,15 @@ def zombie_status(pid: int) -> int | None:
         return None
 
 
+def parent_of(pid: int) -> int | None:
+    """The parent pid of a running process (/proc/<pid>/stat), or None: gone, or unreadable."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return int(f.read().rsplit(b")", 1)[-1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def _signalable(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -157,13 +167,21 @@ def _signalable(pid: int) -> bool:
         return True
 
 
+def _meta_of(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(read_small(path) or b"{}")  # guarded: a FIFO or a huge file never hangs the sampler
+    except (OSError, ValueError, NotRegularFile):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
 def _ended(run_dir: Path, stem: str) -> tuple[bool, dict[str, Any]]:
     """(whether the process wrote its end_time, its meta)."""
     meta: dict[str, Any] = {}
     for suffix in (PROCESS_META_SUFFIX, STATUS_SUFFIX):
         try:
-            data = json.loads((run_dir / f"{stem}{suffix}").read_text() or "{}")
-        except (OSError, ValueError):
+            data = json.loads(read_small(run_dir / f"{stem}{suffix}") or b"{}")
+        except (OSError, ValueError, NotRegularFile):
             continue
         if isinstance(data, dict):
             if data.get("end_time"):
@@ -187,6 +205,7 @@ class DeathWatch:
         self._oom_seen = self.counter.read()
         self._pending: list[tuple[float, int]] = []   # (when the counter moved, by how much), unattributed
         self._watched: dict[int, str] = {}             # pid -> stem
+        self._ours: set[int] = set()                   # watched processes whose parent is this process
         self._done: set[int] = set()
         self._scan_due = 0.0
 
@@ -199,8 +218,12 @@ class DeathWatch:
         for path in paths:
             stem = path.name[: -len(PROCESS_META_SUFFIX)]
             pid_text = stem[len(prefix):]
-            if pid_text.isdigit() and int(pid_text) not in self._done and int(pid_text) != self.own_pid:
-                self._watched.setdefault(int(pid_text), stem)
+            pid = int(pid_text) if pid_text.isdigit() else None
+            if pid is not None and pid not in self._done and pid != self.own_pid and pid not in self._watched:
+                self._watched[pid] = stem
+                # its parent: from /proc while it runs, else from its meta (one that lived less than a scan)
+                if (parent_of(pid) or _meta_of(path).get("ppid")) == self.own_pid:
+                    self._ours.add(pid)
 
     def poll(self, now: float | None = None) -> list[dict[str, Any]]:
         now = time.time() if now is None else now
@@ -225,6 +248,10 @@ class DeathWatch:
         self._done.add(pid)
         ended, meta = _ended(self.run_dir, stem)
         if ended:  # a normal exit: the recorder wrote its end_time on the way out
+            return None
+        if status is None and pid in self._ours:
+            # Reaped by this very process: the program (or record --exec, which reports its child from
+            # the exit status) waited for it and holds how it ended; a forked worker's os._exit is no death.
             return None
         pending = next((p for p in self._pending if now - p[0] <= ATTRIBUTE_S), None)
         if pending is not None:

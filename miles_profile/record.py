@@ -258,6 +258,9 @@ def run_child(args: argparse.Namespace, command: list[str]) -> int:
         try:
             code = wait_forwarding(child)
             if recorder is not None:
+                # How the command ended decides what a vanished descendant was (verdicts/oom.py).
+                if is_run_dir(recorder.run_dir):  # deleted mid-run: stop_and_tell says so, once
+                    recorder.annotate({names.COMMAND_EXIT: code})
                 record_death(recorder, child.pid, code, command, oom_counter, oom_before)
         finally:
             logged = stop_and_tell(recorder, args)

@@ -338,7 +338,8 @@ class Recorder:
     def _process_meta(self, probes: list, probe_meta: list[dict[str, Any]]) -> dict[str, Any]:
         devices = next((m.get("devices", []) for m in probe_meta if m["name"] == "nvml"), [])
         return {
-            **self._identity, "pid": os.getpid(), "stem": self._stem, "run_id": _run_id_of(self.run_dir),
+            **self._identity, "pid": os.getpid(), "ppid": os.getppid(), "stem": self._stem,
+            "run_id": _run_id_of(self.run_dir),
             "host_sampler": self._host is not None and self._host.active, "gpu_uuid": None,
             "child_pid": self._child_pid, "command": list(sys.argv), "start_time": time.time(),
             "interval_ms": self.interval_ms, "devices": devices, "probes": probe_meta,

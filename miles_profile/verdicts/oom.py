@@ -194,10 +194,28 @@ def finding_of(run, death: dict) -> Finding:
                    series=grew[0]["series"] if grew else None)
 
 
+def command_exit(run) -> int | None:
+    """The exit code of `record --exec`'s command (negative: its signal), or None: not recorded."""
+    for p in run.processes:
+        if p.get("role") == "exec_parent":
+            code = (p.get("annotations") or {}).get(names.COMMAND_EXIT)
+            if isinstance(code, int) and not isinstance(code, bool):
+                return code
+    return None
+
+
 def check_oom(run) -> CheckResult:
     deaths = deaths_of(run)
+    # A vanishing is a death only when the run failed: a forked worker that ends with os._exit (every
+    # multiprocessing fork worker, a DataLoader's) never writes its end either. When the command exited
+    # 0, whatever vanished without a kill seen (a signal, the OOM counter) did its work and left.
+    unseen = [d for d in deaths if d.get("cause") == "vanished"] if command_exit(run) == 0 else []
+    deaths = [d for d in deaths if d not in unseen]
     if not deaths:
-        return CheckResult(NAME, TITLE, "n/a", "no process was killed or vanished", EXPLANATION)
+        said = (f"no process was killed; {len(unseen)} recorded process(es) ended without ending their recording "
+                "while the command exited 0 (a forked worker ending with os._exit does): not deaths") if unseen \
+            else "no process was killed or vanished"
+        return CheckResult(NAME, TITLE, "n/a", said, EXPLANATION)
     findings = [finding_of(run, d) for d in deaths]
     span = (min(f.span[0] for f in findings), max(f.span[1] for f in findings))
     summary = findings[0].message if len(findings) == 1 else \

@@ -4,6 +4,7 @@ cgroup, its path injected)."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -94,6 +95,28 @@ def test_a_process_that_started_and_died_between_scans_is_seen_at_finish(tmp_pat
     _dead(proc)
     assert w.poll() == []  # too soon to list again
     assert [d["process_pid"] for d in w.finish()] == [proc.pid]
+
+
+def test_a_child_this_process_reaped_is_its_programs_to_judge_a_grandchild_is_not(tmp_path):
+    """A forked worker ending with os._exit writes no end; when the watching process itself waited for
+    it (it holds the exit status; record --exec reports its child from it) it is no death. A process
+    someone else reaped, of unknown end, still is one."""
+    events = tmp_path / "memory.events"
+    events.write_text("oom_kill 0\n")
+    w = oom.DeathWatch(tmp_path, "h", counter=oom.OomCounter(events))  # own_pid: this process
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    # a grandchild: its parent (the shell) reaps it, not us
+    shell = subprocess.Popen(["sh", "-c", f"{sys.executable} -c 'import time; time.sleep(60)' & echo $!; wait"],
+                             stdout=subprocess.PIPE, text=True)
+    grandchild = int(shell.stdout.readline())
+    for pid in (child.pid, grandchild):
+        (tmp_path / f"h-{pid}.meta.json").write_text(json.dumps({"pid": pid, "host": "h"}))
+    assert w.poll() == []
+    _dead(child)
+    os.kill(grandchild, signal.SIGKILL)
+    shell.wait(timeout=30)  # the shell reaped the grandchild
+    deaths = w.poll()
+    assert [d["process_pid"] for d in deaths] == [grandchild], deaths
 
 
 def test_a_vanishing_right_after_the_counter_moved_is_an_oom_kill(tmp_path, watch):
