@@ -268,9 +268,10 @@ def _mark_dead(processes: list[dict[str, Any]], warnings: list[str]) -> None:
     """A process whose recording never ended (no `end_time`) in a run whose `record` process did end
     died with it still running (a `kill -9`, an OOM kill, a segfault): `died: True` in its meta, and
     one warning naming it. A run still being recorded (no ended `record` process) marks nobody."""
-    ended = any(p.get("role") == "exec_parent" and p.get("end_time") for p in processes)
-    if not ended:
+    parents = [p for p in processes if p.get("role") == "exec_parent" and p.get("end_time")]
+    if not parents:
         return
+    command_exit = (parents[0].get("annotations") or {}).get(names.COMMAND_EXIT)
     dead = [p for p in processes if not p.get("end_time") and p.get("role") != "exec_parent"]
     for p in dead:
         p["died"] = True
@@ -278,7 +279,11 @@ def _mark_dead(processes: list[dict[str, Any]], warnings: list[str]) -> None:
         who = ", ".join(f"{p.get('role', 'process')} rank {p.get('rank', '?')} (pid {p.get('pid')}, "
                         f"{p.get('host', '?')})" for p in dead[:4])
         more = f" and {len(dead) - 4} more" if len(dead) > 4 else ""
-        warnings.append(f"{len(dead)} process(es) died before the run ended (no end_time): {who}{more}")
+        if command_exit == 0:  # the command succeeded: fork workers end with os._exit, which writes no end
+            warnings.append(f"{len(dead)} process(es) ended without writing their end_time while the command "
+                            f"exited 0 (fork workers ending with os._exit do): {who}{more}")
+        else:
+            warnings.append(f"{len(dead)} process(es) died before the run ended (no end_time): {who}{more}")
 
 
 def _read_process_metas(run_dir: Path, warnings: list[str], skip: set[str] = frozenset()) -> list[dict[str, Any]]:

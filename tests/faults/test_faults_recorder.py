@@ -403,6 +403,7 @@ def test_forked_children_record_as_themselves_never_into_the_parents_files(tmp_p
     from miles_profile.verdicts.engine import judge
     (oom,) = [c for c in judge(run).checks if c.name == "oom"]
     assert oom.status == "n/a", oom.summary
+    assert not any("died" in w for w in run.warnings), run.warnings  # nor does the reader call them dead
 
 
 # -- item 4: the sampling interval is bounded ---------------------------------------------------------
