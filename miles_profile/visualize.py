@@ -126,4 +126,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from miles_profile.process_exit import exit_now
+    exit_now(main())  # not sys.exit: pyarrow's thread pool can abort the interpreter's teardown (134)
