@@ -3,12 +3,10 @@ how to open the snapshot in memory_viz, as the text rows the HTML report renders
 Empty, heading included, for a run without stacks."""
 from __future__ import annotations
 
-from dash import Input, Output, State, dash_table, dcc, html
-from dash.exceptions import PreventUpdate
+from dash import dash_table, dcc, html
 
-from dashboards.messages import describe, message
 from dashboards.panels.phases import TABLE_STYLE
-from dashboards.panels.refresh import due
+from dashboards.panels.refresh import register_whole_run_panel
 from miles_profile.report.stacks import stacks_of
 from miles_profile.report.stacks_html import SITE_COLUMNS, device_text, heading_text, site_rows, status_text
 
@@ -45,20 +43,5 @@ def body(found) -> list:
 
 
 def register(app, state) -> None:
-    @app.callback(Output("stacks-body", "children"), Output("stacks-rendered", "data"),
-                  Input("runs-selected", "data"), Input("page-poll", "n_intervals"),
-                  State("stacks-rendered", "data"))
-    def show(run_id, _tick, rendered):
-        if run_id is None:
-            return [], None
-        try:
-            live_run = state.cache.get(run_id)
-            key = due(run_id, live_run.version, rendered)
-            if key is None:
-                raise PreventUpdate
-            found = live_run.memo("stacks", stacks_of)
-        except PreventUpdate:
-            raise
-        except Exception as exc:  # noqa: BLE001 - a message in the page, never a traceback
-            return [message(describe(exc))], None
-        return body(found), key
+    register_whole_run_panel(app, state, "stacks-body", "stacks-rendered",
+                             lambda live_run: body(live_run.memo("stacks", stacks_of)))

@@ -3,12 +3,11 @@ and tag, and "what you could keep on the GPU" (report/transitions.py, report/wha
 rows the HTML report renders (report/transitions_html.py, report/whatif_html.py)."""
 from __future__ import annotations
 
-from dash import Input, Output, State, dash_table, dcc, html
-from dash.exceptions import PreventUpdate
+from dash import dash_table, dcc, html
 
-from dashboards.messages import describe, message
+from dashboards.messages import message
 from dashboards.panels.phases import TABLE_STYLE
-from dashboards.panels.refresh import due
+from dashboards.panels.refresh import register_whole_run_panel
 from miles_profile.report.ledger import LEDGER_MAX_PROCESSES, ledger
 from miles_profile.report.transitions import transitions
 from miles_profile.report.transitions_html import METER_COLUMNS, ceilings_text, meter_rows, share_text
@@ -50,23 +49,11 @@ def body(meter, result) -> list:
 
 
 def register(app, state) -> None:
-    @app.callback(Output("moving-body", "children"), Output("moving-rendered", "data"),
-                  Input("runs-selected", "data"), Input("page-poll", "n_intervals"),
-                  State("moving-rendered", "data"))
-    def show(run_id, _tick, rendered):
-        if run_id is None:
-            return [], None
-        try:
-            live_run = state.cache.get(run_id)
-            key = due(run_id, live_run.version, rendered)
-            if key is None:
-                raise PreventUpdate
-            if len(live_run.current.processes) > LEDGER_MAX_PROCESSES:
-                return [message(f"Past {LEDGER_MAX_PROCESSES} processes the transition meter is in the report "
-                                "(python -m miles_profile.visualize), not here.", "info")], key
-            meter, result = live_run.memo("moving", compute)
-        except PreventUpdate:
-            raise
-        except Exception as exc:  # noqa: BLE001 - a message in the page, never a traceback
-            return [message(describe(exc))], None
-        return body(meter, result), key
+    register_whole_run_panel(app, state, "moving-body", "moving-rendered", _render)
+
+
+def _render(live_run) -> list:
+    if len(live_run.current.processes) > LEDGER_MAX_PROCESSES:
+        return [message(f"Past {LEDGER_MAX_PROCESSES} processes the transition meter is in the report "
+                        "(python -m miles_profile.visualize), not here.", "info")]
+    return body(*live_run.memo("moving", compute))
