@@ -80,12 +80,14 @@ class Handler(BaseHTTPRequestHandler):
     def _call(self, path: str, body: dict) -> None:
         handler, default_phase = ROUTES[path]
         phase = self.headers.get(api.PHASE_HEADER) or default_phase
-        # A query of the bytes held changes no memory: no phase of its own (it was a heatmap column).
-        recorded = contextlib.nullcontext() if path == api.MEMORY else mp.phase(phase, endpoint=path,
-                                                                                **_phase_attrs(body))
         try:
-            with self.server.engine_lock, recorded:
-                status, reply = 200, handler(self.server.engine, body)
+            with self.server.engine_lock:
+                engine = self.server.engine
+                # A query of the bytes held changes no memory: no phase of its own (it was a heatmap column).
+                recorded = (contextlib.nullcontext() if path == api.MEMORY else
+                            mp.phase(phase, endpoint=path, **_phase_attrs(engine, path, body)))
+                with recorded:
+                    status, reply = 200, handler(engine, body)
         except (EngineError, ValueError, KeyError, TypeError) as exc:  # the request's fault
             status, reply = 400, {"error": {"message": str(exc)}}
             if path == api.UPDATE_WEIGHTS:
@@ -112,9 +114,18 @@ class Text(str):
     """A plain-text reply (SGLang answers /flush_cache in text)."""
 
 
-def _phase_attrs(body: dict) -> dict:
+def _phase_attrs(engine: RolloutEngine, path: str, body: dict) -> dict:
+    """The phase's attributes; a release or resume declares the bytes it moves (read under the engine lock),
+    so the server's own offload phases are judged like the rank's, not left without expected_bytes."""
     tags = body.get("tags")
-    return {"tags": list(tags)} if isinstance(tags, list) else {}
+    attrs = {"tags": list(tags)} if isinstance(tags, list) else {}
+    declared = {api.RELEASE: engine.occupied_bytes, api.RESUME: engine.released_bytes}.get(path)
+    if declared is not None:
+        try:
+            attrs.update(expected_bytes=declared(_tags(body)), backend=engine.memory_backend)
+        except (EngineError, ValueError, TypeError):
+            pass  # bad tags: the handler answers 400 for them
+    return attrs
 
 
 # --- endpoints: (engine, JSON body) -> JSON reply ------------------------------------------------
