@@ -18,7 +18,8 @@ Where each column comes from:
 - `used_*`, the device's NVML total, is read from the host sampler's GPU samples (`Run.gpu_used`,
   every 100 ms), not from summaries: a process's summaries carry `gpu{i}_used` only when it sampled
   NVML itself. `proc_*` falls back to the host sampler's per-process rows (`Run.gpu_procs`) where the
-  process's summaries lack it. Both in one vectorized pass per GPU (or per process): a searchsorted
+  process's summaries lack it, then to the process's own reads at its phase boundaries
+  (`gpu{i}_boundary_proc`) where a phase has neither. Both in one vectorized pass per GPU (or per process): a searchsorted
   for the window bounds and a `reduceat` for the peaks and floors.
 """
 from __future__ import annotations
@@ -31,7 +32,7 @@ import pandas as pd
 
 from miles_profile.report.stats import _iterations
 
-_GPU_COLUMN = re.compile(r"^gpu(\d+)_(proc|alloc|reserved|used)$")
+_GPU_COLUMN = re.compile(r"^gpu(\d+)_(proc|alloc|reserved|used|boundary_proc)$")
 _STATS = ("peak", "floor", "first", "last")
 
 
@@ -161,6 +162,7 @@ def phase_table(run) -> pd.DataFrame:
     _fill_from_samples(run, table, info)
     _fill_used(run, table)
     _fill_proc_from_nvml(run, table)
+    _fill_proc_from_boundaries(table)
     return table.reindex(columns=columns).reset_index(drop=True)
 
 
@@ -181,16 +183,18 @@ def _fill_from_summaries(run, table: pd.DataFrame, info: dict, summaries: pd.Dat
     preferred = np.array([info.get(p, {}).get("gpu_index", -1) for p in procs], dtype=np.int64)
     has_pref = pd.Series((gpu == preferred[proc_code]) & (gpu >= 0)).groupby(proc_code).any().to_numpy()
     own_index = np.where(has_pref, preferred, lowest)
-    keep = (kind == "rss") | (np.isin(kind, ["proc", "alloc", "reserved"]) & (gpu == own_index[proc_code]))
+    keep = (kind == "rss") | (np.isin(kind, ["proc", "alloc", "reserved", "boundary_proc"]) & (gpu == own_index[proc_code]))
     where = pd.MultiIndex.from_arrays([table["host"], table["pid"].astype(np.int64), table["phase_id"].astype(np.int64)])
     position = where.get_indexer(pd.MultiIndex.from_arrays(
         [summaries["host"].astype(str), summaries["pid"].astype(np.int64), summaries["id"].astype(np.int64)]))
     keep &= position >= 0
-    for k in ("proc", "alloc", "reserved", "rss"):
+    for k in ("proc", "alloc", "reserved", "rss", "boundary_proc"):
         rows = keep & (kind == k)
         if not rows.any():
             continue
         for stat in _STATS:
+            if f"{k}_{stat}" not in table:
+                table[f"{k}_{stat}"] = np.nan
             values = table[f"{k}_{stat}"].to_numpy(dtype=float, copy=True)  # NaN unless filled before
             values[position[rows]] = summaries[stat].to_numpy(dtype=float, na_value=np.nan)[rows]
             table[f"{k}_{stat}"] = values
@@ -268,3 +272,21 @@ def _fill_proc_from_nvml(run, table: pd.DataFrame) -> None:
                                  table.loc[rows, "t0"], table.loc[rows, "t1"])
             for stat, values in zip(_STATS, stats):
                 table.loc[rows, f"proc_{stat}"] = values
+
+
+def _fill_proc_from_boundaries(table: pd.DataFrame) -> None:
+    """Merge the process's own NVML reads at its phase boundaries (`gpu{i}_boundary_proc`: a process
+    without the host role reads its GPU when a phase closes) into proc_*: the last is the read taken at
+    the close where there is one (the host sampler's row every 100 ms can predate the end of a release:
+    an offload_train that freed 16.5 GiB read as 8.9 GiB short), the peak and floor the extremes of both,
+    the first the host's where it has one. A release shorter than 100 ms has no host row at all, and its
+    drop was read as a shortfall of everything it declared (11.65 of 12.04 GiB on
+    sample_logs/h200-tms-engine-server, which freed it all)."""
+    if "boundary_proc_last" not in table:
+        return
+    boundary = {stat: table.pop(f"boundary_proc_{stat}").to_numpy(float) for stat in _STATS}
+    proc = {stat: table[f"proc_{stat}"].to_numpy(float) for stat in _STATS}
+    table["proc_last"] = np.where(np.isfinite(boundary["last"]), boundary["last"], proc["last"])
+    table["proc_first"] = np.where(np.isfinite(proc["first"]), proc["first"], boundary["first"])
+    table["proc_peak"] = np.fmax(proc["peak"], boundary["peak"])
+    table["proc_floor"] = np.fmin(proc["floor"], boundary["floor"])
