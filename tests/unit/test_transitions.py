@@ -108,3 +108,20 @@ def test_ranks_moving_memory_at_once_are_each_metered_and_shared_per_process(tmp
     assert set(offloads["pid"]) == actors and len(actors) == 4  # overlapping ranks: none taken for a server side
     assert meter.steps.groupby(["host", "pid"]).ngroups == 8  # every actor and engine process that moved memory
     assert 0 < meter.share < 1  # per process: four ranks offloading at once are not four times the step
+
+
+def test_the_calibrated_h200_logs_hold_pinned_copies_near_the_measured_link(meters):
+    """sample_logs/h200-calibrated: recorded with `record --calibrate` on the H200 (pinned 55.2 GB/s both ways,
+    disk 1.80 write / 1.67 read): the loop's pinned offload and onload run at 0.9-1.0 of the link; a disk
+    offload faster than the calibrated disk went through the page cache, and says so."""
+    from miles_profile.report.transitions_html import meter_rows
+    pinned = meters("h200-calibrated/5-both-gpu-peak")
+    assert pinned.ceilings["pinned_d2h"] == pytest.approx(55.2e9, rel=0.01)
+    for phase in ("offload_train", "onload_train"):
+        assert 0.85 < _loop(pinned, phase)["ratio"] <= 1.0, _loop(pinned, phase)
+    disk = meters("h200-calibrated/6-gpu-peak-disk")
+    onload = _loop(disk, "onload_train")
+    assert onload["link"] == "disk_read" and onload["ratio"] > 1.0
+    texts = {r["phase"] + ("" if r["when"] == "setup" else " loop"): r["ratio"] for r in meter_rows(disk)}
+    assert texts["onload_train loop"].endswith("(page cache)"), texts
+    assert not any(t.endswith("(page cache)") for t in (r["ratio"] for r in meter_rows(pinned)))
