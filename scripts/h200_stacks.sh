@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# record --stacks on the H200 in one device call (about 4 minutes, at most 8 by the timeouts); NOT RUN YET:
+# record --stacks on the H200 in one device call (about 4 minutes, at most 8 by the timeouts; 207 s on 2026-12-04):
 #   scripts/h200_stacks.sh OUT_DIR
 # 1. the CUDA tests of --stacks (tests/integration/test_stacks_cuda.py, as a script: no pytest needed);
 # 2. the trainer's 4-both configuration (gpu preset, 3 rollouts) recorded with --stacks (the peak rule: the
