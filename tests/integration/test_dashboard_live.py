@@ -91,7 +91,8 @@ def test_a_recording_run_appears_grows_and_keeps_the_zoom(recorder_and_page, art
     page.wait_for_function(f"() => ({LAST_X_JS})() <= 1.2")  # re-reduced for the window
     shown = samples_shown(page)
     page.wait_for_function(f"() => parseInt(document.querySelector('#timeline-status').innerText"
-                           f".replace(/,/g, '')) > {shown}", timeout=10_000)  # zoomed, it still grows
+                           f".replace(/,/g, '')) > {shown}", timeout=30_000)  # zoomed, it still grows
+    # (30 s: that it grows, not how fast; in a full suite beside 8-rank DDP cases one redraw took over 10 s)
     assert page.evaluate(f"() => {GRAPH}._fullLayout.xaxis.range.slice()") == pytest.approx([0.2, 1.0])
     page.screenshot(path=str(artifacts / "dashboard-live.png"), full_page=True)
 
