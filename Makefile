@@ -36,10 +36,11 @@ demo: setup
 	$(PY) -m miles_profile.visualize $$logs -o $$logs/report.html
 
 # The suite on every core (TEST_WORKERS=0 runs it in one process); tests/conftest.py keeps the tests of a
-# module-scoped fixture on one worker and runs the slow end-to-end ones after the fast ones.
+# module-scoped fixture on one worker and runs the slow end-to-end ones after the fast ones. It ends with
+# the ten slowest tests (--durations=10): where the suite's minutes go.
 TEST_WORKERS ?= auto
 test: setup
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --durations=10
 
 # Every benchmark, each printing ratios measured side by side (figures: docs/benchmarks.md,
 # docs/trainer.md, docs/report.md, docs/dashboard.md, docs/forecast.md). Minutes; run on an idle machine.
