@@ -63,7 +63,9 @@ def _recording(browser, tmp_path, finished_run: Path | None = None, rounds: int 
 
 @pytest.fixture
 def recorder_and_page(browser, tmp_path):
-    with _recording(browser, tmp_path) as fixture:
+    # 30 rounds: the run must still be recording when the zoomed view is checked for growth; with 14 it
+    # ended first under a full suite's load (twice on 2026-12-04), and a finished run stops growing
+    with _recording(browser, tmp_path, rounds=30) as fixture:
         yield fixture
 
 
@@ -98,7 +100,7 @@ def test_a_recording_run_appears_grows_and_keeps_the_zoom(recorder_and_page, art
 
     page.evaluate(f"() => Plotly.relayout({GRAPH}, {{'xaxis.autorange': true}})")
     page.wait_for_function(f"() => ({LAST_X_JS})() > 1.5")
-    assert child.wait(timeout=60) == 0
+    assert child.wait(timeout=120) == 0
     page.wait_for_selector("#runs-list .badge-live", state="detached", timeout=5_000)
     last_x = page.evaluate(LAST_X_JS)
     page.wait_for_timeout(1500)
