@@ -4,6 +4,7 @@ from __future__ import annotations
 import fcntl
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -49,6 +50,15 @@ def browser():
                   "--disable-component-update", "--disable-sync", "--no-first-run"])
         yield chromium
         chromium.close()
+
+
+def pytest_configure(config):
+    """Children of the tests get the signal dispositions of a terminal's foreground job. A suite started
+    in the background (`nohup`, `cmd &` in a script) inherits SIGINT, SIGQUIT or SIGHUP ignored, and an
+    ignored signal stays ignored across exec: every Ctrl-C and signal test would then time out."""
+    for sig in (signal.SIGINT, signal.SIGQUIT, signal.SIGHUP):
+        if signal.getsignal(sig) == signal.SIG_IGN:
+            signal.signal(sig, signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL)
 
 
 def pytest_collection_modifyitems(config, items):
