@@ -89,3 +89,19 @@ def test_a_wrong_plan_is_listed_outside():
             p["allocator"] = int(p["allocator"] * 1.2)  # a forecast that missed 4 GiB of activations
     bad = outside(compare(run, plan, pids))
     assert list(bad["phase"]) == ["train"] and bad["error"].iloc[0] == pytest.approx(0.2, abs=0.01)
+
+
+@pytest.mark.parametrize("flags", [
+    ["--preset", "tiny", "--offload-train", "--offload-rollout"],
+    ["--preset", "gpu", "--device", "cuda", "--offload-train", "--offload-rollout", "--colocate-memory-peak-device",
+     "gpu", "--offload-rollout-level", "kv_cache", "weight", "--rollout-engine", "server"],
+])
+def test_a_long_run_forecasts_what_its_steady_rollouts_do(flags):
+    """The replay stops at the first rollout that changes nothing (the trainer spent 12 s forecasting
+    `--num-rollout 100000` before its first rollout); a model that still grows keeps being replayed."""
+    def plan(n: int, clears: bool = True):
+        cfg = parse_args([*flags, "--num-rollout", str(n)], cuda_available=False, check_environment=False)
+        return forecast(cfg, clears_workspaces=clears, cpu_count=4).to_json()
+    assert plan(100_000) == plan(12)
+    if "cuda" in flags:  # before d37e03b each graph capture left one more cuBLAS workspace: no steady state
+        assert plan(12, clears=False) != plan(6, clears=False)
