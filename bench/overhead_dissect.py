@@ -5,6 +5,8 @@ A = the recorder paused, B = running, for one recorder configuration at a time (
     all            the default recorder: the sampler thread and the host sampler thread
     no_allocator   without the allocator probe (stats and peak reset): disable=["torch_allocator"]
     no_nvml        without the sampler's NVML reads (device and per process; the host sampler still reads)
+    no_nvml_anywhere  without any NVML read: neither the sampler's nor the host sampler's (which still reads
+                   host memory and the cgroup)
     no_proc        without the process probe's /proc reads (its columns left empty)
     no_host        without the host sampler thread's reads (NVML of every GPU and process, host memory,
                    cgroup, deaths): it samples once at start, then sleeps
@@ -41,7 +43,8 @@ from bench.overhead_ab import _time_block, ratio_interval  # noqa: E402
 from miles_profile import host_sampler  # noqa: E402
 from miles_profile.recorder import DEFAULT_INTERVAL_MS, Recorder  # noqa: E402
 
-VARIANTS = ("all", "no_allocator", "no_nvml", "no_proc", "no_host", "no_flush", "wake_only", "external")
+VARIANTS = ("all", "no_allocator", "no_nvml", "no_nvml_anywhere", "no_proc", "no_host", "no_flush", "wake_only",
+            "external")
 _NEVER_S = 3600.0
 
 
@@ -108,17 +111,19 @@ def _start(variant: str, log_dir: Path, interval_ms: float):
     kwargs: dict = {"interval_ms": interval_ms}
     if variant == "no_allocator":
         kwargs["disable"] = ["torch_allocator"]
-    if variant == "no_nvml":
+    if variant in ("no_nvml", "no_nvml_anywhere"):
         kwargs["disable"] = ["nvml"]
     if variant in ("no_flush", "wake_only"):
         kwargs["flush_interval_s"] = _NEVER_S
-    join = host_sampler.join
+    join, open_gpus = host_sampler.join, host_sampler.open_host_gpus
     if variant in ("no_host", "wake_only"):
         host_sampler.join = functools.partial(join, interval_s=_NEVER_S)
+    if variant == "no_nvml_anywhere":  # the host sampler still reads host memory and the cgroup
+        host_sampler.open_host_gpus = lambda backend=None: (None, {"name": "nvml_host", "active": False})
     try:
         rec = Recorder(log_dir, **kwargs).start()
     finally:
-        host_sampler.join = join
+        host_sampler.join, host_sampler.open_host_gpus = join, open_gpus
     plan = rec._sampler._plan
     if variant == "no_proc":
         rec._sampler._plan = [((_Empty(p) if p.name == "process" else p), w, partial) for p, w, partial in plan]
