@@ -69,8 +69,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--log-dir", default=DEFAULT_LOG_DIR,
                         help="directory that receives one subdirectory per run (default: %(default)s)")
     parser.add_argument("--interval-ms", type=interval_ms, default=DEFAULT_INTERVAL_MS,
-                        help="sampling interval, 1 to 60000; peaks between samples are kept whatever it is "
-                             "(default: %(default)s)")
+                        help="sampling interval, 1 to 60000: the timeline's resolution; the peaks between samples "
+                             "and every phase boundary are recorded whatever it is (default: %(default)s)")
     parser.add_argument("--watch-dir", action="append", default=[], metavar="DIR",
                         help="also sample the bytes in files under DIR (an offload dir); repeatable")
     parser.add_argument("--disable-probe", action="append", default=[], choices=OPTIONAL_PROBES,

@@ -80,6 +80,8 @@ def test_recorded_cpu_preset_run_with_every_offload_flag(tmp_path):
     offloads = phases[phases["name"].str.startswith("offload_")]
     assert set(offloads["name"]) == {"offload_kv", "offload_weights", "offload_train"}
     for _, p in offloads.iterrows():
+        # the rows the recorder takes at the phase's begin and end (just before each boundary); the first
+        # row after the end can be an interval later, when the next phase has grown RSS again
         before = samples[samples.t <= p.start].rss.iloc[-1]
-        after = samples[samples.t >= p.end].rss.iloc[0]
+        after = samples[samples.t <= p.end].rss.iloc[-1]
         assert before - after >= 0.8 * p.expected_bytes, (p["name"], before, after, p.expected_bytes)
