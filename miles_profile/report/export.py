@@ -40,19 +40,18 @@ def write_png(figure, path: str | Path, *, width: int = 1600) -> Path:
     if browser:
         os.environ.setdefault("BROWSER_PATH", browser)  # where kaleido's choreographer looks
     height = int(figure.layout.height or 800)
-    try:
+    for attempt in (1, 2):
         try:
             figure.write_image(str(path), format="png", width=width, height=height, scale=1)
-        except Exception as exc:  # noqa: BLE001
-            if "is not defined" not in str(exc):
-                raise
-            # kaleido called its page before the page's script had loaded ("kaleido_scopes is not
-            # defined"): seen under load (three test workers on two cores); a second browser is ready
-            figure.write_image(str(path), format="png", width=width, height=height, scale=1)
-    except Exception as exc:  # kaleido/choreographer raise many types when no browser works
-        raise MilesProfileError(f"PNG export failed ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); "
-                                "it needs kaleido and Chromium (apt install chromium)") from None
-    return Path(path)
+            return Path(path)
+        except Exception as exc:  # kaleido/choreographer raise many types when no browser works
+            # kaleido can call its page before the page's script has loaded ("kaleido_scopes is not
+            # defined"), seen under load (three test workers on two cores): a second browser is ready
+            if attempt == 1 and "is not defined" in str(exc):
+                continue
+            raise MilesProfileError(f"PNG export failed ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); "
+                                    "it needs kaleido and Chromium (apt install chromium)") from None
+    raise AssertionError("unreachable")
 
 
 def trace_events(run, *, max_points: int = 100_000, pid_offset: int = 0) -> list[dict]:
