@@ -130,13 +130,23 @@ def test_a_heatmap_cell_click_opens_that_lane_at_that_phase(page, expected):
     row = fleet_figures._row_labels(expected.matrix.lanes)[list(expected.matrix.lanes["lane"]).index(first["lane"])]
     column = expected.matrix.columns["label"][(expected.matrix.columns["phase"] == first["phase"])
                                               & (expected.matrix.columns["iteration"] == first["iteration"])].iloc[0]
-    # The cell's centre relative to the heatmap's plot area (its drag layer), from the heatmap's own axes; a
-    # real mouse click through the locator, which scrolls the plot into view and waits until it stops moving
-    # (the panels above it render after it and would shift page coordinates taken earlier).
+    # A real mouse click at the cell's centre relative to the heatmap's plot area (its drag layer), from the
+    # heatmap's own axes. The panels around it render after it, and a scrollbar or a resize can move the cells
+    # between reading the axes and clicking: hover first, and click only once Plotly's own hit test names the
+    # intended cell (positions re-read on each try).
     page.wait_for_load_state("networkidle")
-    x, y = page.evaluate(f"""([col, row]) => {{ const L = {HEATMAP}._fullLayout;
-        return [L.xaxis.d2p(col), L.yaxis.d2p(row)]; }}""", [column, row])
-    page.locator("#fleet-heatmap .nsewdrag").first.click(position={"x": x, "y": y})
+    drag = page.locator("#fleet-heatmap .nsewdrag").first
+    for _ in range(20):
+        x, y = page.evaluate(f"""([col, row]) => {{ const L = {HEATMAP}._fullLayout;
+            return [L.xaxis.d2p(col), L.yaxis.d2p(row)]; }}""", [column, row])
+        drag.hover(position={"x": x, "y": y})
+        page.wait_for_timeout(100)
+        hovered = page.evaluate(f"() => ({HEATMAP}._hoverdata || []).map(p => [p.x, p.y])")
+        if hovered == [[column, row]]:
+            break
+    else:
+        pytest.fail(f"the heatmap never settled under the mouse at {column!r}, {row!r}: hovered {hovered}")
+    drag.click(position={"x": x, "y": y})
     page.wait_for_function(f"() => {GPU_GRAPH} && {GPU_GRAPH}._fullLayout && {GPU_GRAPH}.data.length > 0",
                            timeout=15_000)
     t0, t1 = fleet_panel.cell_window(expected, first["lane"], column)
