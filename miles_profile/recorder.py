@@ -34,11 +34,11 @@ from miles_profile.probes.process import OwnProcessProbe, ProcessTreeProbe
 from miles_profile.probes.torch_allocator import open_torch_allocator
 from miles_profile.sampler import Sampler
 
-# 100 ms: each wake-up of the sampler thread costs the job a GIL hand-over, so the cost goes with the
-# number of wake-ups (H200, launch-bound loop: 1.016-1.028 at 20 ms, 1.004 at 100 ms; docs/benchmarks.md).
-# What is lost is only the timeline's resolution: every row's peaks cover the whole interval, and every
-# phase boundary is read exactly, whatever the interval.
-DEFAULT_INTERVAL_MS = 100.0
+# 20 ms. 100 ms costs a launch-bound loop less on the H200 (1.0115 against 1.0181, docs/benchmarks.md) and
+# keeps every verdict of the committed logs (bench/interval_verdicts.py); it becomes the default once the
+# GPU tests (scripts/h200_checks.sh) have run at it. Every row's peaks cover the whole interval and every
+# phase boundary is read exactly, whatever the interval: it sets only the timeline's resolution.
+DEFAULT_INTERVAL_MS = 20.0
 DEFAULT_LOG_DIR = "/tmp/memory_logs"
 OPTIONAL_PROBES = ("nvml", "torch_allocator")  # sources a user may switch off (`disable=`)
 # Below 1 ms the sampler is a busy loop that takes the GIL from the job; above a minute a run has
