@@ -79,21 +79,35 @@ def shared_across_workers(tmp_path_factory) -> Path:
     return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
 
 
-@pytest.fixture(scope="session")
-def recorded_cpu_run(tmp_path_factory) -> Path:
-    """The log dir of one recorded CPU trainer run with both offloads, shared read-only by the tests that
-    only read it (recording it takes ~15 s): recorded once per session, by whichever worker asks first."""
+def record_once(tmp_path_factory, name: str, trainer_args: list[str]) -> Path:
+    """The log dir of `python -m miles_profile.record -- <trainer_args>`, recorded once per session by
+    whichever pytest-xdist worker asks first (the others wait on a lock), for tests that only read it."""
     shared = shared_across_workers(tmp_path_factory)
-    log_dir, done = shared / "recorded-cpu-run", shared / "recorded-cpu-run.done"
-    with open(shared / "recorded-cpu-run.lock", "w") as lock:
+    log_dir, done = shared / name, shared / f"{name}.done"
+    with open(shared / f"{name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # the other workers wait here until it is recorded
         if not done.exists():
-            log_dir.mkdir(exist_ok=True)
+            shutil.rmtree(log_dir, ignore_errors=True)  # a half-recorded run of a worker that died
+            log_dir.mkdir()
             subprocess.run([sys.executable, "-m", "miles_profile.record", "--log-dir", str(log_dir), "--",
-                            "--preset", "cpu", "--num-rollout", "2", "--offload-train", "--offload-rollout"],
-                           cwd=REPO, env=python_env(), check=True, capture_output=True, timeout=300)
+                            *trainer_args], cwd=REPO, env=python_env(), check=True, capture_output=True, timeout=300)
             done.touch()
     return log_dir
+
+
+@pytest.fixture(scope="session")
+def recorded_cpu_run(tmp_path_factory) -> Path:
+    """One recorded CPU trainer run with both offloads (~15 s to record), shared read-only."""
+    return record_once(tmp_path_factory, "recorded-cpu-run",
+                       ["--preset", "cpu", "--num-rollout", "2", "--offload-train", "--offload-rollout"])
+
+
+@pytest.fixture(scope="session")
+def recorded_two_rank_run(tmp_path_factory) -> Path:
+    """One recorded two-rank run (torchrun under `record -- --nproc-per-node 2`: 2 ranks, 2 engine servers,
+    5 processes importing torch, ~20 s on 2 cores), shared read-only by the tests that judge or load it."""
+    return record_once(tmp_path_factory, "recorded-two-rank-run",
+                       ["--nproc-per-node", "2", "--preset", "tiny", "--num-rollout", "2"])
 
 
 @pytest.fixture

@@ -40,12 +40,9 @@ def test_the_tiny_preset_on_the_h200_exits_0_its_small_footprints_too_small(tmp_
 
 
 @pytest.mark.slow
-def test_headroom_of_a_multi_process_cpu_run_is_judged_on_the_host(tmp_path):
+def test_headroom_of_a_multi_process_cpu_run_is_judged_on_the_host(recorded_two_rank_run, tmp_path):
     # before: n/a in every process ("host total unknown"): the total is in the host sampler's files only
-    log = tmp_path / "log"
-    subprocess.run([sys.executable, "-m", "miles_profile.record", "--log-dir", str(log), "--", "--nproc-per-node", "2",
-                    "--preset", "tiny", "--num-rollout", "2"], cwd=ROOT, check=True, capture_output=True, timeout=240)
-    code, checks, output = _visualize(log, tmp_path)
+    code, checks, output = _visualize(recorded_two_rank_run, tmp_path)
     assert code == 0, output
     headroom = checks["headroom"]
     assert headroom["status"] == "pass", headroom["summary"]

@@ -62,13 +62,15 @@ def _engines_and_ranks(run) -> tuple[list[dict], list[dict]]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("form", ["nproc", "exec_torchrun"])
-def test_record_of_two_ranks_has_every_rank_and_engine(tmp_path, form):
-    train = ["--preset", "tiny", "--num-rollout", "2"]
-    argv = (["--", "--nproc-per-node", "2", *train] if form == "nproc" else
-            ["--exec", "--", *TORCHRUN, "--nproc-per-node", "2", "-m", "trainer.train", *train])
-    result = _run([sys.executable, "-m", "miles_profile.record", "--log-dir", str(tmp_path), *argv])
-    assert result.returncode == 0, result.stderr[-3000:]
-    (run_dir,) = [p for p in tmp_path.iterdir() if p.is_dir()]
+def test_record_of_two_ranks_has_every_rank_and_engine(request, tmp_path, form):
+    if form == "nproc":  # `record -- --nproc-per-node 2 --preset tiny --num-rollout 2`, recorded once per session
+        log_dir = request.getfixturevalue("recorded_two_rank_run")
+    else:
+        log_dir = tmp_path
+        result = _run([sys.executable, "-m", "miles_profile.record", "--log-dir", str(tmp_path), "--exec", "--",
+                       *TORCHRUN, "--nproc-per-node", "2", "-m", "trainer.train", "--preset", "tiny", "--num-rollout", "2"])
+        assert result.returncode == 0, result.stderr[-3000:]
+    (run_dir,) = [p for p in log_dir.iterdir() if p.is_dir()]
     run = mp.load(run_dir)
     engines, ranks = _engines_and_ranks(run)
     assert sorted(p["rank"] for p in ranks) == [0, 1] and sorted(p["rank"] for p in engines) == [0, 1]

@@ -4,8 +4,6 @@ silently pass. On synthetic verdicts, on the committed logs and on a small two-r
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pandas as pd
 import pytest
@@ -31,7 +29,7 @@ from miles_profile.verdicts.gate import (
 from miles_profile.verdicts.memory_limit import judge_limits
 from miles_profile.verdicts.per_process import _aggregate
 from miles_profile.verdicts.types import STATUS_ORDER, TOO_SMALL, CheckResult, Finding
-from tests.conftest import REPO, python_env
+from tests.conftest import REPO
 
 GiB, MiB = 1024 ** 3, 1024 ** 2
 CPU = REPO / "sample_logs" / "cpu"
@@ -205,11 +203,9 @@ def test_memory_limits_are_verdicts_and_a_limit_checking_nothing_is_an_error():
 
 # -- a real two-rank CPU recording ----------------------------------------------------------------
 @pytest.mark.slow
-def test_a_two_rank_recording_is_one_verdict_in_every_view(tmp_path):
-    subprocess.run([sys.executable, "-m", "miles_profile.record", "--log-dir", str(tmp_path), "--",
-                    "--nproc-per-node", "2", "--preset", "tiny", "--num-rollout", "2"],
-                   cwd=REPO, env=python_env(), check=True, capture_output=True, timeout=240)
-    (run_dir,) = tmp_path.glob("run-*")
+@pytest.mark.slow
+def test_a_two_rank_recording_is_one_verdict_in_every_view(recorded_two_rank_run):
+    (run_dir,) = recorded_two_rank_run.glob("run-*")
     run = load_run(run_dir)
     verdict = judge(run)
     assert FLEET_CHECKS <= {c.name for c in verdict.checks}
