@@ -24,6 +24,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.csv as pacsv
 
+from miles_profile.logdir.damaged_csv import quiet_invalid_rows
 from miles_profile.logdir.files import NotRegularFile, read_data, read_small
 from miles_profile.logdir.layout import FORMAT_VERSION, GPU_PROCS_SUFFIX, HOST_META_SUFFIX, HOST_SAMPLES_SUFFIX
 
@@ -101,12 +102,13 @@ def _read_csv(path: Path, warnings: list[str]) -> pd.DataFrame | None:
         return "skip"
 
     try:
-        frame = pacsv.read_csv(pa.py_buffer(data), parse_options=pacsv.ParseOptions(invalid_row_handler=on_invalid),
-                               convert_options=pacsv.ConvertOptions(column_types=types)).to_pandas()
-    except (pa.ArrowInvalid, pa.ArrowTypeError):
+        with quiet_invalid_rows():  # a malformed row that is not UTF-8 fails inside pyarrow: the fallback below
+            frame = pacsv.read_csv(pa.py_buffer(data), parse_options=pacsv.ParseOptions(invalid_row_handler=on_invalid),
+                                   convert_options=pacsv.ConvertOptions(column_types=types)).to_pandas()
+    except (pa.ArrowInvalid, pa.ArrowTypeError, UnicodeDecodeError):
         bad = []
         frame = pd.read_csv(io.BytesIO(data), dtype=str, keep_default_na=False, na_values=[""],
-                            on_bad_lines=lambda row: bad.append(row), engine="python")
+                            encoding_errors="replace", on_bad_lines=lambda row: bad.append(row), engine="python")
         for column in frame.columns:
             if column != "gpu_uuid":
                 frame[column] = pd.to_numeric(frame[column], errors="coerce")

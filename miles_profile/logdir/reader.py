@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import threading
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -25,7 +24,7 @@ from miles_profile.logdir import completeness
 from miles_profile.logdir.merge import alias_event_pids, copied_stems, pid_aliases
 from miles_profile.errors import MilesProfileError
 from miles_profile.logdir.events import EventProblems, parse_event_lines
-from miles_profile.logdir.damaged_csv import read_damaged, usable_header
+from miles_profile.logdir.damaged_csv import quiet_invalid_rows, read_damaged, usable_header
 from miles_profile.logdir.files import EVENT_LINE_MAX, NotRegularFile, bounded_lines, map_regular, read_small
 from miles_profile.logdir.layout import (
     EVENTS_SUFFIX, FORMAT_VERSION, PROCESS_META_SUFFIX, RUN_META, SAMPLES_SUFFIX, find_runs,
@@ -403,28 +402,26 @@ def _read_samples(path: Path, warnings: list[str], cache: bool = False) -> pd.Da
 
     types = {c: pa.int64() for c in header if c not in ("t", "phase")}
     types.update(t=pa.float64(), phase=pa.dictionary(pa.int32(), pa.string()))
-    # A row that is not UTF-8 makes pyarrow fail inside the handler ("Exception ignored"): keep that
-    # noise off the user's terminal; the read then fails and read_damaged takes over.
-    unraisable, sys.unraisablehook = sys.unraisablehook, lambda _: None
-    try:
-        if end < 0:  # no newline in the last 64 KiB: a long damaged tail (or no line at all)
-            raise pa.ArrowInvalid("no line end near the end of the file")
-        # A complete file parses fastest from its path (pyarrow overlaps reading and parsing);
-        # a file with a truncated last line is parsed from a buffer cut before that line.
-        table = pacsv.read_csv(
-            str(path) if end == len(data) else pa.py_buffer(data[:end]),
-            read_options=pacsv.ReadOptions(column_names=header, skip_rows=1),  # names as decoded above
-            parse_options=pacsv.ParseOptions(invalid_row_handler=on_invalid),
-            convert_options=pacsv.ConvertOptions(column_types=types, strings_can_be_null=False),
-        )
-        if skipped:
-            warnings.append(f"{path.name}: skipped {len(skipped)} malformed rows")
-    except (pa.ArrowInvalid, pa.ArrowTypeError, KeyError, UnicodeDecodeError) as exc:
-        table, end = read_damaged(data, extents, header, path.name, warnings, str(exc), end)
-        if table is None:
-            return None
-    finally:
-        sys.unraisablehook = unraisable
+    # A malformed row that is not UTF-8 fails inside pyarrow's row handler; the read then fails and
+    # read_damaged takes over (quiet_invalid_rows keeps pyarrow's "Exception ignored" off the terminal).
+    with quiet_invalid_rows():
+        try:
+            if end < 0:  # no newline in the last 64 KiB: a long damaged tail (or no line at all)
+                raise pa.ArrowInvalid("no line end near the end of the file")
+            # A complete file parses fastest from its path (pyarrow overlaps reading and parsing);
+            # a file with a truncated last line is parsed from a buffer cut before that line.
+            table = pacsv.read_csv(
+                str(path) if end == len(data) else pa.py_buffer(data[:end]),
+                read_options=pacsv.ReadOptions(column_names=header, skip_rows=1),  # names as decoded above
+                parse_options=pacsv.ParseOptions(invalid_row_handler=on_invalid),
+                convert_options=pacsv.ConvertOptions(column_types=types, strings_can_be_null=False),
+            )
+            if skipped:
+                warnings.append(f"{path.name}: skipped {len(skipped)} malformed rows")
+        except (pa.ArrowInvalid, pa.ArrowTypeError, KeyError, UnicodeDecodeError) as exc:
+            table, end = read_damaged(data, extents, header, path.name, warnings, str(exc), end)
+            if table is None:
+                return None
     if end < len(data):
         warnings.append(f"{path.name}: dropped a truncated last line")
     if "t" not in table.column_names or "phase" not in table.column_names:

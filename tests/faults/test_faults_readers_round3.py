@@ -372,6 +372,9 @@ SINGLE = {
     "host-csv-dev-zero": lambda r: (_host_files(r), _zero_link(r / "h-9.host.csv")),
     "events-dev-zero": lambda r: _zero_link(r / "h-7.events.jsonl"),
     "host-csv-sparse": lambda r: (_host_files(r), _sparse(r / "h-9.host.csv", "t,host_available\n1000.5,5\n")),
+    # a malformed row (one field too many) that is not UTF-8: pyarrow fails inside its row handler
+    "host-csv-row-not-utf8": lambda r: (_host_files(r), (r / "h-9.host.csv").write_bytes(
+        b"t,host_available\n1000.5,5\n1001.0,6,\xff\n1002.0,7\n")),
     "meta-sparse": lambda r: _sparse(r / "h-7.meta.json", '{"format_version": 1'),
     "meta-empty": lambda r: (r / "h-7.meta.json").write_bytes(b""),
     "events-empty": lambda r: (r / "h-7.events.jsonl").write_bytes(b""),
@@ -465,3 +468,15 @@ def test_a_run_nobody_ended_and_nobody_writes_says_it_may_end_early(tmp_path):
     for path in run.iterdir():
         os.utime(path, (1000.0, 1000.0))
     assert any("without a clean stop" in w for w in load_run(run).warnings)
+
+
+def test_a_host_row_that_is_not_utf8_is_skipped_and_the_rest_is_read(tmp_path):
+    # before: pyarrow failed inside its row handler ("Exception ignored ... Traceback" on the terminal)
+    # and pandas' fallback raised UnicodeDecodeError: the whole host file was lost
+    from miles_profile.logdir.host_reader import _read_csv
+    path = tmp_path / "h-9.host.csv"
+    path.write_bytes(b"t,host_available\n1000.5,5\n1001.0,6,\xff\n1002.0,7\n")
+    warnings: list[str] = []
+    frame = _read_csv(path, warnings)
+    assert frame["t"].tolist() == [1000.5, 1002.0] and frame["host_available"].tolist() == [5, 7]
+    assert "h-9.host.csv: skipped 1 malformed rows" in warnings
