@@ -1,0 +1,84 @@
+"""Where the test suite's CPU time goes, by kind of Python process (a trainer rank, an engine server,
+`visualize`, a corpus program, the pytest workers themselves...).
+
+    python bench/suite_cpu.py [pytest args]      (default: the suite as `make test` runs it)
+
+`make test` is CPU-bound on a 2-core machine: its wall time is about its CPU time over 1.5-1.6 cores, so
+cutting it means cutting CPU work, and this says which. Every Python process the suite starts logs its own
+CPU seconds at exit (a sitecustomize.py put first on PYTHONPATH for the run, which the tests hand on to
+their children); processes killed by a signal, Chromium and other non-Python programs log nothing, so the
+total logged is printed beside the suite's whole CPU time.
+"""
+from __future__ import annotations
+
+import collections
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+LOG_ENV = "SUITE_CPU_LOG"
+SITECUSTOMIZE = f"""
+import atexit, json, os, resource, sys
+
+def _log_cpu():
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    line = json.dumps({{"argv": list(getattr(sys, "orig_argv", sys.argv))[:4],
+                       "cpu_s": usage.ru_utime + usage.ru_stime, "torch": "torch" in sys.modules}})
+    try:
+        with open(os.environ["{LOG_ENV}"], "a") as log:
+            log.write(line + "\\n")
+    except (KeyError, OSError):
+        pass
+
+atexit.register(_log_cpu)
+"""
+
+
+def process_kind(argv: list[str]) -> str:
+    """`-m trainer.train`, `engine_server`, `ddp_gloo.py`, `pytest worker`, `-c` (an inline program)..."""
+    args = [a for a in argv[1:] if a not in ("-u", "-B", "-I")]
+    if not args:
+        return "python"
+    if args[0] == "-m" and len(args) > 1:
+        return f"-m {args[1]}"
+    if args[0] == "-c":
+        return "pytest worker" if len(args) > 1 and "exec(eval(" in args[1] else "-c (inline program)"
+    return Path(args[0]).name
+
+
+def main() -> int:
+    pytest_args = sys.argv[1:] or ["-q", "-n", "auto", "--dist", "loadgroup"]
+    with tempfile.TemporaryDirectory(prefix="suite_cpu_") as tmp:
+        Path(tmp, "sitecustomize.py").write_text(SITECUSTOMIZE)
+        log = Path(tmp, "processes.jsonl")
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, (tmp, os.environ.get("PYTHONPATH")))),
+                   **{LOG_ENV: str(log)})
+        started = time.monotonic()
+        code = subprocess.run([sys.executable, "-m", "pytest", *pytest_args], cwd=REPO, env=env).returncode
+        wall = time.monotonic() - started
+        children = resource.getrusage(resource.RUSAGE_CHILDREN)
+        rows = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+    total = children.ru_utime + children.ru_stime
+    by_kind, count, with_torch = collections.Counter(), collections.Counter(), collections.Counter()
+    for row in rows:
+        kind = process_kind(row["argv"])
+        by_kind[kind] += row["cpu_s"]
+        count[kind] += 1
+        with_torch[kind] += row["torch"]
+    logged = sum(by_kind.values())
+    print(f"suite_cpu: pytest exit {code}, wall {wall:.0f} s, CPU {total:.0f} s ({total / wall:.2f} cores busy); "
+          f"{len(rows)} Python processes logged {logged:.0f} s (the rest: killed processes, Chromium, other programs)")
+    print(f"{'CPU s':>8} {'share':>6} {'procs':>6} {'torch':>6}  kind")
+    for kind, cpu in by_kind.most_common(25):
+        print(f"{cpu:8.1f} {cpu / total:6.1%} {count[kind]:6d} {with_torch[kind]:6d}  {kind}")
+    return code
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
