@@ -4,7 +4,7 @@
 # bench/overhead_ab.py: launch-bound loop, CUDA-event step times, ABBA blocks of 250 ms, recorder paused (A)
 # or running (B); each JSON keeps the per-quad seconds, so other estimators can be computed afterwards.
 set -uo pipefail
-out=${1:?usage: $0 OUT_DIR [BLOCKS_AT_DEFAULT]}
+out=${1:?usage: $0 OUT_DIR [BLOCKS_AT_100_MS]}
 blocks=${2:-1400}
 mkdir -p "$out"
 export PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
