@@ -34,11 +34,12 @@ from miles_profile.probes.process import OwnProcessProbe, ProcessTreeProbe
 from miles_profile.probes.torch_allocator import open_torch_allocator
 from miles_profile.sampler import Sampler
 
-# 20 ms. 100 ms costs a launch-bound loop less on the H200 (1.0115 against 1.0181, docs/benchmarks.md) and
-# keeps every verdict of the committed logs (bench/interval_verdicts.py); it becomes the default once the
-# GPU tests (scripts/h200_checks.sh) have run at it. Every row's peaks cover the whole interval and every
-# phase boundary is read exactly, whatever the interval: it sets only the timeline's resolution.
-DEFAULT_INTERVAL_MS = 20.0
+# 100 ms: the job pays about 0.3% of a launch-bound step for it on the H200 (a row's reads ~150 us and the
+# host sampler's tick ~140 us of GIL-held work, ten of each a second: bench/overhead_dose.py), against ~0.9%
+# at 20 ms. Every row's peaks cover the whole interval and every phase boundary is read exactly, whatever
+# the interval: it sets only the timeline's resolution (the verdicts of every committed log recorded at
+# 20 ms are the same re-sampled to 100 ms: bench/interval_verdicts.py).
+DEFAULT_INTERVAL_MS = 100.0
 DEFAULT_LOG_DIR = "/tmp/memory_logs"
 OPTIONAL_PROBES = ("nvml", "torch_allocator")  # sources a user may switch off (`disable=`)
 # Below 1 ms the sampler is a busy loop that takes the GIL from the job; above a minute a run has
