@@ -1,5 +1,5 @@
 """Where the test suite's CPU time goes, by kind of Python process (a trainer rank, an engine server,
-`visualize`, a corpus program, the pytest workers themselves...).
+`visualize`, a corpus program, the pytest workers themselves...) and by test file.
 
     python bench/suite_cpu.py [pytest args]      (default: the suite as `make test` runs it)
 
@@ -7,7 +7,8 @@
 cutting it means cutting CPU work, and this says which. Every Python process the suite starts logs its own
 CPU seconds at exit (a sitecustomize.py put first on PYTHONPATH for the run, which the tests hand on to
 their children); processes killed by a signal, Chromium and other non-Python programs log nothing, so the
-total logged is printed beside the suite's whole CPU time.
+total logged is printed beside the suite's whole CPU time. Per test file: each test's wall time and the CPU
+of the worker and of the children it waited for (a browser's Chromium, started once per worker, is not in it).
 """
 from __future__ import annotations
 
@@ -38,6 +39,20 @@ def _log_cpu():
 
 atexit.register(_log_cpu)
 """
+TESTS_ENV = "SUITE_CPU_TESTS"
+PLUGIN = f"""
+import json, os, time
+import pytest
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    t0, w0 = os.times(), time.monotonic()
+    yield
+    t1, w1 = os.times(), time.monotonic()
+    cpu = sum(getattr(t1, k) - getattr(t0, k) for k in ("user", "system", "children_user", "children_system"))
+    with open(os.environ["{TESTS_ENV}"], "a") as log:
+        log.write(json.dumps({{"file": item.nodeid.split("::")[0], "wall_s": w1 - w0, "cpu_s": cpu}}) + "\\n")
+"""
 
 
 def process_kind(argv: list[str]) -> str:
@@ -56,14 +71,17 @@ def main() -> int:
     pytest_args = sys.argv[1:] or ["-q", "-n", "auto", "--dist", "loadgroup"]
     with tempfile.TemporaryDirectory(prefix="suite_cpu_") as tmp:
         Path(tmp, "sitecustomize.py").write_text(SITECUSTOMIZE)
-        log = Path(tmp, "processes.jsonl")
+        Path(tmp, "suite_cpu_plugin.py").write_text(PLUGIN)
+        log, tests_log = Path(tmp, "processes.jsonl"), Path(tmp, "tests.jsonl")
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, (tmp, os.environ.get("PYTHONPATH")))),
-                   **{LOG_ENV: str(log)})
+                   **{LOG_ENV: str(log), TESTS_ENV: str(tests_log)})
         started = time.monotonic()
-        code = subprocess.run([sys.executable, "-m", "pytest", *pytest_args], cwd=REPO, env=env).returncode
+        code = subprocess.run([sys.executable, "-m", "pytest", "-p", "suite_cpu_plugin", *pytest_args], cwd=REPO,
+                              env=env).returncode
         wall = time.monotonic() - started
         children = resource.getrusage(resource.RUSAGE_CHILDREN)
         rows = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+        tests = [json.loads(line) for line in tests_log.read_text().splitlines()] if tests_log.exists() else []
     total = children.ru_utime + children.ru_stime
     by_kind, count, with_torch = collections.Counter(), collections.Counter(), collections.Counter()
     for row in rows:
@@ -77,7 +95,22 @@ def main() -> int:
     print(f"{'CPU s':>8} {'share':>6} {'procs':>6} {'torch':>6}  kind")
     for kind, cpu in by_kind.most_common(25):
         print(f"{cpu:8.1f} {cpu / total:6.1%} {count[kind]:6d} {with_torch[kind]:6d}  {kind}")
+    print_test_files(tests, total)
     return code
+
+
+def print_test_files(tests: list[dict], total: float) -> None:
+    """The 25 test files that cost the most CPU (with their children's), and their wall time."""
+    cpu, wall, count = collections.Counter(), collections.Counter(), collections.Counter()
+    for test in tests:
+        cpu[test["file"]] += test["cpu_s"]
+        wall[test["file"]] += test["wall_s"]
+        count[test["file"]] += 1
+    print(f"suite_cpu: {len(tests)} tests took {sum(wall.values()):.0f} s of the workers' wall time and "
+          f"{sum(cpu.values()):.0f} s of CPU with the children they waited for")
+    print(f"{'CPU s':>8} {'share':>6} {'wall s':>7} {'tests':>6}  file")
+    for name, seconds in cpu.most_common(25):
+        print(f"{seconds:8.1f} {seconds / total:6.1%} {wall[name]:7.1f} {count[name]:6d}  {name}")
 
 
 if __name__ == "__main__":
