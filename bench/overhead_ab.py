@@ -73,6 +73,14 @@ def _time_block(step, steps: int, dev: torch.device) -> float:
     return (time.perf_counter() - t0) / steps
 
 
+def warm_loop(dev: torch.device, block_ms: float):
+    """The launch-bound loop, warmed up, and the number of its steps that last about `block_ms`."""
+    step, _ = _loop(dev, "launch_bound")
+    for _ in range(5):
+        step()
+    return step, max(1, round(block_ms / 1e3 / max(_time_block(step, 5, dev), 1e-6)))
+
+
 def ratio_interval(a: np.ndarray, b: np.ndarray, resamples: int, seed: int) -> tuple[float, float, float]:
     """(B/A ratio of mean step times, 2.5th and 97.5th percentile of the bootstrap over quads).
     a, b: per quad, the sum of its two A (B) block means."""
@@ -84,11 +92,7 @@ def ratio_interval(a: np.ndarray, b: np.ndarray, resamples: int, seed: int) -> t
 
 def measure(dev: torch.device, blocks: int, block_ms: float, interval_ms: float, null: bool, seed: int,
             log_dir: Path) -> dict:
-    step, _ = _loop(dev, "launch_bound")
-    for _ in range(5):
-        step()
-    probe = max(_time_block(step, 5, dev), 1e-6)
-    steps = max(1, round(block_ms / 1e3 / probe))
+    step, steps = warm_loop(dev, block_ms)
     rec = None if null else Recorder(log_dir, interval_ms=interval_ms).start()
     sampler = _Pausable(rec)
     rng = random.Random(seed)

@@ -38,8 +38,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import device, machine  # noqa: E402
-from bench.overhead import _loop  # noqa: E402
-from bench.overhead_ab import _time_block, ratio_interval  # noqa: E402
+from bench.overhead_ab import _time_block, ratio_interval, warm_loop  # noqa: E402
 from miles_profile import host_sampler  # noqa: E402
 from miles_profile.recorder import DEFAULT_INTERVAL_MS, Recorder  # noqa: E402
 
@@ -168,10 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.blocks < 8 or args.blocks % 4:
         parser.error("--blocks must be a multiple of 4, at least 8")
     dev = device()
-    step, _ = _loop(dev, "launch_bound")
-    for _ in range(5):
-        step()
-    steps = max(1, round(args.block_ms / 1e3 / max(_time_block(step, 5, dev), 1e-6)))
+    step, steps = warm_loop(dev, args.block_ms)
     results = []
     rng = random.Random(args.seed)
     for r in range(args.rounds):
