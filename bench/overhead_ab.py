@@ -140,17 +140,27 @@ def _sampler_work(run_dir: Path, windows: list[tuple[float, float]]) -> dict:
             "nvml_reads_per_s": round(reads / seconds, 1) if nvml else None}
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="bench/overhead_ab.py", description=__doc__.splitlines()[0])
-    parser.add_argument("--blocks", type=int, default=200, help="alternating blocks, a multiple of 4 (default: %(default)s)")
-    parser.add_argument("--block-ms", type=float, default=50.0, help="length of one block (default: %(default)s)")
-    parser.add_argument("--interval-ms", type=float, default=DEFAULT_INTERVAL_MS)
-    parser.add_argument("--null", action="store_true", help="no recorder at all: A against A, the method's noise")
+def add_block_arguments(parser: argparse.ArgumentParser, blocks: int, block_ms: float, per: str) -> None:
+    """The options every alternation benchmark takes: its blocks, their length, the seed, the JSON out."""
+    parser.add_argument("--blocks", type=int, default=blocks, help=f"blocks {per}, a multiple of 4 (default: %(default)s)")
+    parser.add_argument("--block-ms", type=float, default=block_ms, help="length of one block (default: %(default)s)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", type=Path, help="also write the result as JSON")
+    parser.add_argument("--out", type=Path, help="also write the results as JSON")
+
+
+def parse_block_arguments(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.blocks < 8 or args.blocks % 4:
         parser.error("--blocks must be a multiple of 4, at least 8")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="bench/overhead_ab.py", description=__doc__.splitlines()[0])
+    add_block_arguments(parser, blocks=200, block_ms=50.0, per="in all")
+    parser.add_argument("--interval-ms", type=float, default=DEFAULT_INTERVAL_MS)
+    parser.add_argument("--null", action="store_true", help="no recorder at all: A against A, the method's noise")
+    args = parse_block_arguments(parser, argv)
     dev = device()
     with tempfile.TemporaryDirectory() as tmp:
         r = measure(dev, args.blocks, args.block_ms, args.interval_ms, args.null, args.seed, Path(tmp))

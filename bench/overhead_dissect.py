@@ -38,7 +38,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import device, machine  # noqa: E402
-from bench.overhead_ab import _time_block, ratio_interval, warm_loop  # noqa: E402
+from bench.overhead_ab import (_time_block, add_block_arguments, parse_block_arguments, ratio_interval,  # noqa: E402
+                               warm_loop)
 from miles_profile import host_sampler  # noqa: E402
 from miles_profile.recorder import DEFAULT_INTERVAL_MS, Recorder  # noqa: E402
 
@@ -157,15 +158,10 @@ def measure(variant: str, step, steps: int, dev, blocks: int, interval_ms: float
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="bench/overhead_dissect.py", description=__doc__.splitlines()[0])
     parser.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS))
-    parser.add_argument("--blocks", type=int, default=200, help="blocks per variant, a multiple of 4 (default: %(default)s)")
-    parser.add_argument("--block-ms", type=float, default=100.0, help="length of one block (default: %(default)s)")
+    add_block_arguments(parser, blocks=200, block_ms=100.0, per="per variant")
     parser.add_argument("--interval-ms", type=float, default=DEFAULT_INTERVAL_MS)
     parser.add_argument("--rounds", type=int, default=1, help="passes over the variants, in a shuffled order each")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", type=Path, help="also write the results as JSON")
-    args = parser.parse_args(argv)
-    if args.blocks < 8 or args.blocks % 4:
-        parser.error("--blocks must be a multiple of 4, at least 8")
+    args = parse_block_arguments(parser, argv)
     dev = device()
     step, steps = warm_loop(dev, args.block_ms)
     results = []

@@ -44,7 +44,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import device, machine  # noqa: E402
-from bench.overhead_ab import _time_block, ratio_interval, warm_loop  # noqa: E402
+from bench.overhead_ab import (_time_block, add_block_arguments, parse_block_arguments, ratio_interval,  # noqa: E402
+                               warm_loop)
 from miles_profile import host_sampler  # noqa: E402
 from miles_profile.probes.procfs import ProcFile  # noqa: E402
 from miles_profile.recorder import Recorder  # noqa: E402
@@ -238,13 +239,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="bench/overhead_dose.py", description=__doc__.splitlines()[0])
     parser.add_argument("--loads", nargs="+", choices=IN_JOB + EXTERNAL, default=list(IN_JOB + EXTERNAL))
     parser.add_argument("--rate", type=float, default=200.0, help="calls a second of each load (default: %(default)s)")
-    parser.add_argument("--blocks", type=int, default=160, help="blocks per load, a multiple of 4 (default: %(default)s)")
-    parser.add_argument("--block-ms", type=float, default=100.0, help="length of one block (default: %(default)s)")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", type=Path, help="also write the results as JSON")
-    args = parser.parse_args(argv)
-    if args.blocks < 8 or args.blocks % 4:
-        parser.error("--blocks must be a multiple of 4, at least 8")
+    add_block_arguments(parser, blocks=160, block_ms=100.0, per="per load")
+    args = parse_block_arguments(parser, argv)
     dev = device()
     step, steps = warm_loop(dev, args.block_ms)
     order = list(args.loads)
