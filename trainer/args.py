@@ -18,7 +18,6 @@ from fractions import Fraction
 from pathlib import Path
 
 from miles_profile.names import BUILTIN, KV_CACHE, MEMORY_BACKENDS, TORCH_MEMORY_SAVER, WEIGHTS
-from trainer import memory_backend
 from trainer.config import PRESETS, Preset, model_config
 
 LEVELS = {"kv_cache": KV_CACHE, "weight": WEIGHTS}  # --offload-rollout-level value -> engine tag
@@ -113,7 +112,7 @@ def _add_rollout_arguments(g) -> None:
                    help="rollout engine KV pool, allocated up front (preset: 192MiB cpu, 12GiB gpu)")
     g.add_argument("--cuda-graph", action=argparse.BooleanOptionalAction, default=None,
                    help="capture decode steps as CUDA graphs (default: on with cuda; cuda only)")
-    g.add_argument("--rollout-memory-backend", choices=memory_backend.CHOICES, default="auto",
+    g.add_argument("--rollout-memory-backend", choices=("auto", *MEMORY_BACKENDS), default="auto",
                    help="how the engine releases memory: builtin (free storages, empty torch's cache) or "
                         "torch_memory_saver (pause tagged regions; cuda, package installed); auto picks "
                         "torch_memory_saver where it can (default: %(default)s)")
@@ -232,6 +231,7 @@ def _backend_problem(args: argparse.Namespace, device: str, check_environment: b
                         ("--offload-train-backend", args.offload_train_backend)):
         problem = None
         if value == TORCH_MEMORY_SAVER:
+            from trainer import memory_backend  # imports torch: not before the flags parsed (check_flags)
             problem = memory_backend.unavailable_reason(device) if check_environment else (
                 None if device == "cuda" else "needs a CUDA device")
         if problem:
@@ -309,6 +309,7 @@ def _device(flag: str, cuda_available: bool) -> str:
 def resolve(args: argparse.Namespace, cuda_available: bool, world_size: int = 1,
             under_torchrun: bool = False) -> RunConfig:
     """A validated namespace -> RunConfig, preset values filling what the flags left out."""
+    from trainer import memory_backend  # imports torch (see check_flags)
     p = PRESETS[args.preset]
     engine = args.rollout_engine
     if engine == "auto":
@@ -332,6 +333,13 @@ def resolve(args: argparse.Namespace, cuda_available: bool, world_size: int = 1,
         colocate_memory_peak_device=args.colocate_memory_peak_device,
         rollout_engine="server" if args.rollout_engine_url else engine, world_size=world_size,
         rollout_engine_url=args.rollout_engine_url)
+
+
+def check_flags(argv: list[str]) -> None:
+    """Exit 2 with one line on a flag argparse itself rejects (unknown, a bad value), and answer --help.
+    Cheap and torch-free, so `python -m trainer.train` calls it before importing torch (seconds): a typo
+    is answered at once. Checks that need the machine or several flags together come in `parse_args`."""
+    build_parser().parse_args(argv)
 
 
 def parse_args(argv: list[str] | None, cuda_available: bool | None = None,

@@ -15,7 +15,11 @@ import sys
 import time
 from pathlib import Path
 
-import torch
+if __name__ == "__main__" and "--plan" not in sys.argv[1:]:  # a typo or --help answered before torch loads
+    from trainer.args import check_flags
+    check_flags(sys.argv[1:])
+
+import torch  # noqa: E402
 
 import miles_profile as mp
 from miles_profile.names import (CLEAR_MEMORY, CUDA_GRAPH, GENERATE, KV_CACHE, OFFLOAD_KV, OFFLOAD_ROLLOUT,

@@ -36,6 +36,16 @@ def test_bad_flags_exit_2_with_one_line(argv):
     assert "Traceback" not in result.stderr and result.stdout == ""
 
 
+@pytest.mark.parametrize("argv", [["--bogus-flag"], ["--device", "tpu"], ["--help"]])
+def test_a_typo_or_help_is_answered_before_torch_loads(argv):
+    """argparse's own errors and --help need no torch (seconds to import): they answer at once."""
+    result = subprocess.run([sys.executable, "-X", "importtime", "-m", "trainer.train", *argv], cwd=REPO,
+                            env=python_env(), capture_output=True, text=True, timeout=60)
+    imported = [line.rsplit("|", 1)[-1].strip() for line in result.stderr.splitlines() if line.startswith("import time:")]
+    assert imported and "torch" not in imported, result.stderr[-500:]
+    assert result.returncode == (0 if argv == ["--help"] else 2)
+
+
 def test_a_run_prints_one_line_per_rollout():
     result = _train("--preset", "tiny", "--num-rollout", "3", *ALL_FLAGS)
     assert result.returncode == 0, result.stderr
