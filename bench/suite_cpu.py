@@ -7,8 +7,9 @@
 cutting it means cutting CPU work, and this says which. Every Python process the suite starts logs its own
 CPU seconds at exit (a sitecustomize.py put first on PYTHONPATH for the run, which the tests hand on to
 their children); processes killed by a signal, Chromium and other non-Python programs log nothing, so the
-total logged is printed beside the suite's whole CPU time. Per test file: each test's wall time and the CPU
-of the worker and of the children it waited for (a browser's Chromium, started once per worker, is not in it).
+total logged is printed beside the suite's whole CPU time. Per test file, then for the 25 costliest tests:
+wall time, and the CPU of the worker and of the children it waited for (a browser's Chromium, started once
+per worker, is not in it).
 """
 from __future__ import annotations
 
@@ -51,7 +52,7 @@ def pytest_runtest_protocol(item, nextitem):
     t1, w1 = os.times(), time.monotonic()
     cpu = sum(getattr(t1, k) - getattr(t0, k) for k in ("user", "system", "children_user", "children_system"))
     with open(os.environ["{TESTS_ENV}"], "a") as log:
-        log.write(json.dumps({{"file": item.nodeid.split("::")[0], "wall_s": w1 - w0, "cpu_s": cpu}}) + "\\n")
+        log.write(json.dumps({{"test": item.nodeid, "wall_s": w1 - w0, "cpu_s": cpu}}) + "\\n")
 """
 
 
@@ -100,17 +101,21 @@ def main() -> int:
 
 
 def print_test_files(tests: list[dict], total: float) -> None:
-    """The 25 test files that cost the most CPU (with their children's), and their wall time."""
+    """The 25 test files, then the 25 tests, that cost the most CPU (with their children's), and their wall time."""
     cpu, wall, count = collections.Counter(), collections.Counter(), collections.Counter()
     for test in tests:
-        cpu[test["file"]] += test["cpu_s"]
-        wall[test["file"]] += test["wall_s"]
-        count[test["file"]] += 1
+        name = test["test"].split("::")[0]
+        cpu[name] += test["cpu_s"]
+        wall[name] += test["wall_s"]
+        count[name] += 1
     print(f"suite_cpu: {len(tests)} tests took {sum(wall.values()):.0f} s of the workers' wall time and "
           f"{sum(cpu.values()):.0f} s of CPU with the children they waited for")
     print(f"{'CPU s':>8} {'share':>6} {'wall s':>7} {'tests':>6}  file")
     for name, seconds in cpu.most_common(25):
         print(f"{seconds:8.1f} {seconds / total:6.1%} {wall[name]:7.1f} {count[name]:6d}  {name}")
+    print(f"{'CPU s':>8} {'share':>6} {'wall s':>7}  test")
+    for test in sorted(tests, key=lambda t: -t["cpu_s"])[:25]:
+        print(f"{test['cpu_s']:8.1f} {test['cpu_s'] / total:6.1%} {test['wall_s']:7.1f}  {test['test']}")
 
 
 if __name__ == "__main__":
