@@ -14,6 +14,7 @@ included. The 95% interval is a bootstrap over quads, as in bench/overhead_ab.py
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -64,7 +65,8 @@ class Alternation(pl.Callback):
         return time.perf_counter()
 
     def _set(self, running: bool) -> None:
-        os.kill(self.recorder, signal.SIGCONT if running else signal.SIGSTOP)
+        with contextlib.suppress(ProcessLookupError):  # the recorder gone: nothing left to pause or resume
+            os.kill(self.recorder, signal.SIGCONT if running else signal.SIGSTOP)
 
     def on_train_batch_end(self, trainer, *args) -> None:
         self.steps += 1
