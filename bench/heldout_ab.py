@@ -81,8 +81,8 @@ class Alternation(pl.Callback):
         if self.steps < self.steps_per_block:
             return
         seconds = self._now() - self.started
-        quad, cond = divmod(self.block, 4)[0], self.order[self.block]
-        (self.b if cond == "B" else self.a)[quad] += seconds / self.steps_per_block  # a step's mean, as overhead_ab
+        kept = self.b if self.order[self.block] == "B" else self.a
+        kept[self.block // 4] += seconds / self.steps_per_block  # a step's mean, as overhead_ab keeps it
         if self.block + 1 == len(self.order):
             self._set(running=True)
             trainer.should_stop = True
@@ -94,9 +94,6 @@ class Alternation(pl.Callback):
         self.block, self.steps = block, 0
         self._set(running=self.order[block] == "B" and not self.null)
         self.started = self._now()
-
-    def on_exception(self, *args) -> None:
-        self._set(running=True)  # never leave the recorder stopped
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -114,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         trainer.fit(BoringModel())
     finally:
-        alternation._set(running=True)
+        alternation._set(running=True)  # never leave the recorder stopped, whatever ended the fit
     if alternation.block < len(alternation.order):
         sys.exit(f"heldout_ab: the fit ended after {alternation.block} of {len(alternation.order)} blocks")
     a, b, quads = alternation.a, alternation.b, len(alternation.a)
@@ -124,9 +121,8 @@ def main(argv: list[str] | None = None) -> int:
               "blocks": quads * 4, "steps_per_block": alternation.steps_per_block,
               "step_ms_a": round(a.sum() / (2 * quads) * 1e3, 4), "step_ms_b": round(b.sum() / (2 * quads) * 1e3, 4),
               "ratio": round(ratio, 5), "ci95": [round(lo, 5), round(hi, 5)], "timer": "perf_counter after a sync",
-              "quad_seconds_a": [round(x, 6) for x in a], "quad_seconds_b": [round(x, 6) for x in b]}
+              "null": args.null, "quad_seconds_a": [round(x, 6) for x in a], "quad_seconds_b": [round(x, 6) for x in b]}
     what = "stopped / stopped (null)" if args.null else "running / stopped"
-    result["null"] = args.null
     print(f"heldout_ab: record --exec {what}: ratio {ratio:.4f}, 95% interval [{lo:.4f}, {hi:.4f}] over "
           f"{quads * 4} blocks of {alternation.steps_per_block} steps ({result['step_ms_a']:.3f} ms a step)", flush=True)
     if args.out:
