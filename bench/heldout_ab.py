@@ -124,7 +124,8 @@ def main(argv: list[str] | None = None) -> int:
               "null": args.null, "quad_seconds_a": [round(x, 6) for x in a], "quad_seconds_b": [round(x, 6) for x in b]}
     what = "stopped / stopped (null)" if args.null else "running / stopped"
     print(f"heldout_ab: record --exec {what}: ratio {ratio:.4f}, 95% interval [{lo:.4f}, {hi:.4f}] over "
-          f"{quads * 4} blocks of {alternation.steps_per_block} steps ({result['step_ms_a']:.3f} ms a step)", flush=True)
+          f"{quads * 4} blocks of {alternation.steps_per_block} steps ({result['step_ms_a']:.3f} ms a step)",
+          flush=True)
     if args.out:
         args.out.write_text(json.dumps(result, indent=1))
     return 0
