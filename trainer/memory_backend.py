@@ -34,12 +34,12 @@ from typing import ContextManager, Sequence
 
 import torch
 
-from miles_profile.names import BUILTIN, CUDA_GRAPH, KV_CACHE, TORCH_MEMORY_SAVER, WEIGHTS
+from miles_profile.names import BUILTIN, CUDA_GRAPH, KV_CACHE, MEMORY_BACKENDS, TORCH_MEMORY_SAVER, WEIGHTS
 from trainer.errors import TrainerError
 from trainer.flat import alloc_storage, free_storage, is_allocated, trim_host_heap
 
 AUTO = "auto"
-CHOICES = (AUTO, BUILTIN, TORCH_MEMORY_SAVER)
+CHOICES = (AUTO, *MEMORY_BACKENDS)  # trainer/args.py spells the same without importing torch
 _PRELOAD_LIB = "torch_memory_saver_hook_mode_preload"
 
 

@@ -203,7 +203,6 @@ def test_memory_limits_are_verdicts_and_a_limit_checking_nothing_is_an_error():
 
 # -- a real two-rank CPU recording ----------------------------------------------------------------
 @pytest.mark.slow
-@pytest.mark.slow
 def test_a_two_rank_recording_is_one_verdict_in_every_view(recorded_two_rank_run):
     (run_dir,) = recorded_two_rank_run.glob("run-*")
     run = load_run(run_dir)
