@@ -43,6 +43,12 @@ class EngineHTTPServer(ThreadingHTTPServer):
         self.engine = engine
         self.engine_lock = threading.Lock()  # one engine call at a time, as SGLang's scheduler serialises them
 
+    def handle_error(self, request, client_address) -> None:
+        # A client that went away before its reply (a rank stopped mid-call) is not the server's error:
+        # socketserver would print a traceback into the rank's log.
+        if not isinstance(sys.exc_info()[1], ConnectionError):
+            super().handle_error(request, client_address)
+
 
 class Handler(BaseHTTPRequestHandler):
     server: EngineHTTPServer

@@ -4,6 +4,10 @@ client (trainer/engine_client.py): memory really released and resumed (the serve
 from __future__ import annotations
 
 import json
+import socket
+import struct
+import threading
+import time
 import urllib.error
 import urllib.request
 
@@ -12,6 +16,7 @@ import torch
 
 from trainer.config import MiB, ModelConfig
 from trainer.engine_client import RemoteEngine
+from trainer.engine_server import EngineHTTPServer
 from trainer.errors import EngineError
 from trainer.model import GPT, init_weights
 from trainer.rollout_engine import RolloutEngine
@@ -120,3 +125,28 @@ def test_cuda_ipc_weights_generate_like_the_in_process_engine():
         assert torch.cuda.mem_get_info(cuda)[0] - before >= 0.8 * KV_BYTES  # the engine process gave it back
     finally:
         remote.close()
+
+
+def test_a_client_gone_before_its_reply_leaves_no_traceback_and_the_server_serving(capsys):
+    """A rank stopped mid-call (torchrun SIGTERMs it) closes its connection; writing the reply then fails.
+    That is the client's leaving, not a server error: nothing may reach the rank's log."""
+    class JoinedServer(EngineHTTPServer):
+        daemon_threads = False  # server_close() joins the handler threads: their output is all in
+
+    server = JoinedServer(("127.0.0.1", 0), RolloutEngine(CFG, CPU, KV_BYTES))
+    threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
+    body = json.dumps({"input_ids": [[1, 2, 3]], "sampling_params": {"max_new_tokens": 2}}).encode()
+    with server.engine_lock:  # the handler waits here, request read, while the client goes away
+        client = socket.create_connection(server.server_address)
+        client.sendall(b"POST /generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                       b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+        time.sleep(0.3)
+        client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # close with a reset
+        client.close()
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{server.server_address[1]}/health", timeout=10) as reply:
+            assert reply.status == 200
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert "Traceback" not in capsys.readouterr().err
