@@ -103,9 +103,15 @@ def _killed(summary: Summary, spans: list) -> html.Div | None:
                     id="summary-killed", className="summary-killed")
 
 
+def _command_failed(summary: Summary) -> html.Div | None:
+    text = summary.exit_text()
+    return None if text is None else html.Div(f"Command failed: {text}", id="summary-command-exit",
+                                              className="summary-command-exit")
+
+
 def render(summary: Summary, t0: float) -> tuple[list, list]:
     spans: list = []
-    killed = _killed(summary, spans)
+    killed = _killed(summary, spans) or _command_failed(summary)
     badge = html.Span(summary.status.upper(), id="summary-status", **{"data-status": summary.status},
                       className=f"badge summary-badge {_CLASS.get(summary.status, 'badge-na')}")
     facts = html.Div([_peak(summary, t0, spans), _offloads(summary, spans)], className="summary-row")

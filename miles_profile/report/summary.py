@@ -8,6 +8,7 @@ judging anything again. Pure (no plotly): the CLI, the HTML report, --json and t
 """
 from __future__ import annotations
 
+import signal
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -15,6 +16,7 @@ import numpy as np
 from miles_profile import names
 from miles_profile.report.peak import Peak, highest_peak, iteration_text
 from miles_profile.report.series import GiB
+from miles_profile.verdicts.oom import command_exit
 from miles_profile.verdicts.types import TOO_SMALL, CheckResult, Finding
 
 OFFLOAD_CHECK = "offload_drop"
@@ -88,9 +90,26 @@ class Summary:
     failing: list[tuple[CheckResult, Finding | None]] = field(default_factory=list)
     headroom: Headroom | None = None
     killed: list[Finding] = field(default_factory=list)  # the oom check's findings, one per killed process
+    command_exit: int | None = None  # `record --exec`'s command, when it failed and no kill explains it
+
+    def exit_text(self) -> str | None:
+        """The recorded command's own failure: not a memory verdict, but nobody should read PASS and miss it."""
+        code = self.command_exit
+        if not code:
+            return None
+        if code < 0:
+            try:
+                how = f"was stopped by {signal.Signals(-code).name}"
+            except ValueError:
+                how = f"was stopped by signal {-code}"
+        else:
+            how = f"exited with code {code}"
+        return f"the recorded command {how}; the checks judge its memory up to then"
 
     def lines(self, failing: bool = True) -> list[str]:
         out = [f"KILLED: {f.message}" for f in self.killed]
+        if self.exit_text():
+            out.append(f"COMMAND FAILED: {self.exit_text()}")
         out.append(f"verdict: {self.status.upper()}")
         out.append(self.peak.text() if self.peak else "peak: no memory samples")
         if self.headroom is not None:
@@ -117,6 +136,7 @@ class Summary:
             "series": self.headroom.series, "status": self.headroom.status, "text": self.headroom.text()}
         return {
             "killed": [killed_dict(f) for f in self.killed],
+            "command_exit": self.command_exit, "command_exit_text": self.exit_text(),
             "status": self.status, "peak": peak, "headroom": headroom,
             "offloads": [{"name": k.name, "count": k.count, "failed": k.failed, "too_small": k.too_small,
                           "not_judged": k.not_judged, "declared_bytes": k.declared, "freed_bytes": k.freed,
@@ -134,7 +154,9 @@ class Summary:
 def summarize(run, checks: list[CheckResult], status: str) -> Summary:
     failing = [(c, _first_failure(c)) for c in checks if c.status == "fail"]
     killed = next((c.findings for c in checks if c.name == OOM_CHECK and c.status == "fail"), [])
-    return Summary(status, highest_peak(run), _offload_kinds(checks), failing, _headroom(checks), list(killed))
+    code = command_exit(run)
+    return Summary(status, highest_peak(run), _offload_kinds(checks), failing, _headroom(checks), list(killed),
+                   None if killed else code)  # a kill already says why the command ended
 
 
 def killed_dict(f: Finding) -> dict:

@@ -98,10 +98,18 @@ def _killed_html(summary: Summary, t0: float, section_id: str) -> str:
             f'<ol>{"".join(items)}</ol></div>')
 
 
+def _command_failed_html(summary: Summary, section_id: str) -> str:
+    text = summary.exit_text()
+    if text is None:
+        return ""
+    return (f'<div class="command-exit" id="{_e(section_id)}-command-exit" data-code="{summary.command_exit}">'
+            f'<b>Command failed:</b> {_e(text)}</div>')
+
+
 def summary_html(summary: Summary, t0: float, section_id: str) -> str:
     cls = _BADGE.get(summary.status, "na")
     return (f'<div class="summary summary-{cls}" id="{_e(section_id)}-summary" data-status="{_e(summary.status)}">'
-            f'{_killed_html(summary, t0, section_id)}'
+            f'{_killed_html(summary, t0, section_id)}{_command_failed_html(summary, section_id)}'
             f'<div class="summary-verdict"><span class="badge big {cls}">{_WORD.get(summary.status, summary.status)}</span></div>'
             f'<div class="facts-row">{_peak_html(summary, t0, section_id)}{_offloads_html(summary, t0, section_id)}</div>'
             f'{_failing_html(summary, t0, section_id)}</div>')
@@ -119,6 +127,7 @@ table.offloads{width:auto;min-width:480px;font-size:13px} table.offloads td.num{
 .killed{background:#fdecea;border:1px solid #c62828;padding:6px 10px;margin-bottom:8px}
 .killed ol{margin:4px 0 0 18px;padding:0} .killed>ol>li{margin:2px 0;color:#b71c1c;font-weight:600}
 .killed ul{font-weight:400;color:#333}
+.command-exit{background:#fff4e5;border:1px solid #b07d12;padding:6px 10px;margin-bottom:8px;color:#6d4c00}
 a.zoom-link{color:#1f4e99;text-decoration:underline dotted;cursor:pointer}
 """
 

@@ -29,7 +29,8 @@ def check_leak(run, th: Thresholds) -> CheckResult:
                    "stays flat is a one-time step (allocator or glibc retention), reported, not failed.")
     inst = phase_instances(run)
     if inst.empty:
-        return not_applicable(name, title, explanation, "no phases in this run")
+        return not_applicable(name, title, explanation,
+                              "no phases in this run (wrap each iteration in mp.phase() to judge its floor)")
     tracks = Tracks(run)
     pid = main_pid(run)
     mine = inst[(inst["pid"] == pid) & (inst["iteration"] >= 0)]

@@ -124,8 +124,23 @@ def test_the_cgroup_counter_moving_makes_it_an_oom_kill(oom_counted):
 def test_a_child_that_exits_by_itself_is_no_death(tmp_path, code):
     rc, run_dir = _record(tmp_path, "exit", code)
     assert rc == code and _oom_events(run_dir) == []
-    (oom,) = [c for c in judge(mp.load(run_dir)).checks if c.name == "oom"]
+    run = mp.load(run_dir)
+    verdict = judge(run)
+    (oom,) = [c for c in verdict.checks if c.name == "oom"]
     assert oom.status == "n/a"
+    # Not a memory verdict, but every view says that the command failed, first, so PASS is not misread.
+    from dashboards.panels.summary import render
+    from miles_profile.report.summary import summarize
+    summary = summarize(run, verdict.checks, verdict.status)
+    said = "the recorded command exited with code 3"
+    assert (said in summary.lines()[0]) == bool(code) and summary.lines()[bool(code)].startswith("verdict: ")
+    js = tmp_path / "r.json"
+    visualize([str(run_dir), "-o", str(tmp_path / "r.html"), "--json", str(js)])
+    assert json.loads(js.read_text())["runs"][0]["summary"]["command_exit"] == code
+    html = (tmp_path / "r.html").read_text()
+    assert (html.find(said) < html.index('class="summary-verdict"')) and ((said in html) == bool(code))
+    children, _ = render(summary, 0.0)
+    assert (children[0] is not None and said in children[0].children) == bool(code)
 
 
 def _limited_cgroup(tmp_path: Path, limit: int) -> Path | None:
