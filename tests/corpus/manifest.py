@@ -124,6 +124,22 @@ CUDA_CASES: list[Case] = [
           "the old AdamW state sits in a reference cycle, collected only inside generate"),
     _cuda("mingpt-leak-cuda", "mingpt_char", "leak", "leak", "sustained_growth",
           "each iteration's validation graph kept in a list"),
+    _cuda("pinned-none-cuda", "colocated_pinned", "none", None, None,
+          HEALTHY + " (an 8 GiB KV pool dropped, AdamW state to pinned buffers by non_blocking copies)"),
+    _cuda("pinned-expandable-cuda", "colocated_pinned", "none", None, None,
+          HEALTHY + ", under expandable_segments:True", args=("--expandable",)),
+    _cuda("pinned-graph-cuda", "colocated_pinned", "none", None, None,
+          "trap: a captured decode graph's private pool stays through every offload, as SGLang's do: "
+          "the KV pool's offload still frees what it declares", args=("--cuda-graph",), flags=("trap",)),
+    _cuda("pinned-kv_view_kept-cuda", "colocated_pinned", "kv_view_kept", "offload_drop", "still_referenced",
+          "a 16-element view of the 8 GiB KV pool keeps its whole storage allocated"),
+    _cuda("pinned-state_kept-cuda", "colocated_pinned", "state_kept", "offload_drop", "still_referenced",
+          "the device AdamW state kept as a backup of its pinned copy, under expandable segments",
+          args=("--expandable",)),
+    _cuda("pinned-no_empty_cache-cuda", "colocated_pinned", "no_empty_cache", "offload_drop", "cached_not_returned",
+          "the state dropped without empty_cache: expandable segments keep it mapped", args=("--expandable",)),
+    _cuda("pinned-leak-cuda", "colocated_pinned", "leak", "leak", "sustained_growth",
+          "256 MiB of hidden states kept every iteration"),
 ]
 
 CASES = CPU_CASES + CUDA_CASES
