@@ -4,6 +4,10 @@ Per memory series of the main process (device, host RSS): the lowest level of ea
 after `leak_skip_iterations`, taken only where the series was read throughout the iteration, judged
 by `trend.judge_floors` (a Theil-Sen trend with its interval; a one-time step is its own, passing
 finding with its likely cause). Causes: `sustained_growth` (fail), `one_time_step` (pass).
+
+Iterations shorter than the sampling interval (a fast loop with a phase per step) have no floor of their
+own: consecutive iterations are then judged in windows, each read `leak_min_reads` times, when that gives
+more floors; the first window is warm-up too. A step that leaks 64 KiB in a 1 ms loop is found so.
 """
 from __future__ import annotations
 
@@ -38,9 +42,10 @@ def check_leak(run, th: Thresholds) -> CheckResult:
     spans = spans.iloc[th.leak_skip_iterations:]
     # An unfinished iteration has not reached its floor yet: judging it would report a leak mid-run.
     spans = spans[~spans.index.isin(list(unfinished_iterations(run)))]
+    judged = mine[mine["iteration"].isin(spans.index)]
     findings = []
     for track in filter(None, (tracks.device(pid), tracks.host(pid))):
-        finding = _judge_track(run, track, spans, th)
+        finding = _judge_track(run, track, spans, judged, th)
         if finding is not None:
             findings.append(finding)
     if not findings:
@@ -49,14 +54,22 @@ def check_leak(run, th: Thresholds) -> CheckResult:
                    "series without sustained growth", "series leaked")
 
 
-def _judge_track(run, track: Track, spans, th: Thresholds) -> Finding | None:
+def _judge_track(run, track: Track, spans, instances, th: Thresholds) -> Finding | None:
     columns = _columns_of(track)
     resolution = resolution_of(columns)
     floors = iteration_floors(track, spans["start"].to_numpy(), spans["end"].to_numpy(), th)
+    over = None
+    windows = read_windows(track, spans, th) if read_share(track, instances) >= th.leak_window_coverage else []
+    if len(windows) > 1:
+        windowed = iteration_floors(track, windows["start"].to_numpy(), windows["end"].to_numpy(), th)[1:]
+        if np.isfinite(windowed).sum() > np.isfinite(floors).sum():
+            over = (f"{int(windows['last'].iloc[-1] - windows.index[1]) + 1} iterations in {len(windowed)} windows "
+                    f"(an iteration alone holds fewer than {th.leak_min_reads} readings)")
+            spans, floors = windows.iloc[1:], windowed
     allowed = th.leak_share * nanmax(track.peak) + max(th.leak_abs_bytes, th.leak_resolution_multiple * resolution)
     kind = "host" if track.name == "host" else ("alloc" if set(columns) == {"alloc"} else "device")
     judged = judge_floors(spans.index.to_numpy(), floors, resolution=resolution, allowed=allowed,
-                          min_iterations=th.leak_min_iterations, step_cause=step_cause_of(kind))
+                          min_iterations=th.leak_min_iterations, step_cause=step_cause_of(kind), over=over)
     text = judged.text
     if judged.cause == "one_time_step" and track.name == "host":
         text += _declared_host_state(run, track.pid, judged.numbers["step"])
@@ -65,6 +78,40 @@ def _judge_track(run, track: Track, spans, th: Thresholds) -> Finding | None:
     numbers = dict(judged.numbers, series=track.label, limit=allowed)  # growth / limit ranks the worst process
     return Finding(status, f"{track.name}: {text}", span, numbers=numbers, cause=judged.cause, series=track.label,
                    resolution=resolution)
+
+
+def read_share(track: Track, instances) -> float:
+    """The share of phase instances (start, end] that hold a reading of the series."""
+    if instances.empty:
+        return 0.0
+    written = track.measured_times()
+    inside = (np.searchsorted(written, instances["end"].to_numpy(), "right")
+              - np.searchsorted(written, instances["start"].to_numpy(), "right"))
+    return float(np.mean(inside > 0))
+
+
+def read_windows(track: Track, spans, th: Thresholds, most: int = 100):
+    """Consecutive iterations merged into windows that the series read at least `leak_min_reads` times
+    (and a `most`-th of its reads in the span, so that a long run gives at most about `most` windows),
+    indexed by each window's first iteration, with its `last`; the tail too short for a window is left out."""
+    import pandas as pd
+    written = track.measured_times()
+    starts, ends = spans["start"].to_numpy(), spans["end"].to_numpy()
+    if len(starts) == 0:
+        return pd.DataFrame(columns=["start", "end", "last"])
+    before = np.searchsorted(written, starts, "right")  # reads inside (start_k, end_j]: upto[j] - before[k]
+    upto = np.searchsorted(written, ends, "right")
+    need = max(th.leak_min_reads, -(-(upto[-1] - before[0]) // most))
+    rows, k, j = [], 0, 0
+    while k < len(starts):
+        j = max(j, k)
+        while j < len(starts) and upto[j] - before[k] < need:
+            j += 1
+        if j == len(starts):
+            break
+        rows.append((spans.index[k], starts[k], ends[j], spans.index[j]))
+        k = j + 1
+    return pd.DataFrame([r[1:] for r in rows], index=[r[0] for r in rows], columns=["start", "end", "last"])
 
 
 def iteration_floors(track: Track, starts: np.ndarray, ends: np.ndarray, th: Thresholds) -> np.ndarray:

@@ -122,12 +122,13 @@ def _largest_jump(x: np.ndarray, y: np.ndarray) -> tuple[int, float]:
 
 
 def judge_floors(iterations, floors, *, resolution: float, allowed: float, min_iterations: int,
-                 step_cause: str = "", fit: Slope | None = None) -> FloorVerdict:
+                 step_cause: str = "", fit: Slope | None = None, over: str | None = None) -> FloorVerdict:
     """The verdict on floors (bytes) measured at `iterations` (already past the warm-up).
 
     `resolution`: bytes the series can resolve; `allowed`: the growth over the iterations judged that
     fails (at least the resolution); `step_cause`: the likely cause of a one-time step, in words; `fit`:
-    the floors' robust_slope when the caller fitted many series at once (`slopes_of`)."""
+    the floors' robust_slope when the caller fitted many series at once (`slopes_of`); `over`: what the
+    floors span, in words, where each is not one iteration (windows of several)."""
     x, y = np.asarray(iterations, dtype=float), np.asarray(floors, dtype=float)
     ok = np.isfinite(x) & np.isfinite(y)
     x, y = x[ok], y[ok]
@@ -139,7 +140,7 @@ def judge_floors(iterations, floors, *, resolution: float, allowed: float, min_i
     numbers = dict(slope=fit.slope, slope_low=fit.low, slope_high=fit.high, iterations=fit.n, growth=growth,
                    growth_low=growth_low, allowed=float(allowed), resolution=float(resolution),
                    first=float(y[0]), last=float(y[-1]), floors=[float(v) for v in y])
-    measured = (f"floor {_gib(y[0])} → {_gib(y[-1])} over {fit.n} iterations, {_mib(fit.slope)}/iteration "
+    measured = (f"floor {_gib(y[0])} → {_gib(y[-1])} over {over or f'{fit.n} iterations'}, {_mib(fit.slope)}/iteration "
                 f"({CONFIDENCE:.0%} interval {_mib(fit.low)} to {_mib(fit.high)})")
     step = _one_time_step(x, y, allowed)
     if step is not None:

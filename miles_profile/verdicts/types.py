@@ -57,6 +57,10 @@ class Thresholds:
     # readings: on this 2-core machine a sampler 20 ms apart left gaps of 60-80 % of a 1 s iteration
     # under load (tests/integration/test_fleet_report.py's 4 processes), with 15-24 readings each.
     leak_min_reads: int = 5
+    # iterations too short for `leak_min_reads` are judged in windows of consecutive iterations, only from
+    # a series read inside at least this share of the process's phase instances (each boundary is read:
+    # a column read at one phase end of each iteration is always the same moment, never a floor).
+    leak_window_coverage: float = 0.9
     # headroom: the peak may use at most this share of the device (or host) total.
     headroom_max_share: float = 0.95
 

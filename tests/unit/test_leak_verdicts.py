@@ -4,6 +4,7 @@ growth below the series' resolution is too small to judge, and floors come only 
 throughout each iteration (the committed H200 engine-server log)."""
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -185,3 +186,34 @@ def test_the_gpu_machine_needs_no_scipy(monkeypatch):
     monkeypatch.setitem(__import__("sys").modules, "scipy", None)
     monkeypatch.setitem(__import__("sys").modules, "scipy.stats", None)
     assert check_leak(_run([GiB + 200 * MiB * k for k in range(8)]), TH).status == "fail"
+
+
+def _fast_run(growth_per_iteration: float, *, n: int = 400, sparse: bool = False):
+    """A 10 ms loop, each iteration a `train` and a `generate` phase, the host series read at every phase
+    boundary (as the recorder does): no iteration alone holds leak_min_reads readings. `sparse`: read
+    only at each generate's end, 1 GiB above the floor (the moment a KV cache is largest)."""
+    t, level, phases = [], [], []
+    for k in range(n):
+        s, floor = 0.01 * k, GiB + growth_per_iteration * k
+        phases += [dict(name="train", start=s, end=s + 0.004, rollout_id=k),
+                   dict(name="generate", start=s + 0.005, end=s + 0.009, rollout_id=k)]
+        for at, value in ((s, floor), (s + 0.004, floor + 64 * MiB), (s + 0.005, floor), (s + 0.009, floor + GiB)):
+            if not sparse or at == s + 0.009:
+                t.append(round(at, 6))
+                level.append(value + (0 if not sparse else 8 * MiB * k))
+    return make_run({"t": np.array(t), "rss": np.array(level), "rss_peak": np.array(level)}, phases)
+
+
+def test_a_loop_too_fast_for_a_floor_per_iteration_is_judged_in_windows():
+    leaking = _host(check_leak(_fast_run(MiB), TH))
+    assert leaking.status == "fail" and leaking.cause == "sustained_growth"
+    assert leaking.numbers["slope"] == pytest.approx(MiB, rel=0.05)
+    assert re.search(r"over 3\d\d iterations in \d\d windows", leaking.message), leaking.message
+    flat = _host(check_leak(_fast_run(0.0), TH))
+    assert flat.status == "pass" and "windows" in flat.message
+
+
+def test_windows_are_not_made_of_one_moment_of_each_iteration():
+    # read once an iteration, at generate's end, climbing 8 MiB an iteration: no floor, whatever the count
+    sparse = _host(check_leak(_fast_run(0.0, sparse=True), TH))
+    assert sparse.status == "n/a" and "has 0" in sparse.message
