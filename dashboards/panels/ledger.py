@@ -10,7 +10,8 @@ from dashboards.messages import describe, message
 from dashboards.panels.refresh import due
 from miles_profile.report.figures import run_start, time_range
 from dashboards.panels.fleet import compute as fleet_compute
-from miles_profile.report.ledger import LEDGER_MAX_PROCESSES, fleet_ledger, ledger
+from miles_profile.report.ledger import (LEDGER_MAX_PROCESSES, fleet_ledger, ledger, sampled_iterations,
+                                         sampled_text)
 from miles_profile.report.ledger_figures import ledger_area_figure, ledger_bar_figure
 from miles_profile.report.ledger_html import add_up_text, peak_text, unsplit_reason
 from miles_profile.report.process_view import is_fleet
@@ -41,10 +42,13 @@ def layout() -> html.Section:
 def compute(run, processes=None):
     """The run's ledger frame and the figures of it (per phase, not per sample); with `processes`
     ((host, pid) of one fleet lane), the ledger of that lane's GPU."""
-    frame = ledger(run, peaks=True) if processes is None else fleet_ledger(run, processes, peaks=True)
+    chosen = sampled_iterations(run)  # a loop with a phase per step: some iterations, as in the report
+    frame = (ledger(run, peaks=True, iterations=chosen) if processes is None
+             else fleet_ledger(run, processes, peaks=True, iterations=chosen))
     # the timeline's seconds: the same origin and range as the timeline panel's x axis
     area = ledger_area_figure(frame, run_start(run), x_range=time_range(run))
-    lines = [t for t in (peak_text(frame), add_up_text(frame)) if t]  # one line each: two findings, not one run-on
+    # one line each: separate findings, not one run-on
+    lines = [t for t in (sampled_text(frame), peak_text(frame), add_up_text(frame)) if t]
     text = [part for k, line in enumerate(lines) for part in ([html.Br()] if k else []) + [line]]
     return frame, ledger_bar_figure(frame), area, text
 

@@ -125,7 +125,8 @@ def moving_memory(report) -> dict:
 def write_json(reports, path: str | Path) -> Path:
     """Each run's verdict as the engine gives it (RunVerdict.to_dict: `status`, `exit_code`, `checks`,
     `gates`), its warnings, per-phase statistics and `ledger` (report/ledger.py ledger_records: bytes by
-    category at each top-level phase's end and peak), `transitions` and `whatif` (moving_memory), `stacks` (report/stacks.py: the top allocation sites at each
+    category at each top-level phase's end and peak; `ledger_sampled`: [shown, of] iterations where it
+    covers some), `transitions` and `whatif` (moving_memory), `stacks` (report/stacks.py: the top allocation sites at each
     `record --stacks` snapshot's peak, [] without one); at the
     top the overall `status` and `exit_code` (those of visualize). With --baseline, `baseline` repeats the run's gate (`status`, `summary`, every
     compared value) where CI scripts read it."""
@@ -139,7 +140,10 @@ def write_json(reports, path: str | Path) -> Path:
                "summary": jsonable(report.summary.to_dict()) if verdict.checked else None,
                "warnings": report.skipped,
                "phases": jsonable(report.phases.astype(object).where(report.phases.notna(), None).to_dict("records")),
-               "ledger": None if getattr(report, "ledger", None) is None else ledger_records(report.ledger)}
+               "ledger": None if getattr(report, "ledger", None) is None else ledger_records(report.ledger),
+               # [shown, of] iterations where the ledger covers some (a loop with a phase per step), else null
+               "ledger_sampled": None if getattr(report, "ledger", None) is None
+               else list(report.ledger.attrs.get("sampled", ())) or None}
         run.update(moving_memory(report))
         run["stacks"] = stacks_records(stacks_of(report.run))  # record --stacks: the sites at each snapshot's peak
         if run["gates"]:

@@ -37,6 +37,7 @@ import pandas as pd
 
 from miles_profile import names
 from miles_profile.logdir.accounts import declared_at
+from miles_profile.report.peak import highest_peak
 from miles_profile.report.stats import _iterations
 
 ACTIVATIONS, ALLOCATOR_CACHE, NON_PYTORCH, OTHER_PROCESSES = (
@@ -53,6 +54,11 @@ HOST = names.ACCOUNT_HOST
 # Up to this many processes the report accounts for all of them; past it (a fleet), for the processes
 # of the GPUs it draws (its cost grows with their phase instances, 1.3 s at 32 processes).
 LEDGER_MAX_PROCESSES = 16
+
+# Past this many phase instances (a loop with a phase per step) the report and the dashboard account for
+# some iterations only (`sampled_iterations`): the ledger costs about 0.8 ms an instance, and its bar chart
+# draws a bar pair for each (a 10,000-step loop: 16 s of a 18 s report, 16 MB of HTML).
+LEDGER_MAX_INSTANCES = 400
 
 # `at`: "end" (the phase's closing row) or "peak" (the instant of its highest sample, `t`)
 COLUMNS = ["host", "pid", "id", "phase", "iteration", "depth", "t", "device", "label", "category", "source",
@@ -464,7 +470,35 @@ def _peak_rows(ctx: _Context, samples: dict[int, pd.DataFrame], host: str, pid: 
     return out
 
 
-def ledger(run, processes: Iterable[tuple[str, int]] | None = None, *, peaks: bool = False) -> pd.DataFrame:
+def sampled_iterations(run, most: int = LEDGER_MAX_INSTANCES) -> frozenset[int] | None:
+    """The iterations a view's ledger covers: None (all of them) up to `most` phase instances; else the
+    setup (-1), the run's peak's, the first two and the last two, and iterations evenly spaced between,
+    about `most` phase instances in all."""
+    phases = run.phases
+    if len(phases) <= most:
+        return None
+    iterations = np.asarray(_phase_iterations(phases)[1])
+    counted = pd.Series(iterations).value_counts().sort_index()
+    judged = counted[counted.index >= 0]
+    peak = highest_peak(run)
+    chosen = {-1, *judged.index[:2], *judged.index[-2:]}
+    if peak is not None and peak.iteration is not None:
+        chosen.add(peak.iteration)
+    per_iteration = max(1.0, float(judged.median())) if len(judged) else 1.0
+    spaced = max(0, int(most / per_iteration) - len(chosen))
+    if spaced and len(judged):
+        chosen.update(judged.index[np.unique(np.linspace(0, len(judged) - 1, spaced).round().astype(int))])
+    return frozenset(int(i) for i in chosen)
+
+
+def _phase_iterations(phases: pd.DataFrame) -> tuple[np.ndarray, list]:
+    """Each phase's host and iteration (a pid's iterations are its own: pids repeat across hosts)."""
+    hosts = phases["host"].fillna("").astype(str).to_numpy() if "host" in phases else np.array([""] * len(phases))
+    return hosts, _iterations(phases.assign(pid=[f"{h}:{p}" for h, p in zip(hosts, phases["pid"])]))
+
+
+def ledger(run, processes: Iterable[tuple[str, int]] | None = None, *, peaks: bool = False,
+           iterations: frozenset[int] | None = None) -> pd.DataFrame:
     """One row per (phase instance, device, category) at the phase's end: `device` is a GPU UUID (or
     `gpu<i>` when the log has none) or "host" (this process's RSS); `label` says which for a person;
     `source` is declared or derived; `total` is the reference the categories should add up to (NVML
@@ -476,20 +510,23 @@ def ledger(run, processes: Iterable[tuple[str, int]] | None = None, *, peaks: bo
 
     `peaks`: also the rows at each phase's peak (`at` = "peak", `t` the instant): per lane, its highest
     sample inside the phase (allocated's true peak on a GPU, the RSS peak on the host), where a
-    train phase's activations stand, though they are freed before its end."""
+    train phase's activations stand, though they are freed before its end.
+
+    `iterations`: only the phase instances of these iterations (`sampled_iterations`); None: all."""
     only = None if processes is None else frozenset((str(h), int(p)) for h, p in processes)
     cache = run.__dict__.setdefault("_report_cache", {})  # the report and the comparison both ask
-    key = ("ledger", only, peaks)
+    key = ("ledger", only, peaks, iterations)
     if key not in cache:
-        cache[key] = _ledger(run, only, peaks)
+        cache[key] = _ledger(run, only, peaks, iterations)
     return cache[key]
 
 
-def fleet_ledger(run, processes: Iterable[tuple[str, int]], *, peaks: bool = False) -> pd.DataFrame:
+def fleet_ledger(run, processes: Iterable[tuple[str, int]], *, peaks: bool = False,
+                 iterations: frozenset[int] | None = None) -> pd.DataFrame:
     """The ledger of some processes' GPUs (a fleet's drawn lanes), without their host rows: those are
     in the lanes' timelines, and one ledger lane per process would be dozens. Host rows stay for a run
     without GPUs."""
-    frame = ledger(run, processes, peaks=peaks)
+    frame = ledger(run, processes, peaks=peaks, iterations=iterations)
     on_gpu = frame["device"] != HOST
     return frame[on_gpu] if on_gpu.any() else frame
 
@@ -503,17 +540,23 @@ def at_peaks(frame: pd.DataFrame) -> pd.DataFrame:
     return frame[frame["at"] == AT_PEAK] if "at" in frame and len(frame) else frame.iloc[0:0]
 
 
-def _ledger(run, only: frozenset[tuple[str, int]] | None = None, peaks: bool = False) -> pd.DataFrame:
+def _ledger(run, only: frozenset[tuple[str, int]] | None = None, peaks: bool = False,
+            chosen: frozenset[int] | None = None) -> pd.DataFrame:
     phases = run.phases
     if phases.empty:
         return pd.DataFrame(columns=COLUMNS)
     ctx = _context(run, None if only is None else set(only))
-    hosts = phases["host"].fillna("").astype(str).to_numpy() if "host" in phases else np.array([""] * len(phases))
-    iterations = _iterations(phases.assign(pid=[f"{h}:{p}" for h, p in zip(hosts, phases["pid"])]))
-    if only is not None:  # the iterations above need every phase; the rows, only these processes'
-        keep = np.flatnonzero(pd.MultiIndex.from_arrays([hosts, phases["pid"].to_numpy(np.int64)])
-                              .isin(list(only)))
-        phases, hosts, iterations = phases.iloc[keep], hosts[keep], np.asarray(iterations)[keep]
+    hosts, iterations = _phase_iterations(phases)
+    iterations = all_iterations = np.asarray(iterations)
+    # the iterations above need every phase; the rows, only these processes' and iterations'
+    keep = np.ones(len(phases), dtype=bool)
+    if only is not None:
+        keep &= pd.MultiIndex.from_arrays([hosts, phases["pid"].to_numpy(np.int64)]).isin(list(only))
+    if chosen is not None:
+        keep &= np.isin(iterations, list(chosen))
+    if not keep.all():
+        keep = np.flatnonzero(keep)
+        phases, hosts, iterations = phases.iloc[keep], hosts[keep], iterations[keep]
     out = []
     samples = _samples_by_process(run, None if only is None else set(only)) if peaks else {}
     for k, phase in enumerate(phases.itertuples(index=False)):
@@ -527,7 +570,18 @@ def _ledger(run, only: frozenset[tuple[str, int]] | None = None, peaks: bool = F
     frame = pd.DataFrame(out, columns=COLUMNS)
     frame["bytes"] = frame["bytes"].astype(float)
     frame["total"] = frame["total"].astype(float)
+    if chosen is not None:  # what every view of it says: these iterations of how many
+        frame.attrs["sampled"] = (len({i for i in chosen if i >= 0}), len({i for i in all_iterations if i >= 0}))
     return frame
+
+
+def sampled_text(frame: pd.DataFrame) -> str | None:
+    """"The ledger covers 101 of 10,000 iterations ...", or None where it covers all of them."""
+    if "sampled" not in frame.attrs:
+        return None
+    covered, total = frame.attrs["sampled"]
+    return (f"{covered:,} of {total:,} iterations shown (more than {LEDGER_MAX_INSTANCES} phase instances): "
+            "the peak's, the first and last two, and iterations evenly spaced between.")
 
 
 def ledger_records(frame: pd.DataFrame) -> list[dict]:

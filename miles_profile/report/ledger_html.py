@@ -7,7 +7,7 @@ import html
 import pandas as pd
 
 from miles_profile.names import iteration_text
-from miles_profile.report.ledger import AT_END, AT_PEAK, OTHER_PROCESSES, add_up
+from miles_profile.report.ledger import AT_END, AT_PEAK, OTHER_PROCESSES, add_up, sampled_text
 from miles_profile.report.ledger_figures import category_text, ledger_area_figure, ledger_bar_figure, lane_name
 from miles_profile.report.series import GiB
 
@@ -107,6 +107,8 @@ def ledger_html(frame: pd.DataFrame, t0: float, suffix: str, align_to=None) -> s
             "and at its end" if "at" in frame and (frame["at"] == AT_PEAK).any() else "At each phase's end")
     rise = peak_text(frame)
     rise = f'\n  <p class="small" id="ledger-peak{suffix}">{html.escape(rise)}</p>' if rise else ""
+    if sampled_text(frame):
+        rise += f'\n  <p class="small" id="ledger-sampled{suffix}">{html.escape(sampled_text(frame))}</p>'
     return f"""<h3>Where the bytes are</h3>
   <p class="muted small">{when}, per GPU and per process's RSS: what the program declared
   (weights, gradients, optimizer state, KV cache, ...) and what the recorded series leave for the rest

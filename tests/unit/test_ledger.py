@@ -2,10 +2,12 @@
 measure, a negative residual is kept (never clipped) and counted by add_up, old logs still work."""
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pandas as pd
 
-from miles_profile.report.ledger import add_up, ledger
+from miles_profile.report.ledger import LEDGER_MAX_INSTANCES, add_up, ledger, sampled_iterations, sampled_text
 from miles_profile.report.ledger_figures import ledger_area_figure, ledger_bar_figure, ledger_comparison_figure
 from test_report_fakes import GiB, MiB, PID, make_run
 
@@ -135,3 +137,30 @@ def test_paused_bytes_are_taken_out_of_the_allocator_counters_not_shown_as_memor
     assert _at(frame, "train", UUID, "allocator_cache") == 2 * GiB  # (8 - 5) - (6 - 5)
     assert _at(frame, "train", UUID, "non_pytorch") == 1 * GiB  # 4 - (8 - 5)
     assert add_up(frame, "gpu").worst_error == 0.0
+
+
+def test_a_loop_with_a_phase_per_step_shows_some_iterations_the_peaks_among_them(tmp_path):
+    # 1,000 iterations of train + generate (2,000 phase instances); iteration 613 holds the run's peak
+    n = 1000
+    t = np.round(np.arange(0.0, n * 0.02 + 0.02, 0.005), 6)
+    rss = np.full(len(t), 2 * GiB)
+    rss[(t > 613 * 0.02) & (t < 613 * 0.02 + 0.01)] = 5 * GiB
+    phases = [dict(name=name, start=k * 0.02 + off, end=k * 0.02 + off + 0.009, rollout_id=k)
+              for k in range(n) for name, off in (("train", 0.0), ("generate", 0.01))]
+    run = make_run({"t": t, "rss": rss, "rss_peak": rss}, phases)
+    chosen = sampled_iterations(run)
+    assert {0, 1, 613, 998, 999} <= chosen and len(chosen) <= LEDGER_MAX_INSTANCES // 2 + 8
+    frame = ledger(run, peaks=True, iterations=chosen)
+    assert set(frame["iteration"]) == chosen - {-1}
+    assert frame.attrs["sampled"] == (len(chosen - {-1}), n)
+    assert sampled_text(frame).startswith(f"{len(chosen - {-1})} of 1,000 iterations shown")
+    assert frame["bytes"].max() == 5 * GiB  # the peak's iteration is among them
+    from miles_profile.report.ledger_html import ledger_html
+    assert 'id="ledger-sampled">' in ledger_html(frame, 0.0, "")
+    from miles_profile.report.export import write_json
+    from miles_profile.report.html import build_run_report
+    written = json.loads(write_json([build_run_report(run)], tmp_path / "r.json").read_text())["runs"][0]
+    assert written["ledger_sampled"] == [len(chosen - {-1}), n]
+    assert {r["iteration"] for r in written["ledger"]} == chosen - {-1}
+    small = make_run({"t": t, "rss": rss, "rss_peak": rss}, phases[:LEDGER_MAX_INSTANCES])
+    assert sampled_iterations(small) is None and sampled_text(ledger(small)) is None
