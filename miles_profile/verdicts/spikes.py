@@ -22,7 +22,8 @@ def check_transition_spikes(run, th: Thresholds) -> CheckResult:
     name, title = "transition_spikes", "No spikes between phases"
     explanation = ("Between two consecutive phases the true peak may exceed the larger neighbour's peak by at most "
                    f"{th.transition_tolerance_share:.0%} of it plus {gib(th.transition_abs_bytes)}: a spike there "
-                   "means two states coexisted during the hand-over.")
+                   "is memory held outside any phase: two states coexisting during the hand-over, or untagged "
+                   "work between the phases (wrapped in mp.phase(), it is judged as a phase of its own).")
     inst = phase_instances(run)
     if len(inst) < 2:
         return not_applicable(name, title, explanation, "fewer than two phases")
@@ -57,6 +58,11 @@ def check_transition_spikes(run, th: Thresholds) -> CheckResult:
                     "phase boundaries without a spike", "boundaries spiked")
 
 
+def a_gap(a, b) -> str:
+    gap = b.start - a.end
+    return f"{gap * 1000:.0f} ms" if gap < 1 else f"{gap:.1f} s"
+
+
 def _spike_finding(a, b, spike: float, neighbours: float, track, th: Thresholds) -> Finding:
     label = f"{a.name} → {b.name} ({iteration_tag(b.iteration)})"
     where = dict(span=(a.end, b.start), phase=b.name, iteration=int(b.iteration))
@@ -68,7 +74,8 @@ def _spike_finding(a, b, spike: float, neighbours: float, track, th: Thresholds)
                          where, numbers)
     spiked = spike > limit
     return Finding("fail" if spiked else "pass",
-                   f"{label}: peak {gib(spike)} between them, neighbours {gib(neighbours)}"
-                   + (": two states coexisted during the hand-over" if spiked else ""),
+                   f"{label}: peak {gib(spike)} in the {a_gap(a, b)} between them, neighbours {gib(neighbours)}"
+                   + (": held outside any phase (two states during the hand-over, or untagged work: "
+                      "wrap it in mp.phase() to judge it)" if spiked else ""),
                    numbers=numbers, cause="transition_spike" if spiked else None, series=track.label,
                    resolution=res, **where)

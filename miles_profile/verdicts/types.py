@@ -104,7 +104,8 @@ CAUSES = {
     "rank_outlier": "one rank's peak lies far outside its peers' spread",
     # headroom, spikes, host memory
     "near_total": "the peak is near the device (or host) total",
-    "transition_spike": "two states coexisted during a hand-over between phases",
+    "transition_spike": "memory held between two phases above both: states coexisting during the hand-over, "
+                        "or untagged work",
     "host_staging": "a disk offload staged the state in host memory",
     "host_weight_copy": "moving the weights made a second host copy",
     # oom (verdicts/oom.py)
