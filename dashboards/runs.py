@@ -43,9 +43,16 @@ def _read_json(path: Path) -> dict:
 
 
 def _command_text(command: object) -> str:
-    if isinstance(command, list):
-        return " ".join(str(part) for part in command)
-    return str(command or "")
+    """What the user ran: after `record ... --exec --` the command itself, after `record ... --` the trainer
+    with its arguments (the recorder's own path and options say nothing in a list of runs)."""
+    if not isinstance(command, list):
+        return str(command or "")
+    parts = [str(part) for part in command]
+    if parts and parts[0].endswith(("miles_profile/record.py", "miles_profile.record")) and "--" in parts:
+        cut = parts.index("--")
+        rest = parts[cut + 1:]
+        return " ".join(rest if "--exec" in parts[:cut] else ["python -m trainer.train", *rest])
+    return " ".join(parts)
 
 
 @lru_cache(maxsize=1 << 16)

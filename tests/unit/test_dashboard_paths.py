@@ -103,3 +103,15 @@ def test_a_run_without_end_time_whose_files_went_quiet_is_not_live(layout):
     for path in run.iterdir():
         os.utime(path, (0, 0))
     assert not {r.run_id: r for r in list_runs(LogRoot(root))}["run-killed"].live
+
+
+@pytest.mark.parametrize("command, shown", [
+    (["/w/miles_profile/record.py", "--log-dir", "/l", "--exec", "--", "python", "train.py", "--lr", "1"],
+     "python train.py --lr 1"),
+    (["/w/miles_profile/record.py", "--heap", "--", "--preset", "cpu"], "python -m trainer.train --preset cpu"),
+    (["python", "my_job.py"], "python my_job.py"),  # a Recorder started in the program itself
+])
+def test_the_run_list_shows_what_the_user_ran(tmp_path, command, shown):
+    run = make_run(tmp_path / "logs" / "run-a")
+    (run / "meta.json").write_text(json.dumps({"format_version": 1, "start_time": 1.0, "command": command}))
+    assert list_runs(LogRoot(tmp_path / "logs"))[0].command == shown
