@@ -14,7 +14,9 @@ The rule (docs/checks.md, "leak"):
   cause `one_time_step`), since memory kept once (glibc's heap after an offload round trip, the CUDA
   caching allocator's blocks) is retention, not a leak;
 - fail (`sustained_growth`) only when the interval's lower bound times the iterations judged exceeds
-  the allowed growth (the caller derives it from the series' resolution and the run's peak);
+  the allowed growth (the caller derives it from the series' resolution and the run's peak), and the
+  growth goes on: a floor whose later half rises clearly slower than the whole run (its interval below
+  the run's slope, and at its upper rate within the allowed growth) levelled off: `growth_stopped`, a pass;
 - growth that is real (lower bound above zero), estimated below the series' resolution while the
   interval reaches it: too small to judge; an interval wholly below the resolution is flat (pass).
 
@@ -151,6 +153,15 @@ def judge_floors(iterations, floors, *, resolution: float, allowed: float, min_i
                             f"({_mib(rest.slope)}/iteration without it): not a leak; {measured}"
                             + (f". Likely {step_cause}" if step_cause else ""), numbers)
     if growth_low > allowed:
+        later = _stopped(x, y, fit, allowed)
+        if later is not None:
+            numbers.update(later_slope=later.slope, later_slope_low=later.low, later_slope_high=later.high,
+                           later_from_iteration=int(x[len(x) // 2]))
+            return FloorVerdict("pass", "growth_stopped",
+                                f"growth that stopped: {measured}; from iteration {int(x[len(x) // 2])} on "
+                                f"{_mib(later.slope)}/iteration ({_mib(later.low)} to {_mib(later.high)}), below "
+                                "the run's rate: bounded (a cache or the allocator's pools filling up), not a leak",
+                                numbers)
         return FloorVerdict("fail", "sustained_growth", f"sustained growth: {measured}; at least "
                             f"{_gib(growth_low)} over the run, allowed {_gib(allowed)}", numbers)
     # a rise the interval says is real, estimated below what the series resolves but not excluded above
@@ -159,6 +170,24 @@ def judge_floors(iterations, floors, *, resolution: float, allowed: float, min_i
         return FloorVerdict("too small to judge", None, f"too small to judge (growth {_gib(growth)} below the "
                             f"resolution {_gib(resolution)} of the series): {measured}", numbers)
     return FloorVerdict("pass", None, f"{measured}; allowed {_gib(allowed)} over the run", numbers)
+
+
+def _stopped(x: np.ndarray, y: np.ndarray, fit: Slope, allowed: float) -> Slope | None:
+    """The later half's trend when the growth did not go on to the end: its interval lies below the whole
+    run's slope, and its lower bound over the whole run stays within `allowed` (a climb after a step
+    fails on its own). A steady leak keeps its rate in the later half (its interval holds the run's
+    slope); a floor that rose and then levelled off (glibc's heap or a cache filling over the first
+    rounds) does not. None: sustained, or too few floors (MIN_LATER) in the later half to tell."""
+    later_x, later_y = x[len(x) // 2:], y[len(y) // 2:]
+    if len(later_x) < MIN_LATER:
+        return None
+    later = robust_slope(later_x, later_y)
+    if later is None or later.high >= fit.slope or later.low * fit.span > allowed:
+        return None
+    return later
+
+
+MIN_LATER = 4  # floors in the later half: with fewer, its interval says nothing
 
 
 def _one_time_step(x: np.ndarray, y: np.ndarray, allowed: float):

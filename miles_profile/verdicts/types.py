@@ -97,6 +97,7 @@ CAUSES = {
     # leak and floor_trend_leak
     "sustained_growth": "the per-iteration floor keeps rising after warm-up",
     "one_time_step": "the floor stepped up once and stayed flat: allocator or glibc retention, not a leak",
+    "growth_stopped": "the floor rose, then levelled off before the run ended: bounded, not a leak",
     # serialized_peaks
     "both_footprints": "the training and rollout footprints were resident at once",
     "residual": "more than one footprint is resident, but less than the other footprint: a residual",

@@ -217,3 +217,36 @@ def test_windows_are_not_made_of_one_moment_of_each_iteration():
     # read once an iteration, at generate's end, climbing 8 MiB an iteration: no floor, whatever the count
     sparse = _host(check_leak(_fast_run(0.0, sparse=True), TH))
     assert sparse.status == "n/a" and "has 0" in sparse.message
+
+
+# The host floors (MiB) of a held-out loop (`record --heap --exec`, 120 steps, every 10th an RL round that
+# offloads the AdamW state to disk and keeps one backup of it): glibc's heap filled over the first rounds,
+# then levelled off while the heap in use stayed at 438 MiB. Judged in windows of ~2.4 iterations.
+LEVELLED = [567.5, 567.5, 567.5, 567.5, 570.9, 570.9, 570.9, 570.9, 638.3, 667.7, 699.7, 668.2, 667.8, 748.7,
+            732.7, 732.7, 748.7, 796.6, 812.6, 812.6, 812.6, 812.6, 812.6, 828.6, 828.6, 812.7, 812.7, 781.2,
+            781.2, 797.2, 781.2, 813.1, 829.1, 829.1, 813.2, 845.1, 845.1, 861.1, 861.1, 861.1, 861.1, 813.5,
+            813.5, 813.5, 813.5, 829.4, 829.4, 829.4]
+
+
+def test_a_floor_that_levelled_off_is_growth_that_stopped_not_a_leak():
+    x = np.round(3 + np.arange(len(LEVELLED)) * 2.44).astype(int)
+    judged = judge_floors(x, np.array(LEVELLED) * MiB, resolution=8 * MiB, allowed=81 * MiB, min_iterations=5)
+    assert judged.status == "pass" and judged.cause == "growth_stopped", judged.text
+    assert judged.numbers["slope_low"] * (x[-1] - x[0]) > 81 * MiB  # the whole run's trend alone would fail
+    assert "growth that stopped" in judged.text and "from iteration" in judged.text
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_a_steady_leak_with_noise_is_still_sustained(seed):
+    noise = np.random.default_rng(seed).normal(0, 8 * MiB, 48)
+    floors = GiB + 4 * MiB * np.arange(48) + noise  # 4 MiB an iteration under 8 MiB of scatter
+    judged = judge_floors(np.arange(48), floors, resolution=8 * MiB, allowed=81 * MiB, min_iterations=5)
+    assert judged.status == "fail" and judged.cause == "sustained_growth", judged.text
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_seven_iterations_of_a_noisy_leak_still_fail(seed):
+    # the corpus' shape: warm-up dropped, 7 iterations, 32 MiB an iteration, 4 MiB of scatter
+    floors = GiB + 32 * MiB * np.arange(7) + np.random.default_rng(seed).normal(0, 4 * MiB, 7)
+    judged = judge_floors(np.arange(1, 8), floors, resolution=8 * MiB, allowed=81 * MiB, min_iterations=5)
+    assert judged.status == "fail", judged.text
