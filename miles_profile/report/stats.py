@@ -14,8 +14,8 @@ Public API (stable; shared with the Dash dashboard):
 A phase's samples are those with start < t <= end: each sample's peak covers the time since the
 previous sample, so these are exactly the samples whose peaks fall inside the phase.
 The iteration of a phase is its `rollout_id` attribute (carried forward in time to phases without
-one; phases before the first get -1), or, in a run without any `rollout_id`, the phase's occurrence
-number among phases of the same name.
+one; phases before the first get -1), or, in a run without any `rollout_id`, the number of starts of its
+process's most frequent top-level phase name up to it (phases before the first: -1).
 """
 from __future__ import annotations
 
@@ -111,7 +111,29 @@ def _iterations(phases: pd.DataFrame) -> np.ndarray:
         out = np.empty(len(phases), dtype=np.int64)
         out[order] = filled.astype(np.int64)
         return out
-    return phases.groupby(["pid", "name"], sort=False).cumcount().to_numpy(dtype=np.int64)
+    return _counted_iterations(phases)
+
+
+def _counted_iterations(phases: pd.DataFrame) -> np.ndarray:
+    """Without any `rollout_id`: per process, each start of its most frequent top-level phase name (ties:
+    the one that starts first) opens an iteration, and every phase takes the iteration open at its start;
+    phases before the first get -1 (setup). A loop with a `train` phase per step and an `eval` every 100
+    steps: each eval belongs to the step before it (counting occurrences per name made the 27th eval,
+    at step 2,799, iteration 27, and spread "iteration 27" over most of the run)."""
+    out = np.full(len(phases), -1, dtype=np.int64)
+    starts = phases["start"].to_numpy(float)
+    names = phases["name"].astype(str).to_numpy()
+    top_level = (pd.to_numeric(phases["depth"], errors="coerce").fillna(0).to_numpy() == 0
+                 if "depth" in phases else np.ones(len(phases), dtype=bool))
+    for rows in phases.groupby("pid", sort=False).indices.values():
+        top = rows[top_level[rows]] if top_level[rows].any() else rows
+        counts = pd.Series(names[top]).value_counts()
+        tied = counts.index[counts == counts.max()]
+        first = {name: starts[top][names[top] == name].min() for name in tied}
+        opening = min(tied, key=lambda name: first[name])
+        opens = np.sort(starts[top][names[top] == opening])
+        out[rows] = np.searchsorted(opens, starts[rows], "right") - 1
+    return out
 
 
 def _source_pid(run, metric: Metric, pid: int) -> int | None:

@@ -8,8 +8,8 @@ their cost grows with the number of phases, not samples. Pure functions over Dat
         per phase name (or iteration and name) and series: count, peak (highest true peak), floor
         (lowest level), first (the earliest instance's first value), last (the latest's last value)
 
-The iteration of a phase is as in stats.py: its `rollout_id` (carried forward), else its occurrence
-number among phases of the same name in its process.
+The iteration of a phase is as in stats.py: its `rollout_id` (carried forward), else the number of starts
+of its process's most frequent top-level phase name up to it.
 """
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ def summary_instances(phases: pd.DataFrame, summaries: pd.DataFrame) -> pd.DataF
         "host": phases["host"].fillna("").astype(str).to_numpy() if "host" in phases else "",
         "pid": phases["pid"].to_numpy(), "id": phases["id"].to_numpy(), "name": phases["name"].astype(str).to_numpy(),
         "start": phases["start"].to_numpy(float), "end": phases["end"].to_numpy(float)})
-    # Occurrence numbers count per process, and a pid may repeat on another host.
+    # Iterations without rollout_id count per process, and a pid may repeat on another host.
     table["iteration"] = _iterations(phases.assign(pid=(table["host"] + ":" + table["pid"].astype(str)).to_numpy()))
     right = summaries.drop(columns=["name"]).assign(host=summaries["host"].astype(str))
     out = table.merge(right, on=_KEY, how="inner")

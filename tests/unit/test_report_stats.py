@@ -62,3 +62,19 @@ def test_range_stats_empty_and_overlapping_ranges():
 def test_a_run_without_phases_has_empty_tables():
     run = make_run({"t": np.arange(5.0), "rss": np.ones(5)})
     assert phase_instances(run).empty and phase_table(run).empty
+
+
+def test_without_rollout_id_a_periodic_phase_belongs_to_the_step_before_it():
+    # a setup phase, a `train` per step, an `eval` after every third step, a `log` inside step 4's time
+    phases = [dict(name="load", start=0.0, end=0.5)]
+    for step in range(9):
+        phases.append(dict(name="train", start=1.0 + step, end=1.4 + step))
+        if step % 3 == 2:
+            phases.append(dict(name="eval", start=1.5 + step, end=1.9 + step))
+    phases.append(dict(name="log", start=5.1, end=5.2, parent=None))
+    run = make_run({"t": np.arange(0.0, 12.0, 0.1), "rss": np.ones(120)}, phases)
+    inst = phase_instances(run).sort_values("start")
+    by_name = {name: list(group["iteration"]) for name, group in inst.groupby("name", sort=False)}
+    assert by_name["load"] == [-1] and by_name["train"] == list(range(9))
+    assert by_name["eval"] == [2, 5, 8]  # not [0, 1, 2]
+    assert by_name["log"] == [4]
