@@ -20,6 +20,7 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 
 from miles_profile import names
+from miles_profile.command_exit import stop_signal
 from miles_profile.logdir import completeness
 from miles_profile.logdir.merge import alias_event_pids, copied_stems, pid_aliases
 from miles_profile.errors import MilesProfileError
@@ -278,9 +279,13 @@ def _mark_dead(processes: list[dict[str, Any]], warnings: list[str]) -> None:
         who = ", ".join(f"{p.get('role', 'process')} rank {p.get('rank', '?')} (pid {p.get('pid')}, "
                         f"{p.get('host', '?')})" for p in dead[:4])
         more = f" and {len(dead) - 4} more" if len(dead) > 4 else ""
+        stopped = stop_signal(command_exit)
         if command_exit == 0:  # the command succeeded: fork workers end with os._exit, which writes no end
             warnings.append(f"{len(dead)} process(es) ended without writing their end_time while the command "
                             f"exited 0 (fork workers ending with os._exit do): {who}{more}")
+        elif stopped:  # SIGTERM, SIGINT: Python's default handling ends the process without writing anything
+            warnings.append(f"{len(dead)} process(es) ended without writing their end_time when the command was "
+                            f"stopped by {stopped}: {who}{more}")
         else:
             warnings.append(f"{len(dead)} process(es) died before the run ended (no end_time): {who}{more}")
 

@@ -8,12 +8,12 @@ judging anything again. Pure (no plotly): the CLI, the HTML report, --json and t
 """
 from __future__ import annotations
 
-import signal
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from miles_profile import names
+from miles_profile.command_exit import signal_name
 from miles_profile.report.peak import Peak, highest_peak, iteration_text
 from miles_profile.report.series import GiB
 from miles_profile.verdicts.oom import command_exit
@@ -98,10 +98,7 @@ class Summary:
         if not code:
             return None
         if code < 0:
-            try:
-                how = f"was stopped by {signal.Signals(-code).name}"
-            except ValueError:
-                how = f"was stopped by signal {-code}"
+            how = f"was stopped by {signal_name(-code)}"
         else:
             how = f"exited with code {code}"
         return f"the recorded command {how}; the checks judge its memory up to then"

@@ -16,6 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from miles_profile import names
+from miles_profile.command_exit import stop_signal
 from miles_profile.report.series import process_label, series_arrays
 from miles_profile.sizes import format_size
 from miles_profile.verdicts.types import CheckResult, Finding
@@ -24,6 +25,7 @@ NAME, TITLE = "oom", "Killed processes (OOM killer, SIGKILL)"
 EXPLANATION = ("a process of the run was killed (the kernel's OOM killer, or SIGKILL) or vanished without "
                "ending its recording: the run did not finish. What grew in the last seconds says what to cut")
 WINDOW_S = 10.0   # "what grew in the last N seconds before it died"
+STOP_WINDOW_S = 5.0  # a process that vanished this close to a command stopped by a signal ended with it
 TOP = 5           # series listed per death, the largest growths first
 _RANK = {"oom_kill": 0, "sigkill": 1, "vanished": 2}
 _HOW = {"oom_kill": "killed by the OOM killer", "sigkill": "killed by SIGKILL",
@@ -204,17 +206,40 @@ def command_exit(run) -> int | None:
     return None
 
 
+def stopped_by(run) -> tuple[str, float] | None:
+    """(signal name, the command's end) when `record --exec`'s command was stopped by a signal other than
+    SIGKILL (command_exit.stop_signal), else None."""
+    name = stop_signal(command_exit(run))
+    ends = [p.get("end_time") for p in run.processes if p.get("role") == "exec_parent"]
+    end = next((float(e) for e in ends if isinstance(e, (int, float))), None)
+    return None if name is None or end is None else (name, end)
+
+
 def check_oom(run) -> CheckResult:
     deaths = deaths_of(run)
     # A vanishing is a death only when the run failed: a forked worker that ends with os._exit (every
     # multiprocessing fork worker, a DataLoader's) never writes its end either. When the command exited
-    # 0, whatever vanished without a kill seen (a signal, the OOM counter) did its work and left.
-    unseen = [d for d in deaths if d.get("cause") == "vanished"] if command_exit(run) == 0 else []
+    # 0, whatever vanished without a kill seen (a signal, the OOM counter) did its work and left; when a
+    # signal stopped it (SIGTERM: Python ends without writing anything), what vanished with it, in the
+    # STOP_WINDOW_S before its end, was stopped by it.
+    stopped = stopped_by(run)
+    vanished = [d for d in deaths if d.get("cause") == "vanished"]
+    if command_exit(run) == 0:
+        unseen = vanished
+    elif stopped is not None:
+        unseen = [d for d in vanished if d["t"] >= stopped[1] - STOP_WINDOW_S]
+    else:
+        unseen = []
     deaths = [d for d in deaths if d not in unseen]
     if not deaths:
-        said = (f"no process was killed; {len(unseen)} recorded process(es) ended without ending their recording "
-                "while the command exited 0 (a forked worker ending with os._exit does): not deaths") if unseen \
-            else "no process was killed or vanished"
+        if unseen and stopped is not None:
+            said = (f"no process was killed: the command was stopped by {stopped[0]}, and {len(unseen)} recorded "
+                    "process(es) ended with it without ending their recording")
+        elif unseen:
+            said = (f"no process was killed; {len(unseen)} recorded process(es) ended without ending their "
+                    "recording while the command exited 0 (a forked worker ending with os._exit does): not deaths")
+        else:
+            said = "no process was killed or vanished"
         return CheckResult(NAME, TITLE, "n/a", said, EXPLANATION)
     findings = [finding_of(run, d) for d in deaths]
     span = (min(f.span[0] for f in findings), max(f.span[1] for f in findings))

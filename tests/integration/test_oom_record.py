@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -141,6 +142,41 @@ def test_a_child_that_exits_by_itself_is_no_death(tmp_path, code):
     assert (html.find(said) < html.index('class="summary-verdict"')) and ((said in html) == bool(code))
     children, _ = render(summary, 0.0)
     assert (children[0] is not None and said in children[0].children) == bool(code)
+
+
+@pytest.mark.parametrize("how", [signal.SIGTERM, signal.SIGINT])
+def test_a_command_stopped_by_a_signal_is_no_death_and_every_view_says_so(tmp_path, how):
+    """A scheduler's SIGTERM (or Ctrl-C) to `record`: the child is stopped by it, and Python's default
+    handling ends it without writing its end. Not a memory death: no KILLED, oom n/a, the command's
+    stop said first."""
+    child, events = tmp_path / "child.py", tmp_path / "memory.events"
+    child.write_text(CHILD)
+    events.write_text("oom_kill 0\n")
+    logs = tmp_path / "logs"
+    proc = subprocess.Popen([sys.executable, "-m", "miles_profile.record", "--log-dir", str(logs), "--exec", "--",
+                             sys.executable, str(child), "run", "0", ""], cwd=REPO,
+                            env=_env(MILES_PROFILE_MEMORY_EVENTS=str(events)), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not any(
+                '"rollout_id":2}' in p.read_text() for p in logs.glob("run-*/*.events.jsonl")):
+            time.sleep(0.1)
+        proc.send_signal(how)
+        proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode in (-how, 128 + how)
+    run_dir = next(logs.glob("run-*"))
+    js = tmp_path / "r.json"
+    assert visualize([str(run_dir), "-o", str(tmp_path / "r.html"), "--json", str(js)]) == 0
+    summary = json.loads(js.read_text())["runs"][0]["summary"]
+    assert summary["killed"] == [] and f"stopped by {signal.Signals(how).name}" in summary["command_exit_text"]
+    (oom,) = [c for c in judge(mp.load(run_dir)).checks if c.name == "oom"]
+    assert oom.status == "n/a"
+    if how == signal.SIGTERM:  # ended without writing its end (Ctrl-C's KeyboardInterrupt lets it write it)
+        assert "stopped by SIGTERM, and 1 recorded process(es) ended with it" in oom.summary
 
 
 def _limited_cgroup(tmp_path: Path, limit: int) -> Path | None:
