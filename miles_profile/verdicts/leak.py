@@ -3,7 +3,8 @@
 Per memory series of the main process (device, host RSS): the lowest level of each finished iteration
 after `leak_skip_iterations`, taken only where the series was read throughout the iteration, judged
 by `trend.judge_floors` (a Theil-Sen trend with its interval; a one-time step is its own, passing
-finding with its likely cause). Causes: `sustained_growth` (fail), `one_time_step` (pass).
+finding with its likely cause). Causes: `sustained_growth` (fail), `one_time_step` and `growth_stopped`
+(pass).
 
 Iterations shorter than the sampling interval (a fast loop with a phase per step) have no floor of their
 own: consecutive iterations are then judged in windows, each read `leak_min_reads` times, when that gives
@@ -12,6 +13,7 @@ more floors; the first window is warm-up too. A step that leaks 64 KiB in a 1 ms
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 
 from miles_profile.report.series import Track, main_pid
 from miles_profile.report.stats import phase_instances
@@ -94,7 +96,6 @@ def read_windows(track: Track, spans, th: Thresholds, most: int = 100):
     """Consecutive iterations merged into windows that the series read at least `leak_min_reads` times
     (and a `most`-th of its reads in the span, so that a long run gives at most about `most` windows),
     indexed by each window's first iteration, with its `last`; the tail too short for a window is left out."""
-    import pandas as pd
     written = track.measured_times()
     starts, ends = spans["start"].to_numpy(), spans["end"].to_numpy()
     if len(starts) == 0:
