@@ -477,7 +477,7 @@ def sampled_iterations(run, most: int = LEDGER_MAX_INSTANCES) -> frozenset[int] 
     phases = run.phases
     if len(phases) <= most:
         return None
-    iterations = np.asarray(_phase_iterations(phases)[1])
+    iterations = _phase_iterations(phases)[1]
     counted = pd.Series(iterations).value_counts().sort_index()
     judged = counted[counted.index >= 0]
     peak = highest_peak(run)
@@ -491,7 +491,7 @@ def sampled_iterations(run, most: int = LEDGER_MAX_INSTANCES) -> frozenset[int] 
     return frozenset(int(i) for i in chosen)
 
 
-def _phase_iterations(phases: pd.DataFrame) -> tuple[np.ndarray, list]:
+def _phase_iterations(phases: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     """Each phase's host and iteration (a pid's iterations are its own: pids repeat across hosts)."""
     hosts = phases["host"].fillna("").astype(str).to_numpy() if "host" in phases else np.array([""] * len(phases))
     return hosts, _iterations(phases.assign(pid=[f"{h}:{p}" for h, p in zip(hosts, phases["pid"])]))
@@ -547,7 +547,7 @@ def _ledger(run, only: frozenset[tuple[str, int]] | None = None, peaks: bool = F
         return pd.DataFrame(columns=COLUMNS)
     ctx = _context(run, None if only is None else set(only))
     hosts, iterations = _phase_iterations(phases)
-    iterations = all_iterations = np.asarray(iterations)
+    all_iterations = iterations
     # the iterations above need every phase; the rows, only these processes' and iterations'
     keep = np.ones(len(phases), dtype=bool)
     if only is not None:
