@@ -1,5 +1,6 @@
 """What the exit code `record --exec` stores (`names.COMMAND_EXIT`) says about how its command ended.
 
+    command_exit(run) -> int | None          # the stored code, None where not recorded
     signal_name(number) -> "SIGTERM"
     stop_signal(code) -> "SIGTERM" | None   # stopped by a signal other than SIGKILL (not a memory death)
 
@@ -8,6 +9,18 @@ A negative code is the signal that ended the command; a shell in between reports
 from __future__ import annotations
 
 import signal
+
+from miles_profile import names
+
+
+def command_exit(run) -> int | None:
+    """The exit code of `record --exec`'s command (negative: its signal), or None: not recorded."""
+    for p in run.processes:
+        if p.get("role") == "exec_parent":
+            code = (p.get("annotations") or {}).get(names.COMMAND_EXIT)
+            if isinstance(code, int) and not isinstance(code, bool):
+                return code
+    return None
 
 
 def signal_name(number: int) -> str:

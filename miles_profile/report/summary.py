@@ -13,10 +13,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from miles_profile import names
-from miles_profile.command_exit import signal_name
+from miles_profile.command_exit import command_exit, signal_name, stop_signal
 from miles_profile.report.peak import Peak, highest_peak, iteration_text
 from miles_profile.report.series import GiB
-from miles_profile.verdicts.oom import command_exit
 from miles_profile.verdicts.types import TOO_SMALL, CheckResult, Finding
 
 OFFLOAD_CHECK = "offload_drop"
@@ -100,7 +99,8 @@ class Summary:
         if code < 0:
             how = f"was stopped by {signal_name(-code)}"
         else:
-            how = f"exited with code {code}"
+            through_shell = stop_signal(code)
+            how = f"exited with code {code}" + (f" ({through_shell}, through a shell)" if through_shell else "")
         return f"the recorded command {how}; the checks judge its memory up to then"
 
     def lines(self, failing: bool = True) -> list[str]:

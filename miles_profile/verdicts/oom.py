@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from miles_profile import names
-from miles_profile.command_exit import stop_signal
+from miles_profile.command_exit import command_exit, stop_signal
 from miles_profile.report.series import process_label, series_arrays
 from miles_profile.sizes import format_size
 from miles_profile.verdicts.types import CheckResult, Finding
@@ -194,16 +194,6 @@ def finding_of(run, death: dict) -> Finding:
     # No `phase` on the finding: a death ends the whole run, and no --phase selection may hide it.
     return Finding("fail", message, span=(t - WINDOW_S, t), numbers=numbers, cause=death.get("cause"),
                    series=grew[0]["series"] if grew else None)
-
-
-def command_exit(run) -> int | None:
-    """The exit code of `record --exec`'s command (negative: its signal), or None: not recorded."""
-    for p in run.processes:
-        if p.get("role") == "exec_parent":
-            code = (p.get("annotations") or {}).get(names.COMMAND_EXIT)
-            if isinstance(code, int) and not isinstance(code, bool):
-                return code
-    return None
 
 
 def stopped_by(run) -> tuple[str, float] | None:
