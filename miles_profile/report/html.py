@@ -104,7 +104,8 @@ def build_run_report(run, *, thresholds: checks_mod.Thresholds | None = None, ch
 def _ledger_of(run, view) -> pd.DataFrame:
     """Every process's ledger, at each phase's end and peak; for a fleet, the GPUs of the lanes drawn, with every process on them."""
     from miles_profile.report.fleet_report import drawn_processes
-    from miles_profile.report.ledger import LEDGER_MAX_PROCESSES, fleet_ledger, ledger, sampled_iterations
+    from miles_profile.report.ledger import LEDGER_MAX_PROCESSES, fleet_ledger, ledger
+    from miles_profile.report.ledger_sampling import sampled_iterations
     chosen = sampled_iterations(run)  # a loop with a phase per step: some of its iterations
     if view is None or len(run.processes) <= LEDGER_MAX_PROCESSES:
         return ledger(run, peaks=True, iterations=chosen)

@@ -37,7 +37,6 @@ import pandas as pd
 
 from miles_profile import names
 from miles_profile.logdir.accounts import declared_at
-from miles_profile.report.peak import highest_peak
 from miles_profile.report.stats import _iterations
 
 ACTIVATIONS, ALLOCATOR_CACHE, NON_PYTORCH, OTHER_PROCESSES = (
@@ -54,11 +53,6 @@ HOST = names.ACCOUNT_HOST
 # Up to this many processes the report accounts for all of them; past it (a fleet), for the processes
 # of the GPUs it draws (its cost grows with their phase instances, 1.3 s at 32 processes).
 LEDGER_MAX_PROCESSES = 16
-
-# Past this many phase instances (a loop with a phase per step) the report and the dashboard account for
-# some iterations only (`sampled_iterations`): the ledger costs about 0.8 ms an instance, and its bar chart
-# draws a bar pair for each (a 10,000-step loop: 16 s of a 18 s report, 16 MB of HTML).
-LEDGER_MAX_INSTANCES = 400
 
 # `at`: "end" (the phase's closing row) or "peak" (the instant of its highest sample, `t`)
 COLUMNS = ["host", "pid", "id", "phase", "iteration", "depth", "t", "device", "label", "category", "source",
@@ -470,28 +464,7 @@ def _peak_rows(ctx: _Context, samples: dict[int, pd.DataFrame], host: str, pid: 
     return out
 
 
-def sampled_iterations(run, most: int = LEDGER_MAX_INSTANCES) -> frozenset[int] | None:
-    """The iterations a view's ledger covers: None (all of them) up to `most` phase instances; else the
-    setup (-1), the run's peak's, the first two and the last two, and iterations evenly spaced between,
-    about `most` phase instances in all."""
-    phases = run.phases
-    if len(phases) <= most:
-        return None
-    iterations = _phase_iterations(phases)[1]
-    counted = pd.Series(iterations).value_counts().sort_index()
-    judged = counted[counted.index >= 0]
-    peak = highest_peak(run)
-    chosen = {-1, *judged.index[:2], *judged.index[-2:]}
-    if peak is not None and peak.iteration is not None:
-        chosen.add(peak.iteration)
-    per_iteration = max(1.0, float(judged.median())) if len(judged) else 1.0
-    spaced = max(0, int(most / per_iteration) - len(chosen))
-    if spaced and len(judged):
-        chosen.update(judged.index[np.unique(np.linspace(0, len(judged) - 1, spaced).round().astype(int))])
-    return frozenset(int(i) for i in chosen)
-
-
-def _phase_iterations(phases: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+def phase_iterations(phases: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     """Each phase's host and iteration (a pid's iterations are its own: pids repeat across hosts)."""
     hosts = phases["host"].fillna("").astype(str).to_numpy() if "host" in phases else np.array([""] * len(phases))
     return hosts, _iterations(phases.assign(pid=[f"{h}:{p}" for h, p in zip(hosts, phases["pid"])]))
@@ -512,7 +485,7 @@ def ledger(run, processes: Iterable[tuple[str, int]] | None = None, *, peaks: bo
     sample inside the phase (allocated's true peak on a GPU, the RSS peak on the host), where a
     train phase's activations stand, though they are freed before its end.
 
-    `iterations`: only the phase instances of these iterations (`sampled_iterations`); None: all."""
+    `iterations`: only the phase instances of these iterations (ledger_sampling.py); None: all."""
     only = None if processes is None else frozenset((str(h), int(p)) for h, p in processes)
     cache = run.__dict__.setdefault("_report_cache", {})  # the report and the comparison both ask
     key = ("ledger", only, peaks, iterations)
@@ -546,7 +519,7 @@ def _ledger(run, only: frozenset[tuple[str, int]] | None = None, peaks: bool = F
     if phases.empty:
         return pd.DataFrame(columns=COLUMNS)
     ctx = _context(run, None if only is None else set(only))
-    hosts, iterations = _phase_iterations(phases)
+    hosts, iterations = phase_iterations(phases)
     all_iterations = iterations
     # the iterations above need every phase; the rows, only these processes' and iterations'
     keep = np.ones(len(phases), dtype=bool)
@@ -573,15 +546,6 @@ def _ledger(run, only: frozenset[tuple[str, int]] | None = None, peaks: bool = F
     if chosen is not None:  # what every view of it says: these iterations of how many
         frame.attrs["sampled"] = (len({i for i in chosen if i >= 0}), len({i for i in all_iterations if i >= 0}))
     return frame
-
-
-def sampled_text(frame: pd.DataFrame) -> str | None:
-    """"The ledger covers 101 of 10,000 iterations ...", or None where it covers all of them."""
-    if "sampled" not in frame.attrs:
-        return None
-    covered, total = frame.attrs["sampled"]
-    return (f"{covered:,} of {total:,} iterations shown (more than {LEDGER_MAX_INSTANCES} phase instances): "
-            "the peak's, the first and last two, and iterations evenly spaced between.")
 
 
 def ledger_records(frame: pd.DataFrame) -> list[dict]:

@@ -7,7 +7,8 @@ import html
 import pandas as pd
 
 from miles_profile.names import iteration_text
-from miles_profile.report.ledger import AT_END, AT_PEAK, OTHER_PROCESSES, add_up, sampled_text
+from miles_profile.report.ledger import AT_END, AT_PEAK, OTHER_PROCESSES, add_up
+from miles_profile.report.ledger_sampling import sampled_text
 from miles_profile.report.ledger_figures import category_text, ledger_area_figure, ledger_bar_figure, lane_name
 from miles_profile.report.series import GiB
 
