@@ -58,7 +58,7 @@ def check_transition_spikes(run, th: Thresholds) -> CheckResult:
                     "phase boundaries without a spike", "boundaries spiked")
 
 
-def a_gap(a, b) -> str:
+def _gap_text(a, b) -> str:
     gap = b.start - a.end
     return f"{gap * 1000:.0f} ms" if gap < 1 else f"{gap:.1f} s"
 
@@ -74,7 +74,7 @@ def _spike_finding(a, b, spike: float, neighbours: float, track, th: Thresholds)
                          where, numbers)
     spiked = spike > limit
     return Finding("fail" if spiked else "pass",
-                   f"{label}: peak {gib(spike)} in the {a_gap(a, b)} between them, neighbours {gib(neighbours)}"
+                   f"{label}: peak {gib(spike)} in the {_gap_text(a, b)} between them, neighbours {gib(neighbours)}"
                    + (": held outside any phase (two states during the hand-over, or untagged work: "
                       "wrap it in mp.phase() to judge it)" if spiked else ""),
                    numbers=numbers, cause="transition_spike" if spiked else None, series=track.label,

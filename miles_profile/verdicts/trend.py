@@ -16,7 +16,8 @@ The rule (docs/checks.md, "leak"):
 - fail (`sustained_growth`) only when the interval's lower bound times the iterations judged exceeds
   the allowed growth (the caller derives it from the series' resolution and the run's peak), and the
   growth goes on: a floor whose later half rises clearly slower than the whole run (its interval below
-  the run's slope, and at its upper rate within the allowed growth) levelled off: `growth_stopped`, a pass;
+  the run's slope, its lower bound over the run within the allowed growth) levelled off: `growth_stopped`,
+  a pass;
 - growth that is real (lower bound above zero), estimated below the series' resolution while the
   interval reaches it: too small to judge; an interval wholly below the resolution is flat (pass).
 
