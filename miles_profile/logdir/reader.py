@@ -284,7 +284,8 @@ def _mark_dead(processes: list[dict[str, Any]], warnings: list[str]) -> None:
             warnings.append(f"{len(dead)} process(es) ended without writing their end_time while the command "
                             f"exited 0 (fork workers ending with os._exit do): {who}{more}")
         elif stopped:  # SIGTERM, SIGINT: Python's default handling ends the process without writing anything
-            warnings.append(f"{len(dead)} process(es) ended without writing their end_time when the command was "
+            # (which of them it stopped is the oom check's to say: only those that ended with the command)
+            warnings.append(f"{len(dead)} process(es) ended without writing their end_time; the command was "
                             f"stopped by {stopped}: {who}{more}")
         else:
             warnings.append(f"{len(dead)} process(es) died before the run ended (no end_time): {who}{more}")
