@@ -29,10 +29,10 @@ GPUS = 8
 
 
 def measure(processes: int, minutes: float) -> dict:
-    from miles_profile.report import fleet
+    from miles_profile.runmodel import fleet
     from miles_profile.verdicts.fleet_checks import run_fleet_checks
     from miles_profile.report.fleet_figures import fleet_heatmap
-    from miles_profile.report.fleet_synthetic import GiB, MiB, iterations_for, synthetic_table
+    from miles_profile.runmodel.fleet_synthetic import GiB, MiB, iterations_for, synthetic_table
 
     hosts = processes // (2 * GPUS)
     iterations = iterations_for(minutes)

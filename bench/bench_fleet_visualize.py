@@ -59,7 +59,7 @@ def _levels(rows, t: np.ndarray, ctx: float) -> np.ndarray:
 
 
 def write_run(root: Path, processes: int, minutes: float) -> Path:
-    from miles_profile.report.fleet_synthetic import CTX, GPU_TOTAL, ITERATION_S, MiB, OUTSIDE, T_START, GiB, \
+    from miles_profile.runmodel.fleet_synthetic import CTX, GPU_TOTAL, ITERATION_S, MiB, OUTSIDE, T_START, GiB, \
         synthetic_table
     hosts = processes // (2 * GPUS)
     table = synthetic_table(hosts, GPUS, ITERATIONS, hot_rank=(3, 3 * GiB), creep_rank=(5, 40 * MiB))

@@ -84,7 +84,7 @@ import json, sys, time
 started = time.perf_counter()
 from miles_profile.logdir.reader import load_run
 from miles_profile.logdir.sample_summaries import summaries_from_samples
-from miles_profile.report.phase_table import phase_table
+from miles_profile.runmodel.phase_table import phase_table
 imported = time.perf_counter()
 cpu = time.process_time()
 mode, path = sys.argv[1], sys.argv[2]

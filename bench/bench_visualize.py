@@ -44,8 +44,8 @@ def verify_peaks(log: Path) -> tuple[int, int, int]:
     """(points drawn, phases x series checked, mismatches): every phase peak and the global peak exact."""
     from miles_profile.logdir.reader import load_run
     from miles_profile.report.figures import run_start, timeline_figure
-    from miles_profile.report.reduce import phase_ranges
-    from miles_profile.report.series import GiB, series_arrays, timeline_series
+    from miles_profile.runmodel.reduce import phase_ranges
+    from miles_profile.runmodel.series import GiB, series_arrays, timeline_series
 
     run = load_run(log)
     figure = timeline_figure(run)

@@ -28,7 +28,7 @@ import pyarrow.csv as pacsv
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from miles_profile.report import fleet_synthetic as fs  # noqa: E402
+from miles_profile.runmodel import fleet_synthetic as fs  # noqa: E402
 
 HOST_INTERVAL_S = 0.1
 RSS = 3 * fs.GiB

@@ -38,8 +38,8 @@ for k in range({n}):
 
 def floors_of(path: Path) -> np.ndarray:
     from miles_profile.logdir.reader import load_run
-    from miles_profile.report.series import main_pid, series_arrays
-    from miles_profile.report.stats import phase_instances
+    from miles_profile.runmodel.series import main_pid, series_arrays
+    from miles_profile.runmodel.stats import phase_instances
     run = load_run(path)
     pid = main_pid(run)
     inst = phase_instances(run)

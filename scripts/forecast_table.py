@@ -17,7 +17,7 @@ import sys
 import pandas as pd
 
 import miles_profile as mp
-from miles_profile.report.forecast import compare, stored_plan, worst
+from miles_profile.runmodel.forecast import compare, stored_plan, worst
 from trainer.plan_cli import plan_for_run
 
 GiB = 1024**3

@@ -15,10 +15,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from miles_profile.logdir.reader import load_run  # noqa: E402
-from miles_profile.report.series import GiB  # noqa: E402
-from miles_profile.report.transitions import GB, transitions  # noqa: E402
+from miles_profile.runmodel.series import GiB  # noqa: E402
+from miles_profile.runmodel.transitions import GB, transitions  # noqa: E402
 from miles_profile.report.transitions_html import LINK_TEXT, METER_COLUMNS, meter_rows  # noqa: E402
-from miles_profile.report.whatif import whatif  # noqa: E402
+from miles_profile.runmodel.whatif import whatif  # noqa: E402
 from miles_profile.report.whatif_html import WHATIF_COLUMNS, whatif_rows  # noqa: E402
 
 # (configuration that offloads, offloads undone, configuration that kept them): tests/unit/test_whatif.py's

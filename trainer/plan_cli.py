@@ -58,7 +58,7 @@ def plan_for_run(run, cpu_count: int | None = None) -> tuple[dict[str, int], dic
     (its own command line under torchrun, else record's after `--`), on cuda when the run saw a GPU,
     with the rollout memory backend and engine its meta announced. None without a trainer process.
     `cpu_count`: the recording machine's cores, which logs do not hold (default: this machine's)."""
-    from miles_profile.report.forecast import plan_pids
+    from miles_profile.runmodel.forecast import plan_pids
     trainer = next((p for p in run.processes if p.get("role") in ("in_process", "actor")), None)
     if trainer is None:
         return None

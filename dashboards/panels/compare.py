@@ -19,7 +19,7 @@ from dashboards.panels.phases import TABLE_STYLE
 from dashboards.panels.refresh import SUMMARY_EVERY_S, due
 from dashboards.runs import list_runs
 from miles_profile.report.compare import comparison_figure, peak_matrix
-from miles_profile.report.series import GiB
+from miles_profile.runmodel.series import GiB
 
 MAX_RUNS = 6
 MAX_POINTS = 30_000

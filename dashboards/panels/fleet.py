@@ -20,13 +20,14 @@ from dashboards.messages import describe, message
 from dashboards.panels.refresh import due
 from miles_profile.errors import MilesProfileError
 from miles_profile.names import instance_label
-from miles_profile.report import fleet, fleet_figures
+from miles_profile.report import fleet_figures
+from miles_profile.runmodel import fleet
 from miles_profile.report.figures import run_start
-from miles_profile.report.phase_table import phase_table
-from miles_profile.report.process_view import (
+from miles_profile.runmodel.phase_table import phase_table
+from miles_profile.runmodel.process_view import (
     is_fleet,  # the report's rule: both views open on the same view
 )
-from miles_profile.report.reduce import reduce_series
+from miles_profile.runmodel.reduce import reduce_series
 
 ONE_LANE_EACH = 8  # up to this many lanes each gets its timeline; beyond, `worst:8` unless the user picks
 MAX_COLUMNS = 600

@@ -10,11 +10,11 @@ from dashboards.messages import describe, message
 from dashboards.panels.refresh import due
 from miles_profile.report.figures import run_start, time_range
 from dashboards.panels.fleet import compute as fleet_compute
-from miles_profile.report.ledger import LEDGER_MAX_PROCESSES, fleet_ledger, ledger
-from miles_profile.report.ledger_sampling import sampled_iterations, sampled_text
+from miles_profile.runmodel.ledger import LEDGER_MAX_PROCESSES, fleet_ledger, ledger
+from miles_profile.runmodel.ledger_sampling import sampled_iterations, sampled_text
 from miles_profile.report.ledger_figures import ledger_area_figure, ledger_bar_figure
 from miles_profile.report.ledger_html import add_up_text, peak_text, unsplit_reason
-from miles_profile.report.process_view import is_fleet
+from miles_profile.runmodel.process_view import is_fleet
 
 _EMPTY = {"data": [], "layout": {}}
 _HIDDEN, _SHOWN = {"display": "none"}, {}

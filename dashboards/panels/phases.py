@@ -8,8 +8,8 @@ from dash.exceptions import PreventUpdate
 from dashboards.messages import describe, message
 from dashboards.panels.refresh import due
 from miles_profile.verdicts.selection import selection_for
-from miles_profile.report.series import GiB
-from miles_profile.report.stats import phase_table, stat_metrics
+from miles_profile.runmodel.series import GiB
+from miles_profile.runmodel.stats import phase_table, stat_metrics
 
 _FONT = "system-ui, -apple-system, Segoe UI, Roboto, sans-serif"
 TABLE_STYLE = dict(

@@ -7,7 +7,7 @@ from dash import dash_table, dcc, html
 
 from dashboards.panels.phases import TABLE_STYLE
 from dashboards.panels.refresh import register_whole_run_panel
-from miles_profile.report.stacks import stacks_of
+from miles_profile.runmodel.stacks import stacks_of
 from miles_profile.report.stacks_html import SITE_COLUMNS, device_text, heading_text, site_rows, status_text
 
 

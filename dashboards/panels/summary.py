@@ -11,8 +11,8 @@ from dashboards.panels.checks import focus_of_click
 from dashboards.panels.refresh import due
 from dashboards.verdicts import verdict_of
 from miles_profile.report.figures import run_start
-from miles_profile.report.peak import iteration_text
-from miles_profile.report.series import GiB
+from miles_profile.runmodel.peak import iteration_text
+from miles_profile.runmodel.series import GiB
 from miles_profile.report.summary import Summary, summarize
 
 _CLASS = {"pass": "badge-pass", "fail": "badge-fail", "too small to judge": "badge-small"}

@@ -8,10 +8,10 @@ from dash import dash_table, dcc, html
 from dashboards.messages import message
 from dashboards.panels.phases import TABLE_STYLE
 from dashboards.panels.refresh import register_whole_run_panel
-from miles_profile.report.ledger import LEDGER_MAX_PROCESSES, ledger
-from miles_profile.report.transitions import transitions
+from miles_profile.runmodel.ledger import LEDGER_MAX_PROCESSES, ledger
+from miles_profile.runmodel.transitions import transitions
 from miles_profile.report.transitions_html import METER_COLUMNS, ceilings_text, meter_rows, share_text
-from miles_profile.report.whatif import whatif
+from miles_profile.runmodel.whatif import whatif
 from miles_profile.report.whatif_html import WHATIF_COLUMNS, basis_text, whatif_rows
 
 

@@ -26,9 +26,9 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from miles_profile.report.phase_style import iteration_text, loop_sorted
-from miles_profile.report.reduce import phase_ranges
-from miles_profile.report.series import GiB, device_track, host_track, main_pid
-from miles_profile.report.stats import phase_instances, range_stats
+from miles_profile.runmodel.reduce import phase_ranges
+from miles_profile.runmodel.series import GiB, device_track, host_track, main_pid
+from miles_profile.runmodel.stats import phase_instances, range_stats
 
 
 def iteration_label(iteration) -> str:
@@ -120,7 +120,7 @@ def comparison_figure(runs, *, max_points: int = 100_000) -> go.Figure:
     """Stacked bars per (phase, configuration): the ledger (report/ledger.py) of each run's main
     process at the end of each phase's worst iteration, GPU then host. Built from the phase
     summaries and account events (per phase, not per sample): `max_points` is unused, kept for callers."""
-    from miles_profile.report.ledger import ledger
+    from miles_profile.runmodel.ledger import ledger
     from miles_profile.report.ledger_figures import ledger_comparison_figure
     frames = [ledger(run) for run in runs]
     return ledger_comparison_figure(frames, _run_names(runs), [main_pid(run) for run in runs], _phase_order(runs))

@@ -35,11 +35,11 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from miles_profile.report import timeline_marks as marks
+from miles_profile.runmodel import timeline_marks as marks
 from miles_profile.report.phase_style import PHASE_COLORS, iteration_text, loop_sorted, phase_color, text_color  # noqa: F401
-from miles_profile.report.reduce import phase_ranges, reduce_series, thin_bars
-from miles_profile.report.series import SPARSE_SUFFIXES
-from miles_profile.report.series import GiB, Series, main_pid, series_arrays, timeline_series
+from miles_profile.runmodel.reduce import phase_ranges, reduce_series, thin_bars
+from miles_profile.runmodel.series import SPARSE_SUFFIXES
+from miles_profile.runmodel.series import GiB, Series, main_pid, series_arrays, timeline_series
 
 _LINE = {  # kind -> (color, dash, width)
     "used": ("#1f1f1f", "solid", 1.5), "proc": ("#7f7f7f", "dot", 1.2), "reserved": ("#2ca02c", "solid", 1.2),

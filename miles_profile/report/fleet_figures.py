@@ -27,10 +27,10 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from miles_profile.report import fleet
+from miles_profile.runmodel import fleet
 from miles_profile.report.phase_style import loop_sorted, phase_color
-from miles_profile.report.series import GiB
-from miles_profile.report.timeline_marks import fitted_range
+from miles_profile.runmodel.series import GiB
+from miles_profile.runmodel.timeline_marks import fitted_range
 
 SHADED_PHASES_MAX = 400  # bands drawn up to this many phases in view (as in the timeline)
 

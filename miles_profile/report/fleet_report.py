@@ -24,15 +24,16 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from miles_profile.names import instance_label
-from miles_profile.report import fleet, fleet_figures
-from miles_profile.report.phase_table import phase_table
-from miles_profile.report.process_view import (  # noqa: F401 - re-exported
+from miles_profile.report import fleet_figures
+from miles_profile.runmodel import fleet
+from miles_profile.runmodel.phase_table import phase_table
+from miles_profile.runmodel.process_view import (  # noqa: F401 - re-exported
     is_fleet,
     judged_processes,
     phase_processes,
 )
-from miles_profile.report.reduce import reduce_series
-from miles_profile.report.series import series_arrays
+from miles_profile.runmodel.reduce import reduce_series
+from miles_profile.runmodel.series import series_arrays
 
 FULL_READ_MAX_PROCESSES = 64
 DEFAULT_LANES = "worst:8"

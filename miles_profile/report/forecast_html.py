@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import html
 
-from miles_profile.report.forecast import TOLERANCE, compare, outside, stored_plan
-from miles_profile.report.series import GiB
+from miles_profile.runmodel.forecast import TOLERANCE, compare, outside, stored_plan
+from miles_profile.runmodel.series import GiB
 
 
 def _where(row: dict) -> str:

@@ -31,12 +31,12 @@ from miles_profile.verdicts.types import TOO_SMALL
 from miles_profile.report.figures import run_start, timeline_figure
 from miles_profile.report.run_fold import FOLD_SCRIPT, fold_close, fold_open
 from miles_profile.report.forecast_html import forecast_html
-from miles_profile.report.series import GiB
+from miles_profile.runmodel.series import GiB
 from miles_profile.report.summary import Summary, summarize
 from miles_profile.report.summary_html import SUMMARY_CSS, SUMMARY_SCRIPT, summary_html
 from miles_profile.report.transitions_html import SECTION_CSS as MOVING_CSS, transitions_html
 from miles_profile.report.stacks_html import stacks_html
-from miles_profile.report.stats import phase_instances, phase_table, stat_metrics
+from miles_profile.runmodel.stats import phase_instances, phase_table, stat_metrics
 
 TABLE_ROW_LIMIT = 200
 _CONFIG = {"displaylogo": False, "responsive": True, "scrollZoom": False}
@@ -104,8 +104,8 @@ def build_run_report(run, *, thresholds: checks_mod.Thresholds | None = None, ch
 def _ledger_of(run, view) -> pd.DataFrame:
     """Every process's ledger, at each phase's end and peak; for a fleet, the GPUs of the lanes drawn, with every process on them."""
     from miles_profile.report.fleet_report import drawn_processes
-    from miles_profile.report.ledger import LEDGER_MAX_PROCESSES, fleet_ledger, ledger
-    from miles_profile.report.ledger_sampling import sampled_iterations
+    from miles_profile.runmodel.ledger import LEDGER_MAX_PROCESSES, fleet_ledger, ledger
+    from miles_profile.runmodel.ledger_sampling import sampled_iterations
     chosen = sampled_iterations(run)  # a loop with a phase per step: some of its iterations
     if view is None or len(run.processes) <= LEDGER_MAX_PROCESSES:
         return ledger(run, peaks=True, iterations=chosen)

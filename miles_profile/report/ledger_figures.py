@@ -18,9 +18,9 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from miles_profile import names
-from miles_profile.report import ledger as L
+from miles_profile.runmodel import ledger as L
 from miles_profile.report.phase_style import iteration_text
-from miles_profile.report.series import GiB
+from miles_profile.runmodel.series import GiB
 
 # Declared first (bottom of the stack), then what is derived from the measured series.
 CATEGORY_COLORS = {

@@ -7,10 +7,10 @@ import html
 import pandas as pd
 
 from miles_profile.names import iteration_text
-from miles_profile.report.ledger import AT_END, AT_PEAK, OTHER_PROCESSES, add_up
-from miles_profile.report.ledger_sampling import sampled_text
+from miles_profile.runmodel.ledger import AT_END, AT_PEAK, OTHER_PROCESSES, add_up
+from miles_profile.runmodel.ledger_sampling import sampled_text
 from miles_profile.report.ledger_figures import category_text, ledger_area_figure, ledger_bar_figure, lane_name
-from miles_profile.report.series import GiB
+from miles_profile.runmodel.series import GiB
 
 _CONFIG = {"displaylogo": False, "responsive": True, "scrollZoom": False}
 

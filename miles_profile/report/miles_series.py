@@ -14,7 +14,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from miles_profile.report.reduce import reduce_series
+from miles_profile.runmodel.reduce import reduce_series
 
 LINES_MAX = 16  # past this many GPUs or engines a lane draws their median and range, not one line each
 POINTS = 1_500  # per line, extremes kept (reduce_series)

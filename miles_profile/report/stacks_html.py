@@ -10,7 +10,7 @@ from __future__ import annotations
 import html
 
 from miles_profile import names
-from miles_profile.report.stacks import DevicePeak, StackSnapshot, how_to_open, stacks_of
+from miles_profile.runmodel.stacks import DevicePeak, StackSnapshot, how_to_open, stacks_of
 
 MiB = 1024 ** 2
 GiB = 1024 ** 3

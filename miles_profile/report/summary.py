@@ -14,8 +14,8 @@ import numpy as np
 
 from miles_profile import names
 from miles_profile.command_exit import command_exit, signal_name, stop_signal
-from miles_profile.report.peak import Peak, highest_peak, iteration_text
-from miles_profile.report.series import GiB
+from miles_profile.runmodel.peak import Peak, highest_peak, iteration_text
+from miles_profile.runmodel.series import GiB
 from miles_profile.verdicts.types import TOO_SMALL, CheckResult, Finding
 
 OFFLOAD_CHECK = "offload_drop"

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import html
 
-from miles_profile.report.peak import iteration_text
-from miles_profile.report.series import GiB
+from miles_profile.runmodel.peak import iteration_text
+from miles_profile.runmodel.series import GiB
 from miles_profile.report.summary import Summary
 
 _BADGE = {"pass": "pass", "fail": "fail", "n/a": "na", "too small to judge": "small"}

@@ -13,8 +13,8 @@ import html
 import pandas as pd
 
 from miles_profile.report.phase_style import phase_color
-from miles_profile.report.series import GiB
-from miles_profile.report.transitions import GB, NO_COPY, Transitions, meter_of
+from miles_profile.runmodel.series import GiB
+from miles_profile.runmodel.transitions import GB, NO_COPY, Transitions, meter_of
 
 NOT_MEASURED = "ceiling not measured"
 LINK_TEXT = {"pinned_d2h": "pinned, device→host", "pinned_h2d": "pinned, host→device",

@@ -10,8 +10,8 @@ import html
 
 import pandas as pd
 
-from miles_profile.report.series import GiB
-from miles_profile.report.whatif import ALL, DOES_NOT_FIT, FITS, NO_HEADROOM, WhatIf, whatif_of
+from miles_profile.runmodel.series import GiB
+from miles_profile.runmodel.whatif import ALL, DOES_NOT_FIT, FITS, NO_HEADROOM, WhatIf, whatif_of
 
 _CLASS = {FITS: "pass-text", NO_HEADROOM: "small-text", DOES_NOT_FIT: "fail-text"}
 

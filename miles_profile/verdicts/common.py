@@ -7,8 +7,8 @@ import re
 import numpy as np
 
 from miles_profile import names
-from miles_profile.report.series import DRIVER_KINDS, Track, device_track, host_track
-from miles_profile.report.stats import phase_instances
+from miles_profile.runmodel.series import DRIVER_KINDS, Track, device_track, host_track
+from miles_profile.runmodel.stats import phase_instances
 from miles_profile.verdicts.resolution import resolution_of
 from miles_profile.verdicts.types import TOO_SMALL, CheckResult, Finding
 

@@ -113,7 +113,7 @@ def resolve_selection(run, selection: str | PhaseSelection | None) -> PhaseSelec
 
 
 def _checks(run, thresholds, fleet_thresholds, fleet) -> list[CheckResult]:
-    from miles_profile.report.process_view import is_fleet
+    from miles_profile.runmodel.process_view import is_fleet
     from miles_profile.verdicts.checks import run_checks
     from miles_profile.verdicts.oom import check_oom  # a killed process: the run's, judged once
     if not is_fleet(run):
@@ -129,8 +129,8 @@ def _checks(run, thresholds, fleet_thresholds, fleet) -> list[CheckResult]:
 
 
 def _fleet_tables(run):
-    from miles_profile.report import fleet
-    from miles_profile.report.phase_table import phase_table
+    from miles_profile.runmodel import fleet
+    from miles_profile.runmodel.phase_table import phase_table
     table = fleet.normalize(phase_table(run))
     return table, (fleet.gpu_matrix(table) if len(table) else None)
 

@@ -20,7 +20,7 @@ import pandas as pd
 
 from miles_profile import names
 from miles_profile.names import instance_label
-from miles_profile.report import fleet, floor_trend
+from miles_profile.runmodel import fleet, floor_trend
 from miles_profile.verdicts.common import size
 from miles_profile.verdicts.resolution import resolution_of
 from miles_profile.verdicts.trend import judge_floors, slopes_of, step_cause_of

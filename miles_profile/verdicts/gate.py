@@ -159,8 +159,8 @@ class RegressionResult:
 def phase_measures(run, by_iteration: bool = False) -> pd.DataFrame:
     """One row per (phase[, iteration], subject, memory): its highest peak and highest floor (bytes,
     float). Keys: `exact_key` (host, UUID, role, rank) and `rank_key` (role, rank)."""
-    from miles_profile.report import fleet
-    from miles_profile.report.phase_table import phase_table
+    from miles_profile.runmodel import fleet
+    from miles_profile.runmodel.phase_table import phase_table
     raw = phase_table(run)
     if raw.empty:
         return pd.DataFrame(columns=MEASURE_COLUMNS)

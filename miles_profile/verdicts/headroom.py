@@ -50,7 +50,7 @@ _KIND_TEXT = {"used": "NVML used", "alloc_peak": "allocated, true peak", "reserv
 
 
 def _gpu_findings(run, th: Thresholds) -> list[Finding]:
-    from miles_profile.report.series import pids_with, series_arrays
+    from miles_profile.runmodel.series import pids_with, series_arrays
     findings = []
     # an engine server's samples in an actor's view (fleet_report) are its engine's to judge, not its own
     peers = {p.get("pid") for p in run.processes if p.get("view_peer")}
@@ -87,7 +87,7 @@ def _host_findings(run, th: Thresholds) -> list[Finding]:
                                               f"cgroup usage of {host} (host sampler)", resolution_of("cgroup_usage")))
     if findings:
         return findings
-    from miles_profile.report.series import pids_with, series_arrays
+    from miles_profile.runmodel.series import pids_with, series_arrays
     total = _host_total(run)
     column = "rss_peak" if pids_with(run, "rss_peak") else "rss"
     peaks = [nanmax(series_arrays(run, p, column)[1]) for p in pids_with(run, column)]

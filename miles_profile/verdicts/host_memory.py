@@ -5,7 +5,7 @@ import numpy as np
 
 from miles_profile import names
 from miles_profile.names import instance_label
-from miles_profile.report.stats import phase_instances
+from miles_profile.runmodel.stats import phase_instances
 from miles_profile.verdicts.common import (
     Tracks,
     nanmax,

@@ -15,8 +15,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from miles_profile.report.series import Track, main_pid
-from miles_profile.report.stats import phase_instances
+from miles_profile.runmodel.series import Track, main_pid
+from miles_profile.runmodel.stats import phase_instances
 from miles_profile.verdicts.common import (
     Tracks, nanmax, nanmin, not_applicable, unfinished_iterations, verdict, window)
 from miles_profile.verdicts.resolution import resolution_of

@@ -15,8 +15,8 @@ import numpy as np
 
 from miles_profile import names
 from miles_profile.names import instance_label
-from miles_profile.report.engine_server import engine_of, holder_track, moves_rollout
-from miles_profile.report.stats import phase_instances
+from miles_profile.runmodel.engine_server import engine_of, holder_track, moves_rollout
+from miles_profile.runmodel.stats import phase_instances
 from miles_profile.verdicts.common import (
     nanmin,
     not_applicable,

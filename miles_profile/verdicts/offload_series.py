@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from miles_profile.report.series import Track, pids, pids_with, process_label, series_arrays
+from miles_profile.runmodel.series import Track, pids, pids_with, process_label, series_arrays
 from miles_profile.verdicts.resolution import resolution_of
 
 ALLOCATED, DRIVER, LEVEL = "allocated", "driver", "level"

@@ -14,7 +14,7 @@ from dataclasses import replace
 import numpy as np
 import pandas as pd
 
-from miles_profile.report.process_view import (
+from miles_profile.runmodel.process_view import (
     judged_processes,
     phase_processes,
     process_view,

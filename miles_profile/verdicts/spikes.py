@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from miles_profile.names import iteration_tag
-from miles_profile.report.stats import phase_instances
+from miles_profile.runmodel.stats import phase_instances
 from miles_profile.verdicts.common import (
     Tracks,
     nanmax,

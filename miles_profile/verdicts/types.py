@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from miles_profile.report.series import GiB
+from miles_profile.runmodel.series import GiB
 
 Status = Literal["pass", "fail", "n/a", "too small to judge"]
 # A comparison whose quantity (an expected size, a margin, a growth) lies below what its series can

@@ -18,7 +18,7 @@ import miles_profile as mp
 from miles_profile import visualize
 from miles_profile.verdicts.engine import judge
 from miles_profile.verdicts.per_process import per_process_checks
-from miles_profile.report.phase_table import phase_table
+from miles_profile.runmodel.phase_table import phase_table
 from tests.conftest import REPO, python_env
 
 LOG = REPO / "sample_logs" / "h200" / "9-dist-engine-server"
@@ -203,6 +203,6 @@ def test_the_real_run_has_no_offload_shortfall_outlier():
     # Every offload of the H200 run freed what it declared (offload_drop passes). The outliers once
     # ranked three offload_train phases of the actor as 8.26 GiB short: their NVML per-process bytes
     # come every 100 ms from the host sampler and were stale across a 0.3 s release the allocator saw.
-    from miles_profile.report import fleet
+    from miles_profile.runmodel import fleet
     shortfall = fleet.rank_outliers(phase_table(mp.load(LOG))).shortfall
     assert shortfall.empty, shortfall[["label", "pid", "role", "phase", "value"]]

@@ -18,7 +18,7 @@ from miles_profile import visualize
 from miles_profile.report import fleet_report
 from miles_profile.report.build import load_inputs
 from miles_profile.report.html import build_run_report
-from miles_profile.report.phase_table import phase_table, window_stats
+from miles_profile.runmodel.phase_table import phase_table, window_stats
 
 pytestmark = pytest.mark.slow
 
@@ -165,7 +165,7 @@ def test_a_fleet_gets_the_ledger_of_the_gpus_it_draws(tmp_path):
     """Past 16 processes the report accounts for the processes of the lanes drawn, not the fleet: one
     ledger lane per drawn GPU, each with both of its processes, adding up to NVML used."""
     from bench.bench_fleet_visualize import write_run
-    from miles_profile.report.ledger import add_up
+    from miles_profile.runmodel.ledger import add_up
     run = mp.load(write_run(tmp_path, 32, minutes=2.0))
     report = build_run_report(run, lanes="rank:0-2")
     frame, view = report.ledger, report.fleet

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 import miles_profile as mp
-from miles_profile.report.forecast import compare, stored_plan
+from miles_profile.runmodel.forecast import compare, stored_plan
 from tests.conftest import REPO, python_env
 
 GiB = 1024**3

@@ -71,8 +71,8 @@ def test_no_offload_shortfall_outlier_where_every_offload_freed_what_it_declared
     100 ms miss a release shorter than that and can predate the end of a longer one; the process's own
     reads at its phase boundaries close the gap (before: 'largest offload shortfall 11.652 GiB short of
     12.035 GiB' for each offload_kv, and 8.9 GiB for an offload_train, on runs whose offloads all passed)."""
-    from miles_profile.report.fleet import rank_outliers
-    from miles_profile.report.phase_table import phase_table
+    from miles_profile.runmodel.fleet import rank_outliers
+    from miles_profile.runmodel.phase_table import phase_table
     for log in (ENGINE_SERVER, REPO / "sample_logs" / "h200-tms-dist" / "9-dist-engine-server"):
         table = phase_table(mp.load(log))
         shortfall = rank_outliers(table).shortfall

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import miles_profile as mp
-from miles_profile.report.ledger import AT_END, AT_PEAK, add_up, ledger
+from miles_profile.runmodel.ledger import AT_END, AT_PEAK, add_up, ledger
 from miles_profile.report.ledger_html import peak_rise
 
 MiB = 1024 ** 2

@@ -10,7 +10,7 @@ import torch
 
 import miles_profile as mp
 from miles_profile import recorder
-from miles_profile.report.ledger import add_up, ledger
+from miles_profile.runmodel.ledger import add_up, ledger
 from tests.conftest import REPO
 
 MiB = 1024 ** 2

@@ -6,7 +6,7 @@ import pytest
 
 from dashboards.serve import dashboard_process
 from miles_profile.logdir.reader import load_run
-from miles_profile.report.stacks import MEMORY_VIZ_URL, stacks_of
+from miles_profile.runmodel.stacks import MEMORY_VIZ_URL, stacks_of
 from miles_profile.report.stacks_html import SITE_COLUMNS, site_rows
 from miles_profile.visualize import main
 from test_stacks_record import record_run_with_snapshot

@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from miles_profile import Recorder, phase  # noqa: E402
 from miles_profile.logdir.reader import load_run  # noqa: E402
-from miles_profile.report.stacks import stacks_of  # noqa: E402
+from miles_profile.runmodel.stacks import stacks_of  # noqa: E402
 
 try:
     import pytest

@@ -14,7 +14,7 @@ import torch
 
 from miles_profile import Recorder, phase
 from miles_profile.logdir.reader import load_run
-from miles_profile.report.stacks import MEMORY_VIZ_URL, stacks_of
+from miles_profile.runmodel.stacks import MEMORY_VIZ_URL, stacks_of
 from miles_profile.stacks import NO_CUDA_NOTICE
 from tests.conftest import REPO, python_env
 

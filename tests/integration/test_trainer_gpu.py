@@ -19,7 +19,7 @@ import torch
 import miles_profile as mp
 from miles_profile.names import TORCH_MEMORY_SAVER
 from miles_profile.verdicts.checks import Thresholds, check_offload_drop
-from miles_profile.report.ledger import add_up, ledger
+from miles_profile.runmodel.ledger import add_up, ledger
 from trainer import memory_backend, train
 from trainer.actor import Actor, Batch
 from trainer.config import PRESETS, ModelConfig, model_config

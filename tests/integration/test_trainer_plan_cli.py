@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 import miles_profile as mp
-from miles_profile.report.forecast import compare, stored_plan
+from miles_profile.runmodel.forecast import compare, stored_plan
 from tests.conftest import REPO, python_env
 from trainer.plan_cli import plan_for_run
 

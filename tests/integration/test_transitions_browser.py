@@ -10,9 +10,9 @@ import pytest
 
 from dashboards.serve import dashboard_process
 from miles_profile.logdir.reader import load_run
-from miles_profile.report.transitions import transitions
+from miles_profile.runmodel.transitions import transitions
 from miles_profile.report.transitions_html import METER_COLUMNS, meter_rows
-from miles_profile.report.whatif import whatif
+from miles_profile.runmodel.whatif import whatif
 from miles_profile.visualize import main
 from tests.conftest import REPO
 from test_visualize_browser import _open_offline

@@ -8,8 +8,8 @@ import sys
 import textwrap
 
 from miles_profile.logdir.reader import load_run
-from miles_profile.report.transitions import transitions
-from miles_profile.report.whatif import FITS, whatif
+from miles_profile.runmodel.transitions import transitions
+from miles_profile.runmodel.whatif import FITS, whatif
 from tests.conftest import REPO, python_env
 
 MiB = 1024 ** 2

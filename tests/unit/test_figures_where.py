@@ -11,7 +11,7 @@ import pytest
 from miles_profile.report import figures
 from miles_profile.report.compare import peak_matrix
 from miles_profile.report.fleet_figures import gpu_process_stack
-from miles_profile.report.ledger import ledger
+from miles_profile.runmodel.ledger import ledger
 from miles_profile.report.ledger_figures import COMPARISON_CATEGORIES_MAX, ledger_area_figure, merge_rare_categories
 from miles_profile.report.ledger_html import alignment
 from miles_profile.report.phase_style import LOOP_ORDER, PHASE_FAMILIES, hls, phase_color, phase_family

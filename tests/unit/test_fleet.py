@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from miles_profile.errors import MilesProfileError
-from miles_profile.report import fleet
+from miles_profile.runmodel import fleet
 
 GiB = 1024 ** 3
 MiB = 1024 ** 2

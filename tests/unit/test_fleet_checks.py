@@ -9,7 +9,7 @@ from miles_profile.verdicts.fleet_checks import (
     FleetThresholds, check_floor_trend_leak, check_rank_imbalance, check_serialized_peaks_per_gpu,
     run_fleet_checks,
 )
-from miles_profile.report.fleet_synthetic import synthetic_table
+from miles_profile.runmodel.fleet_synthetic import synthetic_table
 from test_fleet import GiB, MiB, peers, row, table
 
 TH = FleetThresholds()

@@ -6,11 +6,11 @@ import json
 import numpy as np
 import pandas as pd
 
-from miles_profile.report import fleet
+from miles_profile.runmodel import fleet
 from miles_profile.report.fleet_figures import (
     ROW_LABELS_MAX, fleet_heatmap, gpu_process_stack, outliers_table,
 )
-from miles_profile.report.fleet_synthetic import synthetic_table
+from miles_profile.runmodel.fleet_synthetic import synthetic_table
 from test_fleet import GiB, row, table
 
 

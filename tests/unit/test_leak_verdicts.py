@@ -13,8 +13,8 @@ from test_fleet import row, table
 from test_report_fakes import GiB, MiB, make_run
 
 from miles_profile.logdir.reader import load_run
-from miles_profile.report import fleet
-from miles_profile.report.phase_table import phase_table
+from miles_profile.runmodel import fleet
+from miles_profile.runmodel.phase_table import phase_table
 from miles_profile.verdicts.checks import Thresholds, check_leak
 from miles_profile.verdicts.fleet_checks import FleetThresholds, check_floor_trend_leak
 from miles_profile.verdicts.trend import judge_floors, theil_sen

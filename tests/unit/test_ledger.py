@@ -7,8 +7,8 @@ import json
 import numpy as np
 import pandas as pd
 
-from miles_profile.report.ledger import add_up, ledger
-from miles_profile.report.ledger_sampling import LEDGER_MAX_INSTANCES, sampled_iterations, sampled_text
+from miles_profile.runmodel.ledger import add_up, ledger
+from miles_profile.runmodel.ledger_sampling import LEDGER_MAX_INSTANCES, sampled_iterations, sampled_text
 from miles_profile.report.ledger_figures import ledger_area_figure, ledger_bar_figure, ledger_comparison_figure
 from test_report_fakes import GiB, MiB, PID, make_run
 

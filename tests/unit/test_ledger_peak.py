@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from miles_profile.report.ledger import AT_END, AT_PEAK, add_up, ledger
+from miles_profile.runmodel.ledger import AT_END, AT_PEAK, add_up, ledger
 from miles_profile.report.ledger_figures import ledger_area_figure, ledger_bar_figure
 from test_ledger import T, UUID, _gpu_run
 from test_report_fakes import GiB

@@ -79,11 +79,11 @@ def test_past_the_line_limit_a_lane_draws_the_median_and_range(run):
 
 def test_an_empty_view_says_why(dump, tmp_path):
     from dashboards.panels.fleet import empty_reason
-    from miles_profile.report.fleet import gpu_matrix, normalize
+    from miles_profile.runmodel.fleet import gpu_matrix, normalize
     from miles_profile.report.fleet_figures import fleet_heatmap
-    from miles_profile.report.ledger import ledger
+    from miles_profile.runmodel.ledger import ledger
     from miles_profile.report.ledger_html import ledger_html
-    from miles_profile.report.phase_table import phase_table
+    from miles_profile.runmodel.phase_table import phase_table
     bare = tmp_path / "bare" / "dashboard"
     shutil.copytree(dump, bare)
     shutil.rmtree(bare / "phases")

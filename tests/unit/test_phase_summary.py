@@ -16,7 +16,7 @@ from miles_profile.logdir.layout import new_run_dir
 from miles_profile.logdir.summaries import summaries_frame
 from miles_profile.logdir.writer import EventWriter, write_process_meta, write_run_meta
 from miles_profile.phase_summary import PhaseSummaries, series_plan
-from miles_profile.report.summary_stats import summary_instances, summary_table
+from miles_profile.runmodel.summary_stats import summary_instances, summary_table
 
 MiB = 1024 ** 2
 

@@ -5,7 +5,7 @@ import json
 import shutil
 
 import miles_profile as mp
-from miles_profile.report.forecast import compare, stored_plan
+from miles_profile.runmodel.forecast import compare, stored_plan
 from tests.conftest import REPO
 from trainer.plan_cli import plan_for_run
 

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from miles_profile.report.figures import NAMED_BARS_MAX, PHASE_BARS_MAX, SHADED_PHASES_MAX, timeline_figure
-from miles_profile.report.reduce import thin_bars
+from miles_profile.runmodel.reduce import thin_bars
 from tests.unit.test_report_fakes import GiB, make_run
 
 

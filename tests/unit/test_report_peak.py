@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from miles_profile.logdir.reader import load_run
-from miles_profile.report.peak import highest_peak, iteration_text
+from miles_profile.runmodel.peak import highest_peak, iteration_text
 from test_report_fakes import GiB, make_run, steps
 
 DEVICE = [{"index": 0, "name": "fake", "uuid": "GPU-0", "total": 80 * GiB}]

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from miles_profile.report.reduce import gap_indices, minmax_indices, phase_ranges, range_argmax, reduce_series
+from miles_profile.runmodel.reduce import gap_indices, minmax_indices, phase_ranges, range_argmax, reduce_series
 
 
 def test_one_sample_spike_survives_a_million_points():

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from miles_profile.report.stats import phase_instances, phase_table, range_stats
+from miles_profile.runmodel.stats import phase_instances, phase_table, range_stats
 from test_report_fakes import GiB, make_run
 
 

@@ -15,7 +15,7 @@ import pytest
 
 from miles_profile.logdir import sample_summaries as ss
 from miles_profile.logdir.reader import load_run
-from miles_profile.report.phase_table import phase_table, window_stats
+from miles_profile.runmodel.phase_table import phase_table, window_stats
 
 ROWS = 3000
 # (id, name, begin, end or None for a phase still open): nested, one too short for any row, one open

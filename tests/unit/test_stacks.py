@@ -7,7 +7,7 @@ import pickle
 
 import pytest
 
-from miles_profile.report.stacks import BEFORE_HISTORY, load_snapshot, peak_sites
+from miles_profile.runmodel.stacks import BEFORE_HISTORY, load_snapshot, peak_sites
 from miles_profile.stacks import PEAK, StackHistory, phase_peak
 
 MiB = 1024 ** 2

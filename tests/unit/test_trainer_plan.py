@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import miles_profile as mp
-from miles_profile.report.forecast import compare, outside, worst
+from miles_profile.runmodel.forecast import compare, outside, worst
 from trainer.actor import Actor
 from trainer.args import parse_args
 from trainer.config import PRESETS, model_config

@@ -10,8 +10,8 @@ import pytest
 
 from miles_profile import calibrate
 from miles_profile.logdir.reader import load_run
-from miles_profile.report.series import GiB
-from miles_profile.report.transitions import GB, NO_COPY, transitions
+from miles_profile.runmodel.series import GiB
+from miles_profile.runmodel.transitions import GB, NO_COPY, transitions
 from tests.conftest import REPO
 
 LOGS = REPO / "sample_logs"

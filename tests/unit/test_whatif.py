@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from miles_profile.logdir.reader import load_run
-from miles_profile.report.series import GiB
-from miles_profile.report.whatif import ALL, DOES_NOT_FIT, FITS, NO_HEADROOM, whatif
+from miles_profile.runmodel.series import GiB
+from miles_profile.runmodel.whatif import ALL, DOES_NOT_FIT, FITS, NO_HEADROOM, whatif
 from miles_profile.verdicts.types import Thresholds
 from tests.conftest import REPO
 

@@ -25,8 +25,8 @@ import numpy as np
 import pandas as pd
 
 from miles_profile import names
-from miles_profile.report.stats import phase_instances
-from miles_profile.report.transitions import OFFLOAD, ONLOAD, kind_of, phase_ends
+from miles_profile.runmodel.stats import phase_instances
+from miles_profile.runmodel.transitions import OFFLOAD, ONLOAD, kind_of, phase_ends
 from miles_profile.verdicts.types import Thresholds
 
 ALL = "all"
@@ -194,7 +194,7 @@ def _judge(peak: float, total: float | None, threshold: float | None) -> str:
 
 def whatif(run, ledger_frame: pd.DataFrame | None = None, thresholds: Thresholds | None = None) -> WhatIf:
     if ledger_frame is None:
-        from miles_profile.report.ledger import ledger
+        from miles_profile.runmodel.ledger import ledger
         ledger_frame = ledger(run)
     th = thresholds or Thresholds()
     phases = run.phases.reset_index(drop=True)

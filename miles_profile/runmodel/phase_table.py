@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from miles_profile.report.stats import _iterations
+from miles_profile.runmodel.stats import _iterations
 
 _GPU_COLUMN = re.compile(r"^gpu(\d+)_(proc|alloc|reserved|used|boundary_proc)$")
 _STATS = ("peak", "floor", "first", "last")
@@ -219,7 +219,7 @@ def _fill_from_samples(run, table: pd.DataFrame, info: dict) -> None:
         missing &= ~pd.Series(list(zip(table["host"], table["pid"].astype(int)))).isin(done).to_numpy()
     if not missing.any() or run.samples.empty or "pid" not in run.samples:
         return
-    from miles_profile.report.series import series_arrays
+    from miles_profile.runmodel.series import series_arrays
     have = set(run.samples["pid"].unique().tolist())
     for (host, pid), rows in table[missing].groupby(["host", "pid"], sort=False).groups.items():
         if pid not in have:

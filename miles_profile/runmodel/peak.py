@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from miles_profile.report.series import GiB, pids_with, process_label, series_arrays
+from miles_profile.runmodel.series import GiB, pids_with, process_label, series_arrays
 
 SETUP = "setup"  # the name every view gives the phases before the first iteration (iteration -1)
 
@@ -103,7 +103,7 @@ def highest_peak(run) -> Peak | None:
 def _phase_at(run, pid: int, t: float):
     """The innermost phase holding `t`: the peak's own process first, else any process's. A sample's
     true peak covers the interval that ends at its time, so a phase that ended at t still holds it."""
-    from miles_profile.report.stats import phase_instances
+    from miles_profile.runmodel.stats import phase_instances
     inst = phase_instances(run)
     if inst.empty:
         return None, None, None, "in a run without phases"

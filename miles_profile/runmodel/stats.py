@@ -24,8 +24,8 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from miles_profile.report.reduce import phase_ranges
-from miles_profile.report.series import pids_with, series_arrays
+from miles_profile.runmodel.reduce import phase_ranges
+from miles_profile.runmodel.series import pids_with, series_arrays
 
 
 @dataclass(frozen=True)

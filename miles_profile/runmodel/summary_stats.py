@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from miles_profile.report.stats import _iterations
+from miles_profile.runmodel.stats import _iterations
 
 _KEY = ["host", "pid", "id"]
 _VALUES = ["peak", "floor", "first", "last"]

@@ -11,8 +11,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from miles_profile.report.ledger import phase_iterations
-from miles_profile.report.peak import highest_peak
+from miles_profile.runmodel.ledger import phase_iterations
+from miles_profile.runmodel.peak import highest_peak
 
 LEDGER_MAX_INSTANCES = 400
 

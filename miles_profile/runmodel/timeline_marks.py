@@ -17,9 +17,9 @@ import numpy as np
 import pandas as pd
 
 from miles_profile.report.phase_style import iteration_text
-from miles_profile.report.reduce import phase_ranges
-from miles_profile.report.series import GiB, main_pid, series_arrays
-from miles_profile.report.stats import _iterations, range_stats
+from miles_profile.runmodel.reduce import phase_ranges
+from miles_profile.runmodel.series import GiB, main_pid, series_arrays
+from miles_profile.runmodel.stats import _iterations, range_stats
 
 TOTAL_WITHIN = 2.0  # draw the total as a line only when it is at most this many times the data's maximum
 HEADROOM = 1.08     # the y axis ends this much above the highest value drawn

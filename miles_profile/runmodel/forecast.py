@@ -71,7 +71,7 @@ def _first_rss(run, pid: int) -> float | None:
 
 def compare(run, plan: dict, pids: dict[str, int], tolerance: float = TOLERANCE) -> pd.DataFrame:
     """Forecast beside measured for each (process, phase, device) of `plan` that its process ran."""
-    from miles_profile.report.phase_table import phase_table
+    from miles_profile.runmodel.phase_table import phase_table
     table = phase_table(run)
     rows = []
     for process, pid in pids.items():

@@ -37,7 +37,7 @@ import pandas as pd
 
 from miles_profile import names
 from miles_profile.logdir.accounts import declared_at
-from miles_profile.report.stats import _iterations
+from miles_profile.runmodel.stats import _iterations
 
 ACTIVATIONS, ALLOCATOR_CACHE, NON_PYTORCH, OTHER_PROCESSES = (
     "activations", "allocator_cache", "non_pytorch", "other_processes")

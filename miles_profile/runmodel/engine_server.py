@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from miles_profile import names
-from miles_profile.report.series import Track
+from miles_profile.runmodel.series import Track
 
 
 def moves_rollout(tags: list[str]) -> bool:

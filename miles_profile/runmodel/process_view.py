@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from miles_profile.report import engine_server
+from miles_profile.runmodel import engine_server
 
 # "in_process": the trainer recorded in record's own process (no torchrun), the rank, engine server or not
 _JUDGED_ROLES = ("actor", "in_process", "engine")

@@ -256,7 +256,7 @@ def _phase_facts(run, keys: set[tuple[str, int, int]]) -> dict[tuple[str, int, i
     around: one pass over the phases and the end events, whatever the number of processes."""
     if not keys or run.phases.empty:
         return {}
-    from miles_profile.report.timeline_marks import with_iterations
+    from miles_profile.runmodel.timeline_marks import with_iterations
     phases = with_iterations(run.phases)
     iterations = {}
     for host, pid, phase_id, iteration in zip(phases["host"].astype(str), phases["pid"], phases["id"],
