@@ -1,5 +1,6 @@
 """Per-iteration floors of a fleet's GPUs and processes from the PhaseTable (fleet.py), taken only from
-series read throughout each iteration, and their robust trends (verdicts/trend.py).
+series read throughout each iteration, and their robust trends (runmodel/slopes.py; verdicts/trend.py
+judges them).
 
 A series is read throughout when nearly every phase instance has a value for it (`MIN_COVERAGE`):
 the allocator and RSS are sampled in the process at every boundary and between; NVML per process
@@ -16,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from miles_profile.verdicts.trend import slopes_of
+from miles_profile.runmodel.slopes import slopes_of
 
 # the share of a key's phase instances (and of each iteration's) that must hold a value of the series
 MIN_COVERAGE = 0.9

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from miles_profile.report.phase_style import iteration_text
+from miles_profile.names import iteration_text
 from miles_profile.runmodel.reduce import phase_ranges
 from miles_profile.runmodel.series import GiB, main_pid, series_arrays
 from miles_profile.runmodel.stats import _iterations, range_stats

@@ -23,7 +23,8 @@ from miles_profile.names import instance_label
 from miles_profile.runmodel import fleet, floor_trend
 from miles_profile.verdicts.common import size
 from miles_profile.verdicts.resolution import resolution_of
-from miles_profile.verdicts.trend import judge_floors, slopes_of, step_cause_of
+from miles_profile.runmodel.slopes import slopes_of
+from miles_profile.verdicts.trend import judge_floors, step_cause_of
 from miles_profile.verdicts.types import TOO_SMALL, CheckResult, Finding, gib
 
 GiB = 1024 ** 3
