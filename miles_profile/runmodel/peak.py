@@ -2,6 +2,7 @@
 iteration, against the device's (or host's) total. Pure numpy/pandas (no plotly).
 
     highest_peak(run) -> Peak | None
+    host_total(run) -> float | None     # the host's memory, from the host probe of any process
 
 GPU runs: per GPU the device as NVML saw it (`gpu{i}_used`, every process on it), else the highest
 allocator true peak (`gpu{i}_alloc_peak`) or reserved of one process. Runs without GPU columns: the
@@ -15,6 +16,9 @@ import numpy as np
 
 from miles_profile.runmodel.series import GiB, pids_with, process_label, series_arrays
 
+# The share of a device's (or the host's) total a peak may reach and still leave headroom: the default of
+# the headroom check (verdicts/types.py Thresholds.headroom_max_share) and of the what-if (whatif.py).
+HEADROOM_MAX_SHARE = 0.95
 SETUP = "setup"  # the name every view gives the phases before the first iteration (iteration -1)
 
 
@@ -53,7 +57,7 @@ def iteration_text(iteration: int | None) -> str:
     return SETUP if iteration < 0 else f"iteration {iteration}"
 
 
-def _host_total(run) -> float | None:
+def host_total(run) -> float | None:
     for process in run.processes:
         for probe in process.get("probes", []):
             if probe.get("name") == "host" and isinstance(probe.get("total"), (int, float)):
@@ -76,7 +80,7 @@ def _candidates(run):
                     break
     else:
         peak = "rss_peak" if pids_with(run, "rss_peak") else "rss"
-        yield "host", "host RSS, true peak", "rss", peak, _host_total(run)
+        yield "host", "host RSS, true peak", "rss", peak, host_total(run)
 
 
 def highest_peak(run) -> Peak | None:

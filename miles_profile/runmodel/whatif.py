@@ -15,7 +15,8 @@ the same process that gives at least half of them back (the onload); every phase
 have held them on top of its own peak. Phase peaks are NVML's device used (what counts against the
 device total, and what sees a torch_memory_saver pause), else the allocator's true peak; on a CPU run
 the process's RSS true peak against the host total. The headroom threshold is the headroom check's
-(verdicts/headroom.py: Thresholds.headroom_max_share); this module judges nothing, it only compares.
+(verdicts/headroom.py: Thresholds.headroom_max_share, default peak.HEADROOM_MAX_SHARE); this module judges
+nothing, it only compares.
 """
 from __future__ import annotations
 
@@ -25,9 +26,9 @@ import numpy as np
 import pandas as pd
 
 from miles_profile import names
+from miles_profile.runmodel.peak import HEADROOM_MAX_SHARE, host_total
 from miles_profile.runmodel.stats import phase_instances
 from miles_profile.runmodel.transitions import OFFLOAD, ONLOAD, kind_of, phase_ends
-from miles_profile.verdicts.types import Thresholds
 
 ALL = "all"
 FITS, NO_HEADROOM, DOES_NOT_FIT, UNKNOWN = "fits", "fits the device, not the headroom", "does not fit", "total unknown"
@@ -109,9 +110,7 @@ def _total(run, column: str | None) -> float | None:
         index = int(column[3:].split("_")[0])
         found = [d.get("total") for d in run.devices if int(d.get("index", -1)) == index]
         return float(found[0]) if found and isinstance(found[0], (int, float)) and found[0] > 0 else None
-    from miles_profile.verdicts.headroom import _host_total  # the headroom check's own host total
-    total = _host_total(run)
-    return total if total == total else None
+    return host_total(run)  # the headroom check's host total too
 
 
 def _working(ledger_frame: pd.DataFrame, host: str, pid: int) -> pd.DataFrame:
@@ -192,11 +191,12 @@ def _judge(peak: float, total: float | None, threshold: float | None) -> str:
     return FITS if peak <= threshold else NO_HEADROOM if peak <= total else DOES_NOT_FIT
 
 
-def whatif(run, ledger_frame: pd.DataFrame | None = None, thresholds: Thresholds | None = None) -> WhatIf:
+def whatif(run, ledger_frame: pd.DataFrame | None = None, thresholds=None) -> WhatIf:
+    """`thresholds`: the verdicts' Thresholds (only its headroom_max_share is read); None: the default share."""
     if ledger_frame is None:
         from miles_profile.runmodel.ledger import ledger
         ledger_frame = ledger(run)
-    th = thresholds or Thresholds()
+    share = HEADROOM_MAX_SHARE if thresholds is None else thresholds.headroom_max_share
     phases = run.phases.reset_index(drop=True)
     empty = WhatIf(pd.DataFrame(columns=TABLE_COLUMNS), None, "", None, None)
     if phases.empty or ledger_frame is None or ledger_frame.empty:
@@ -213,7 +213,7 @@ def whatif(run, ledger_frame: pd.DataFrame | None = None, thresholds: Thresholds
     peaks = pd.to_numeric(instances[column], errors="coerce").astype(float).to_numpy()[own]
     working = _working(ledger_frame, host, pid)
     total = _total(run, column)
-    threshold = None if total is None else th.headroom_max_share * total
+    threshold = None if total is None else share * total
     extra: dict[tuple[str, str], np.ndarray] = {}  # (offload, category) -> bytes each phase would have held more
     trips: dict[tuple[str, str], list] = {}  # (offload, category) -> (bytes, offload s, (onload, s), position)
     named: dict[tuple[str, str], bool] = {}

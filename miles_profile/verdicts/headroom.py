@@ -12,18 +12,12 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from miles_profile.runmodel.peak import host_total
+from miles_profile.runmodel.series import pids_with, series_arrays
 from miles_profile.verdicts.resolution import resolution_of
 from miles_profile.verdicts.types import CheckResult, Finding, Thresholds, gib
 from miles_profile.verdicts.common import (
     nanmax, not_applicable, verdict)
-
-
-def _host_total(run) -> float:
-    for process in run.processes:
-        for probe in process.get("probes", []):
-            if probe.get("name") == "host" and isinstance(probe.get("total"), (int, float)):
-                return float(probe["total"])
-    return float("nan")
 
 
 def check_headroom(run, th: Thresholds) -> CheckResult:
@@ -50,7 +44,6 @@ _KIND_TEXT = {"used": "NVML used", "alloc_peak": "allocated, true peak", "reserv
 
 
 def _gpu_findings(run, th: Thresholds) -> list[Finding]:
-    from miles_profile.runmodel.series import pids_with, series_arrays
     findings = []
     # an engine server's samples in an actor's view (fleet_report) are its engine's to judge, not its own
     peers = {p.get("pid") for p in run.processes if p.get("view_peer")}
@@ -87,11 +80,10 @@ def _host_findings(run, th: Thresholds) -> list[Finding]:
                                               f"cgroup usage of {host} (host sampler)", resolution_of("cgroup_usage")))
     if findings:
         return findings
-    from miles_profile.runmodel.series import pids_with, series_arrays
-    total = _host_total(run)
+    total = host_total(run)
     column = "rss_peak" if pids_with(run, "rss_peak") else "rss"
     peaks = [nanmax(series_arrays(run, p, column)[1]) for p in pids_with(run, column)]
-    if peaks and np.isfinite(total):
+    if peaks and total is not None:
         return [_headroom_finding("host", max(peaks), total, th, "host RSS (highest process)", resolution_of(column))]
     return []
 

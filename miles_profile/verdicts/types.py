@@ -7,6 +7,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from miles_profile.runmodel.peak import HEADROOM_MAX_SHARE
 from miles_profile.runmodel.series import GiB
 
 Status = Literal["pass", "fail", "n/a", "too small to judge"]
@@ -62,7 +63,7 @@ class Thresholds:
     # a column read at one phase end of each iteration is always the same moment, never a floor).
     leak_window_coverage: float = 0.9
     # headroom: the peak may use at most this share of the device (or host) total.
-    headroom_max_share: float = 0.95
+    headroom_max_share: float = HEADROOM_MAX_SHARE
 
     @classmethod
     def names(cls) -> list[str]:
