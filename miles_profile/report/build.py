@@ -151,7 +151,8 @@ def visualize(options: VisualizeOptions, echo: Callable[[str], None] = print) ->
     from miles_profile.report.compare import comparison_html
     from miles_profile.report.html import build_run_report, write_html
     from miles_profile.verdicts.engine import STATUS_LABEL, exit_code_of, overall_of
-    from miles_profile.verdicts.selection import apply_selection, selection_for
+    from miles_profile.report.selected_report import apply_selection
+    from miles_profile.verdicts.selection import selection_for
 
     started = time.perf_counter()
     runs, notes = load_inputs(options.paths, lazy=len(options.paths) == 1)

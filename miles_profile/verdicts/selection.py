@@ -1,10 +1,9 @@
-"""Show and judge only some phases (`--phase`, miles_profile.phase_select): pure functions over a run,
-its check results and its report.
+"""Show and judge only some phases (`--phase`, miles_profile.phase_select): pure functions over a run
+and its check results (the report's tables and bands: report/selected_report.py).
 
     selection_for(run, text) -> PhaseSelection | None    # `text`, else the run's recorded default
     select_run(run, selection) -> Run                    # phases/events of the others left out
     select_checks(results, selection) -> list[CheckResult]
-    apply_selection(report, selection, max_points) -> (RunReport, not_selected)   # tables and bands
 
 The checks are run on the whole run and their findings filtered afterwards, never run on a run with
 phases cut out: a check that looks between phases (transition spikes) or across iterations (leak)
@@ -76,23 +75,6 @@ def _select_findings(result, selection: PhaseSelection):
     else:
         status, summary = "n/a", f"nothing judged in the selected phases; {note}"
     return replace(result, status=status, summary=summary, findings=kept)
-
-
-def apply_selection(report, selection: PhaseSelection | None, max_points: int = 100_000):
-    """The report with its per-phase tables and timeline phase bands limited to `selection`; and the
-    names of the recorded phases it left out. (Its checks are the engine's, selected there.)"""
-    if selection is None:
-        return report, []
-    run = report.run
-    _, not_selected = selection.split(recorded_phases(run))
-    for attr in ("phases", "phases_by_iteration"):
-        table = getattr(report, attr)
-        if len(table) and "name" in table:
-            setattr(report, attr, table[table["name"].astype(str).map(selection.matches)].reset_index(drop=True))
-    if report.figure is not None:
-        from miles_profile.report.figures import timeline_figure
-        report.figure = timeline_figure(select_run(run, selection), max_points=max_points)
-    return report, not_selected
 
 
 def not_selected_note(run, selection: PhaseSelection, not_selected: list[str]) -> str:
