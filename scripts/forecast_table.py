@@ -4,7 +4,7 @@
         (default: sample_logs/h200/*, sample_logs/h200-tms/*, sample_logs/cpu)
 
 A run that stored its plan (the `forecast` annotation) is compared with it; an older run with the plan
-of the trainer flags in its command line (trainer.plan_cli.plan_for_run). Prints markdown; the last
+of the trainer flags in its command line (miles_profile.runmodel.replan.plan_for_run). Prints markdown; the last
 lines are the worst error per basis over all runs. `--cpu-count`: the cores of the machine that
 recorded them, for the disk offload's staging buffers (logs do not record it; default: this machine's).
 """
@@ -18,7 +18,7 @@ import pandas as pd
 
 import miles_profile as mp
 from miles_profile.runmodel.forecast import compare, stored_plan, worst
-from trainer.plan_cli import plan_for_run
+from miles_profile.runmodel.replan import plan_for_run
 
 GiB = 1024**3
 DEFAULT = sorted(glob.glob("sample_logs/h200/[1-9]-*")) + sorted(glob.glob("sample_logs/h200-tms/*")) + ["sample_logs/cpu"]

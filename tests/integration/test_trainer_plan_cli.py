@@ -9,7 +9,7 @@ import sys
 import miles_profile as mp
 from miles_profile.runmodel.forecast import compare, stored_plan
 from tests.conftest import REPO, python_env
-from trainer.plan_cli import plan_for_run
+from miles_profile.runmodel.replan import plan_for_run
 
 H200_CRITIC = ["--preset", "gpu", "--device", "cuda", "--num-rollout", "3", "--offload-train", "--offload-rollout",
                "--use-critic"]

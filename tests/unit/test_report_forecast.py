@@ -7,7 +7,7 @@ import shutil
 import miles_profile as mp
 from miles_profile.runmodel.forecast import compare, stored_plan
 from tests.conftest import REPO
-from trainer.plan_cli import plan_for_run
+from miles_profile.runmodel.replan import plan_for_run
 
 
 def test_measured_is_the_allocators_true_peak_over_each_phases_samples():

@@ -17,7 +17,7 @@ from trainer.kv_cache import KVPool
 from trainer.model import GPT
 from trainer.plan import forecast
 from trainer.plan_shapes import max_chunk_numel, param_numels
-from trainer.plan_cli import plan_for_run
+from miles_profile.runmodel.replan import plan_for_run
 from tests.conftest import REPO
 
 H200 = sorted(glob.glob(str(REPO / "sample_logs/h200/[1-9]-*"))) + sorted(glob.glob(str(REPO / "sample_logs/h200-tms/*")))
