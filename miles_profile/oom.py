@@ -32,7 +32,7 @@ from typing import Any
 from miles_profile import names
 from miles_profile.logdir.files import NotRegularFile, read_small
 from miles_profile.logdir.layout import PROCESS_META_SUFFIX, STATUS_SUFFIX
-from miles_profile.probes.cgroup import CgroupProbe, _inside, _own_cgroups
+from miles_profile.probes.cgroup import CgroupProbe, cgroup_dir, own_cgroups
 
 MEMORY_EVENTS_ENV = "MILES_PROFILE_MEMORY_EVENTS"
 # A recorded process that vanishes this long after the counter moved is the one it counted.
@@ -45,15 +45,15 @@ def find_counter(root: str | Path = "/sys/fs/cgroup", proc_cgroup: str | Path = 
     """This process's cgroup file that holds `oom_kill` (v2 memory.events, v1 memory.oom_control)."""
     if os.environ.get(MEMORY_EVENTS_ENV):
         return Path(os.environ[MEMORY_EVENTS_ENV])
-    root, own = Path(root), _own_cgroups(Path(proc_cgroup))
+    root, own = Path(root), own_cgroups(Path(proc_cgroup))
     v1 = root / "memory"
     if v1.is_dir():
-        where = _inside(v1, own.get("memory", "/"))
+        where = cgroup_dir(v1, own.get("memory", "/"))
         if (where / "memory.oom_control").exists():
             return where / "memory.oom_control"
     for mount in (root, root / "unified"):
         if (mount / "cgroup.controllers").exists():
-            where = _inside(mount, own.get("", "/"))
+            where = cgroup_dir(mount, own.get("", "/"))
             for directory in (where, *where.parents):
                 if (directory / "memory.events").exists():
                     return directory / "memory.events"

@@ -33,7 +33,7 @@ def _read_int(path: Path) -> int | None:
     return None if value >= _UNLIMITED else value
 
 
-def _own_cgroups(proc_cgroup: Path) -> dict[str, str]:
+def own_cgroups(proc_cgroup: Path) -> dict[str, str]:
     """controller ('' for v2) -> path, from /proc/self/cgroup."""
     found = {}
     try:
@@ -48,7 +48,7 @@ def _own_cgroups(proc_cgroup: Path) -> dict[str, str]:
     return found
 
 
-def _inside(mount: Path, path: str) -> Path:
+def cgroup_dir(mount: Path, path: str) -> Path:
     """The cgroup's directory; a cgroup namespace shows its own cgroup as the mount root."""
     candidate = mount / path.lstrip("/")
     return candidate if candidate.is_dir() else mount
@@ -61,20 +61,20 @@ class CgroupProbe:
 
     def __init__(self, root: str | Path = "/sys/fs/cgroup", proc_cgroup: str | Path = "/proc/self/cgroup"):
         root = Path(root)
-        own = _own_cgroups(Path(proc_cgroup))
+        own = own_cgroups(Path(proc_cgroup))
         self.version: int | None = None
         self._usage: Path | None = None
         self._limits: list[Path] = []
         self._v1_stat: Path | None = None
         v1 = root / "memory"
-        where = _inside(v1, own.get("memory", "/")) if v1.is_dir() else v1
+        where = cgroup_dir(v1, own.get("memory", "/")) if v1.is_dir() else v1
         if (where / "memory.usage_in_bytes").exists():
             self.version, self._usage = 1, where / "memory.usage_in_bytes"
             self._limits, self._v1_stat = [where / "memory.limit_in_bytes"], where / "memory.stat"
         else:
             for mount in (root, root / "unified"):
                 if (mount / "cgroup.controllers").exists():
-                    where = _inside(mount, own.get("", "/"))
+                    where = cgroup_dir(mount, own.get("", "/"))
                     chain = [where, *[p for p in where.parents if p == mount or mount in p.parents]]
                     self._limits = [p / "memory.max" for p in chain if (p / "memory.max").exists()]
                     owner = next((p for p in chain if (p / "memory.current").exists()), None)
