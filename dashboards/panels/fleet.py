@@ -337,7 +337,7 @@ def register(app, state) -> None:
 
 
 def _lane_of_row(view: FleetView, row_label: object) -> str:
-    rows = fleet_figures._row_labels(view.matrix.lanes)
+    rows = fleet_figures.row_labels(view.matrix.lanes)
     if row_label not in rows:
         raise MilesProfileError(f"no GPU row {row_label!r}")
     return view.matrix.lanes["lane"].iloc[rows.index(row_label)]

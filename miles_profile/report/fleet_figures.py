@@ -10,6 +10,7 @@
     outliers_table(outliers) -> list[dict]
         Rows for an HTML table or a Dash DataTable: kind, rank, lane label, ranks/roles, phase,
         iteration, the value on screen (GiB), its exact bytes, and `lane`, `t0`, `t1` to link to.
+    row_labels(lanes) -> list[str]           # the heatmap's row labels (the dashboard finds a clicked row)
     gpu_process_stack(samples_by_process, device_used=None, *, device_total=None, t0=0.0) -> go.Figure
         One GPU's timeline: its processes' (already reduced) series stacked as areas (actor first, then
         engine, then others), NVML's device used as a line over them and the device's total dashed
@@ -38,7 +39,7 @@ ROW_LABELS_MAX = 64
 _COLORSCALE = "YlOrRd"
 
 
-def _row_labels(lanes: pd.DataFrame) -> list[str]:
+def row_labels(lanes: pd.DataFrame) -> list[str]:
     ranks = lanes["ranks"].fillna("")
     roles = lanes["roles"].fillna("")
     return [f"{label} r{r} {ro}".rstrip() if r else f"{label} {ro}".rstrip()
@@ -47,7 +48,7 @@ def _row_labels(lanes: pd.DataFrame) -> list[str]:
 
 def fleet_heatmap(matrix: fleet.GpuMatrix, *, max_columns: int = 600, height: int | None = None) -> go.Figure:
     matrix = fleet.coarsen(matrix, max_columns)
-    rows = _row_labels(matrix.lanes)
+    rows = row_labels(matrix.lanes)
     cols = list(matrix.columns["label"])
     z = np.clip(matrix.fraction, 0, None).astype(np.float32)
     gib = (matrix.bytes / GiB).astype(np.float32)

@@ -88,7 +88,7 @@ def test_fleet_view_has_every_lane_and_an_outlier_click_opens_its_window(page, e
     page.wait_for_function(f"() => {HEATMAP} && {HEATMAP}._fullData && {HEATMAP}._fullData.length > 0",
                            timeout=30_000)
     rows = page.evaluate(f"() => Array.from(new Set({HEATMAP}._fullData[0].y))")
-    labels = fleet_figures._row_labels(expected.matrix.lanes)
+    labels = fleet_figures.row_labels(expected.matrix.lanes)
     assert len(labels) == 4 and sorted(rows) == sorted(labels)
     # Outliers listed, the hot rank's lane first among the highest peaks.
     first = expected.outliers[0]
@@ -127,7 +127,7 @@ def test_a_heatmap_cell_click_opens_that_lane_at_that_phase(page, expected):
     page.wait_for_function(f"() => {HEATMAP} && {HEATMAP}._fullLayout && {HEATMAP}._fullData.length",
                            timeout=30_000)
     first = expected.outliers[0]  # the hot lane and its hottest (iteration, phase)
-    row = fleet_figures._row_labels(expected.matrix.lanes)[list(expected.matrix.lanes["lane"]).index(first["lane"])]
+    row = fleet_figures.row_labels(expected.matrix.lanes)[list(expected.matrix.lanes["lane"]).index(first["lane"])]
     column = expected.matrix.columns["label"][(expected.matrix.columns["phase"] == first["phase"])
                                               & (expected.matrix.columns["iteration"] == first["iteration"])].iloc[0]
     # A real mouse click at the cell's centre relative to the heatmap's plot area (its drag layer), from the
