@@ -49,6 +49,7 @@ import pandas as pd
 from miles_profile import names
 from miles_profile.errors import MilesProfileError
 from miles_profile.names import iteration_tag, iteration_text
+from miles_profile.runmodel.floor_trend import floor_trends
 
 SERIES = ("used", "proc", "alloc", "reserved", "rss")
 STATS = ("peak", "floor", "first", "last")
@@ -389,7 +390,6 @@ def floor_slopes(table: pd.DataFrame, labels: dict | None = None, skip: int = 0)
     """One row per process: the Theil-Sen slope of its per-iteration floor (bytes/iteration, with its 95 %
     interval `slope_low`..`slope_high`), fastest first; floors only from a series read throughout each
     iteration (floor_trend.dense_floors: never from NVML readings that fall at a few phase ends)."""
-    from miles_profile.runmodel.floor_trend import floor_trends
     df = normalize(table)
     labels = labels if labels is not None else dict(zip(*lanes(df)[["lane", "label"]].to_numpy().T))
     fits = floor_trends(df, "pid", skip)

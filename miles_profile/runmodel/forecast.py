@@ -29,6 +29,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from miles_profile.runmodel.phase_table import phase_table
+
 TOLERANCE = 0.05
 COLUMNS = ["process", "phase", "device", "basis", "forecast", "measured", "error", "outside", "judged"]
 
@@ -71,7 +73,6 @@ def _first_rss(run, pid: int) -> float | None:
 
 def compare(run, plan: dict, pids: dict[str, int], tolerance: float = TOLERANCE) -> pd.DataFrame:
     """Forecast beside measured for each (process, phase, device) of `plan` that its process ran."""
-    from miles_profile.runmodel.phase_table import phase_table
     table = phase_table(run)
     rows = []
     for process, pid in pids.items():

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from miles_profile.runmodel.series import GiB, pids_with, process_label, series_arrays
+from miles_profile.runmodel.stats import phase_instances
 
 # The share of a device's (or the host's) total a peak may reach and still leave headroom: the default of
 # the headroom check (verdicts/types.py Thresholds.headroom_max_share) and of the what-if (whatif.py).
@@ -110,7 +111,6 @@ def highest_peak(run) -> Peak | None:
 def _phase_at(run, pid: int, t: float):
     """The innermost phase holding `t`: the peak's own process first, else any process's. A sample's
     true peak covers the interval that ends at its time, so a phase that ended at t still holds it."""
-    from miles_profile.runmodel.stats import phase_instances
     inst = phase_instances(run)
     if inst.empty:
         return None, None, None, "in a run without phases"

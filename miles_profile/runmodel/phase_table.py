@@ -30,6 +30,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from miles_profile.logdir.sample_summaries import processes_read, summaries_from_samples
+from miles_profile.runmodel.series import series_arrays
 from miles_profile.runmodel.stats import _iterations
 
 _GPU_COLUMN = re.compile(r"^gpu(\d+)_(proc|alloc|reserved|used|boundary_proc)$")
@@ -207,7 +209,6 @@ def _fill_from_samples(run, table: pd.DataFrame, info: dict) -> None:
     own = ["proc", "alloc", "reserved", "rss"]
     missing = ~np.isfinite(table[[f"{k}_peak" for k in own]].to_numpy()).any(axis=1)
     if missing.any() and getattr(run, "directories", None):
-        from miles_profile.logdir.sample_summaries import processes_read, summaries_from_samples
         who = set(zip(table.loc[missing, "host"].tolist(), table.loc[missing, "pid"].astype(int).tolist()))
         found = summaries_from_samples(run, who)
         keys = pd.MultiIndex.from_arrays([found["host"], found["pid"].astype(np.int64), found["id"].astype(np.int64)])
@@ -219,7 +220,6 @@ def _fill_from_samples(run, table: pd.DataFrame, info: dict) -> None:
         missing &= ~pd.Series(list(zip(table["host"], table["pid"].astype(int)))).isin(done).to_numpy()
     if not missing.any() or run.samples.empty or "pid" not in run.samples:
         return
-    from miles_profile.runmodel.series import series_arrays
     have = set(run.samples["pid"].unique().tolist())
     for (host, pid), rows in table[missing].groupby(["host", "pid"], sort=False).groups.items():
         if pid not in have:

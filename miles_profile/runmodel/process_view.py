@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from miles_profile.logdir.reader import Run
 from miles_profile.runmodel import engine_server
 
 # "in_process": the trainer recorded in record's own process (no torchrun), the rank, engine server or not
@@ -37,7 +38,6 @@ def process_view(run, host: str, pid: int, rows_of: dict):
     """A view of the run holding one process (its samples, phases, events, meta), plus the meta and
     samples of the engine server it drives where it has one (engine_server.engine_of): an offload it declares
     is done in that engine, and offload_drop judges it there."""
-    from miles_profile.logdir.reader import Run
     meta = [dict(p) for p in run.processes if int(p.get("pid", -1)) == pid and str(p.get("host") or "") == host]
     engine = engine_server.engine_of(run.processes, meta[0]) if meta else None
     parts = [rows_of[p] for p in (pid, engine and int(engine["pid"])) if p is not None and p in rows_of]

@@ -25,6 +25,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from miles_profile.runmodel.timeline_marks import with_iterations
+
 MEMORY_VIZ_URL = "https://pytorch.org/memory_viz"
 # A snapshot is bounded by --stacks-max-entries; past this a file is no snapshot of ours (or needs
 # PyTorch's own tools): refused before it is read.
@@ -256,7 +258,6 @@ def _phase_facts(run, keys: set[tuple[str, int, int]]) -> dict[tuple[str, int, i
     around: one pass over the phases and the end events, whatever the number of processes."""
     if not keys or run.phases.empty:
         return {}
-    from miles_profile.runmodel.timeline_marks import with_iterations
     phases = with_iterations(run.phases)
     iterations = {}
     for host, pid, phase_id, iteration in zip(phases["host"].astype(str), phases["pid"], phases["id"],

@@ -33,6 +33,7 @@ import pandas as pd
 
 from miles_profile import names
 from miles_profile.calibrate import ceilings_of
+from miles_profile.runmodel.ledger import ledger
 from miles_profile.runmodel.stats import _iterations
 
 GB = 1e9  # bandwidth unit; sizes stay GiB on screen
@@ -303,7 +304,6 @@ def _steps(run, table: pd.DataFrame) -> pd.DataFrame:
 def transitions(run, ledger_frame: pd.DataFrame | None = None) -> Transitions:
     """The meter for one run; `ledger_frame`: the run's ledger when the caller has it (else computed)."""
     if ledger_frame is None:
-        from miles_profile.runmodel.ledger import ledger
         ledger_frame = ledger(run)
     ceilings = ceilings_of(run.meta)
     table = _rows(run, ledger_frame, ceilings)

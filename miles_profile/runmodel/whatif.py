@@ -26,6 +26,7 @@ import numpy as np
 import pandas as pd
 
 from miles_profile import names
+from miles_profile.runmodel.ledger import ledger
 from miles_profile.runmodel.peak import HEADROOM_MAX_SHARE, host_total
 from miles_profile.runmodel.stats import phase_instances
 from miles_profile.runmodel.transitions import OFFLOAD, ONLOAD, kind_of, phase_ends
@@ -194,7 +195,6 @@ def _judge(peak: float, total: float | None, threshold: float | None) -> str:
 def whatif(run, ledger_frame: pd.DataFrame | None = None, thresholds=None) -> WhatIf:
     """`thresholds`: the verdicts' Thresholds (only its headroom_max_share is read); None: the default share."""
     if ledger_frame is None:
-        from miles_profile.runmodel.ledger import ledger
         ledger_frame = ledger(run)
     share = HEADROOM_MAX_SHARE if thresholds is None else thresholds.headroom_max_share
     phases = run.phases.reset_index(drop=True)

@@ -35,6 +35,8 @@ import pandas as pd
 
 from miles_profile.errors import MilesProfileError
 from miles_profile.names import instance_label
+from miles_profile.runmodel import fleet
+from miles_profile.runmodel.phase_table import phase_table
 from miles_profile.sizes import format_size, parse_share, parse_size
 
 MiB = 1024 ** 2
@@ -159,8 +161,6 @@ class RegressionResult:
 def phase_measures(run, by_iteration: bool = False) -> pd.DataFrame:
     """One row per (phase[, iteration], subject, memory): its highest peak and highest floor (bytes,
     float). Keys: `exact_key` (host, UUID, role, rank) and `rank_key` (role, rank)."""
-    from miles_profile.runmodel import fleet
-    from miles_profile.runmodel.phase_table import phase_table
     raw = phase_table(run)
     if raw.empty:
         return pd.DataFrame(columns=MEASURE_COLUMNS)

@@ -18,6 +18,7 @@ import numpy as np
 from miles_profile import names
 from miles_profile.command_exit import command_exit, stop_signal
 from miles_profile.runmodel.series import process_label, series_arrays
+from miles_profile.runmodel.stats import phase_instances
 from miles_profile.sizes import format_size
 from miles_profile.verdicts.types import CheckResult, Finding
 
@@ -92,7 +93,6 @@ def deaths_of(run) -> list[dict]:
 def _last_phase(run, pid, t: float):
     """The last phase the process entered before `t` (its own; else any process's: an exec child
     that records nothing itself ran under its descendants' phases). (name, iteration, start) or None."""
-    from miles_profile.runmodel.stats import phase_instances
     inst = phase_instances(run)
     if inst.empty:
         return None
