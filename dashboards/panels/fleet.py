@@ -28,6 +28,7 @@ from miles_profile.runmodel.process_view import (
     is_fleet,  # the report's rule: both views open on the same view
 )
 from miles_profile.runmodel.reduce import reduce_series
+from miles_profile.importers.miles_dashboard import SOURCE
 
 ONE_LANE_EACH = 8  # up to this many lanes each gets its timeline; beyond, `worst:8` unless the user picks
 MAX_COLUMNS = 600
@@ -83,7 +84,6 @@ def compute(run) -> FleetView | None:
 
 def empty_reason(run) -> str:
     """Why a run the fleet view is for (several GPUs or processes) has no heatmap, in words a user acts on."""
-    from miles_profile.importers.miles_dashboard import SOURCE
     miles = run.meta.get("source") == SOURCE
     if run.phases.empty:
         if miles:

@@ -7,13 +7,14 @@ from dash import Input, Output, State, dcc, html
 from dash.exceptions import PreventUpdate
 
 from dashboards.messages import describe, message
-from dashboards.panels.refresh import due
-from miles_profile.report.figures import run_start, time_range
 from dashboards.panels.fleet import compute as fleet_compute
-from miles_profile.runmodel.ledger import LEDGER_MAX_PROCESSES, fleet_ledger, ledger
-from miles_profile.runmodel.ledger_sampling import sampled_iterations, sampled_text
+from dashboards.panels.refresh import due
+from miles_profile.importers.miles_dashboard import SOURCE
+from miles_profile.report.figures import run_start, time_range
 from miles_profile.report.ledger_figures import ledger_area_figure, ledger_bar_figure
 from miles_profile.report.ledger_html import add_up_text, peak_text, unsplit_reason
+from miles_profile.runmodel.ledger import LEDGER_MAX_PROCESSES, fleet_ledger, ledger
+from miles_profile.runmodel.ledger_sampling import sampled_iterations, sampled_text
 from miles_profile.runmodel.process_view import is_fleet
 
 _EMPTY = {"data": [], "layout": {}}
@@ -55,7 +56,6 @@ def compute(run, processes=None):
 
 def _no_rows(run) -> str:
     """Why the ledger has no rows: it is taken at phase ends and peaks."""
-    from miles_profile.importers.miles_dashboard import SOURCE
     if run.phases.empty and run.meta.get("source") == SOURCE:
         return ("This Miles dump has no phase events, so the ledger (bytes by category at each phase's peak "
                 "and end) has no rows.")

@@ -16,6 +16,7 @@ from dash.exceptions import PreventUpdate
 from dashboards.messages import describe, message
 from dashboards.panels.fleet import one_lane_each, timeline_note
 from miles_profile.report.figures import run_start, timeline_figure
+from miles_profile.verdicts.selection import select_run, selection_for
 
 FOCUS_PAD = 0.15  # share of a check's span shown on each side of it
 # Points per redraw, all series together. The report's default (1e5) suits a file; a page redrawn on
@@ -119,7 +120,6 @@ def build_figure(run, run_id: str, window: tuple[float, float] | None, phases: s
     the phases in view) are the report's; only the page's layout is set here."""
     t0 = run_start(run)
     t_range = None if window is None else (window[0] - t0, window[1] - t0)
-    from miles_profile.verdicts.selection import select_run, selection_for
     shown = select_run(run, selection_for(run, phases))
     figure = timeline_figure(shown, max_points=MAX_POINTS, t_range=t_range, phase_peaks=False)
     # Beside a training run the page is narrow: the legend goes above the plots, not beside them.

@@ -30,6 +30,9 @@ from miles_profile.logdir.files import EVENT_LINE_MAX, NotRegularFile, bounded_l
 from miles_profile.logdir.layout import (
     EVENTS_SUFFIX, FORMAT_VERSION, PROCESS_META_SUFFIX, RUN_META, SAMPLES_SUFFIX, find_runs,
 )
+from miles_profile.logdir.accounts import accounts_frame
+from miles_profile.logdir.host_reader import gpu_used_arrays, host_frames, host_meta
+from miles_profile.logdir.summaries import summaries_frame
 
 PHASE_COLUMNS = ["name", "start", "end", "duration", "pid", "host", "id", "parent", "depth", "status", "attrs"]
 EVENT_COLUMNS = ["t", "kind", "name", "pid", "host", "id", "parent", "attrs"]
@@ -53,12 +56,10 @@ class Run:
     # The per-process GPU rows (millions on a 64-host run) are read apart from the host rows.
     @cached_property
     def _host_data(self) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
-        from miles_profile.logdir.host_reader import host_frames
         return host_frames(self.directories, self.warnings, procs=False)
 
     @cached_property
     def _gpu_procs(self) -> pd.DataFrame:
-        from miles_profile.logdir.host_reader import host_frames
         return host_frames(self.directories, self.warnings, samples=False)[2]
 
     @cached_property
@@ -69,7 +70,6 @@ class Run:
             g = self.gpu_samples
             return {(str(h), str(u)): (f["t"].to_numpy(float), f["used"].to_numpy(float))
                     for (h, u), f in g.groupby(["host", "gpu_uuid"], sort=False, observed=True)}
-        from miles_profile.logdir.host_reader import gpu_used_arrays
         return gpu_used_arrays(self.directories, self.warnings)
 
     def gpu_procs_of(self, hosts) -> pd.DataFrame:
@@ -77,7 +77,6 @@ class Run:
         if "_gpu_procs" in self.__dict__:
             procs = self._gpu_procs
             return procs[procs["host"].isin([str(h) for h in hosts])]
-        from miles_profile.logdir.host_reader import host_frames
         return host_frames(self.directories, self.warnings, samples=False, only_hosts=hosts)[2]
 
     @property
@@ -98,7 +97,6 @@ class Run:
     @cached_property
     def hosts(self) -> list[dict[str, Any]]:
         """The host samplers' meta (host, pid, gpus with uuid/name/total, probes), one per holder."""
-        from miles_profile.logdir.host_reader import host_meta
         return host_meta(self.directories, self.warnings)
 
     @cached_property
@@ -107,14 +105,12 @@ class Run:
         series, peak, floor, first, last, rows, t_first, t_last. See phase_summary.py. Phases whose
         `end` has none: logdir/sample_summaries.summaries_from_samples(run) gives the same frame,
         streamed from the samples files."""
-        from miles_profile.logdir.summaries import summaries_frame
         return summaries_frame(self.events)
 
     @cached_property
     def accounts(self) -> pd.DataFrame:
         """t, host, pid, device, category, bytes: each value a program declared with `account()`,
         one row per change (logdir/accounts.py)."""
-        from miles_profile.logdir.accounts import accounts_frame
         return accounts_frame(self.events)
 
     @property

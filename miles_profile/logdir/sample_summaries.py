@@ -47,7 +47,8 @@ from miles_profile.logdir.damaged_csv import quiet_invalid_rows, usable_header
 from miles_profile.logdir.files import NotRegularFile, map_regular, open_regular
 from miles_profile.logdir.layout import SAMPLES_SUFFIX
 from miles_profile.logdir.merge import copied_stems
-from miles_profile.logdir.summaries import SUMMARY_COLUMNS
+from miles_profile.logdir.reader import _clean_times, _read_samples
+from miles_profile.logdir.summaries import SUMMARY_COLUMNS, summaries_frame
 from miles_profile.phase_summary import series_plan
 
 CHUNK_BYTES = 32 * 1024 * 1024  # ~250,000 rows of a one-GPU process: a few tens of MB of columns
@@ -310,7 +311,6 @@ def _from_frame(samples: pd.DataFrame, file: _File) -> pd.DataFrame:
 
 
 def _read_whole(file: _File) -> pd.DataFrame:
-    from miles_profile.logdir.reader import _clean_times, _read_samples
     try:
         samples = _read_samples(file.path, file.warnings)
     except NotRegularFile as exc:
@@ -421,7 +421,6 @@ def _write_cache(file: _File, stat: os.stat_result, header: list[str], frame: pd
 
 # -- a run ------------------------------------------------------------------------------------------------
 def _empty() -> pd.DataFrame:
-    from miles_profile.logdir.summaries import summaries_frame
     return summaries_frame(pd.DataFrame({"kind": [], "host": [], "pid": [], "id": [], "name": [], "attrs": []}))
 
 

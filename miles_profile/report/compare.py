@@ -25,7 +25,9 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
+from miles_profile.report.ledger_figures import ledger_comparison_figure
 from miles_profile.report.phase_style import iteration_text, loop_sorted
+from miles_profile.runmodel.ledger import ledger
 from miles_profile.runmodel.reduce import phase_ranges
 from miles_profile.runmodel.series import GiB, device_track, host_track, main_pid
 from miles_profile.runmodel.stats import phase_instances, range_stats
@@ -120,8 +122,6 @@ def comparison_figure(runs, *, max_points: int = 100_000) -> go.Figure:
     """Stacked bars per (phase, configuration): the ledger (report/ledger.py) of each run's main
     process at the end of each phase's worst iteration, GPU then host. Built from the phase
     summaries and account events (per phase, not per sample): `max_points` is unused, kept for callers."""
-    from miles_profile.runmodel.ledger import ledger
-    from miles_profile.report.ledger_figures import ledger_comparison_figure
     frames = [ledger(run) for run in runs]
     return ledger_comparison_figure(frames, _run_names(runs), [main_pid(run) for run in runs], _phase_order(runs))
 

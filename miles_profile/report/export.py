@@ -20,10 +20,14 @@ import pandas as pd
 
 from miles_profile.errors import MilesProfileError
 from miles_profile.report.figures import run_start
+from miles_profile.runmodel.ledger import ledger_records
 from miles_profile.runmodel.reduce import phase_ranges, reduce_series
 from miles_profile.runmodel.series import GiB, series_arrays, timeline_series
+from miles_profile.runmodel.stacks import stacks_of, stacks_records
 from miles_profile.runmodel.stats import phase_table
-from miles_profile.verdicts.engine import jsonable
+from miles_profile.runmodel.transitions import meter_of
+from miles_profile.runmodel.whatif import whatif_of
+from miles_profile.verdicts.engine import exit_code_of, jsonable, overall_of
 
 CHROMIUM_CANDIDATES = ("/usr/bin/chromium", "/usr/bin/chromium-browser", "/usr/bin/google-chrome")
 
@@ -115,8 +119,6 @@ def write_phase_csv(runs, path: str | Path) -> Path:
 def moving_memory(report) -> dict:
     """`transitions` (report/transitions.py: per phase, per kind and tag, per step, the link ceilings) and
     `whatif` (report/whatif.py: per offload and category) of one run, as the HTML report shows them."""
-    from miles_profile.runmodel.transitions import meter_of
-    from miles_profile.runmodel.whatif import whatif_of
     frame = getattr(report, "ledger", None)
     return {"transitions": jsonable(meter_of(report.run, frame).to_dict()),
             "whatif": jsonable(whatif_of(report.run, frame).to_dict())}
@@ -130,9 +132,6 @@ def write_json(reports, path: str | Path) -> Path:
     `record --stacks` snapshot's peak, [] without one); at the
     top the overall `status` and `exit_code` (those of visualize). With --baseline, `baseline` repeats the run's gate (`status`, `summary`, every
     compared value) where CI scripts read it."""
-    from miles_profile.runmodel.ledger import ledger_records
-    from miles_profile.runmodel.stacks import stacks_of, stacks_records
-    from miles_profile.verdicts.engine import exit_code_of, overall_of
     verdicts = [r.verdict for r in reports]
     runs = []
     for report, verdict in zip(reports, verdicts):

@@ -34,6 +34,8 @@ from miles_profile.runmodel.process_view import (  # noqa: F401 - re-exported
 )
 from miles_profile.runmodel.reduce import reduce_series
 from miles_profile.runmodel.series import series_arrays
+from miles_profile.logdir.reader import with_samples
+from miles_profile.report.figures import run_start
 
 FULL_READ_MAX_PROCESSES = 64
 DEFAULT_LANES = "worst:8"
@@ -75,7 +77,6 @@ def build_fleet(run, spec: str | None = None, *, max_points: int = 100_000) -> F
         picked = fleet.select_lanes(table, spec or DEFAULT_LANES, matrix)
     shown = all_lanes[all_lanes["lane"].isin(picked)]
     if getattr(run, "sample_pids", None) is not None:  # read lazily: now the samples in view
-        from miles_profile.logdir.reader import with_samples
         pids = {int(p) for ps in shown["pids"] for p in ps}
         run = with_samples(run, pids)
     view = FleetView(run, table, matrix, fleet.rank_outliers(table, matrix=matrix), all_lanes, picked,
@@ -104,7 +105,6 @@ def _reduced(t: np.ndarray, y: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarr
 def lane_figure(run, table: pd.DataFrame, lane: dict, *, max_points: int = 20_000) -> go.Figure:
     """One lane: each recorded process's own memory (reduced), the GPU's other NVML processes, the
     device's NVML used and its total. On a host lane: the ranks' processes' RSS under the host total."""
-    from miles_profile.report.figures import run_start
     rows = table[table["lane"] == lane["lane"]]
     who = rows.drop_duplicates("pid").set_index("pid")
     pids = [int(p) for p in lane["pids"]]

@@ -14,6 +14,9 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from miles_profile.importers.miles_dashboard_series import engine_series, gpu_series, is_miles, series_note
+from miles_profile.report.figures import run_start
+from miles_profile.report.ledger_html import alignment
 from miles_profile.runmodel.reduce import reduce_series
 
 LINES_MAX = 16  # past this many GPUs or engines a lane draws their median and range, not one line each
@@ -126,9 +129,6 @@ def miles_series_figure(gpus: pd.DataFrame | None, engines: pd.DataFrame | None,
 
 def miles_series_html(run, suffix: str = "", align_to=None) -> str:
     """The report's section for a Miles dashboard import: the lanes above, or why there are none."""
-    from miles_profile.importers.miles_dashboard_series import engine_series, gpu_series, is_miles, series_note
-    from miles_profile.report.figures import run_start
-    from miles_profile.report.ledger_html import alignment
     if not is_miles(run):
         return ""
     note = series_note(run)

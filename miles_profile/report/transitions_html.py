@@ -13,6 +13,7 @@ import html
 import pandas as pd
 
 from miles_profile.report.phase_style import phase_color
+from miles_profile.report.whatif_html import whatif_html
 from miles_profile.runmodel.series import GiB
 from miles_profile.runmodel.transitions import GB, NO_COPY, Transitions, meter_of
 
@@ -107,7 +108,6 @@ def _table(meter: Transitions, table_id: str) -> str:
 
 
 def transitions_html(run, ledger_frame: pd.DataFrame | None, suffix: str = "") -> str:
-    from miles_profile.report.whatif_html import whatif_html
     meter = meter_of(run, ledger_frame)
     if meter.empty:
         return ""

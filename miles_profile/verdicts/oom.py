@@ -14,6 +14,7 @@ written before this check) without an event is a vanishing at its last record.
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 
 from miles_profile import names
 from miles_profile.command_exit import command_exit, stop_signal
@@ -147,7 +148,6 @@ def grew_before(run, t: float, window_s: float = WINDOW_S) -> list[dict]:
 
 
 def pd_num(series) -> np.ndarray:
-    import pandas as pd
     return pd.to_numeric(series, errors="coerce").to_numpy(float)
 
 
