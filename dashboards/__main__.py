@@ -6,7 +6,9 @@ import logging
 import socket
 import sys
 
+from dashboards.hosts import HostPolicy
 from miles_profile.errors import MilesProfileError
+from miles_profile.phase_select import parse_phases
 
 DEFAULT_HOST = "127.0.0.1"  # local only: the page shows command lines and paths
 DEFAULT_PORT = 8050
@@ -35,13 +37,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        from miles_profile.phase_select import parse_phases
         if args.phase is not None:
             # names a run recorded of its own are accepted in the page; here only what any run may hold
             parse_phases(args.phase)
         port = _check_address(args.host, args.port)
-        from dashboards.app import create_app
-        from dashboards.hosts import HostPolicy
+        from dashboards.app import create_app  # dash, plotly, pandas: only once the flags are valid
         app = create_app(args.log_dir, poll_ms=args.poll_ms, hosts=HostPolicy.for_listen_address(args.host),
                          phase_selection=args.phase)
     except MilesProfileError as exc:

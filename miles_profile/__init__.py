@@ -16,6 +16,7 @@ def load(*paths):
     """Read a run into a `Run` (samples, phases, events, meta, host data, phase summaries). Several
     paths: the directories of one run (same run id, e.g. one per host), merged. See logdir.reader.
     A directory Miles' `--use-miles-dashboard` wrote is imported (importers/miles_dashboard.py)."""
+    # pandas and pyarrow only once a run is read: `import miles_profile` in a training script stays light
     from miles_profile.importers.miles_dashboard import find_miles_dashboard, load_miles_dashboard
     if len(paths) == 1 and find_miles_dashboard(paths[0]) is not None:
         return load_miles_dashboard(paths[0])

@@ -20,6 +20,7 @@ Imports numpy, and torch only when it is installed (the recorder's dependencies)
 """
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
@@ -93,7 +94,7 @@ def _cuda(nbytes: int, repeats: int) -> tuple[dict[str, float], str | None]:
     if "torch" not in sys.modules and not os.path.exists("/dev/nvidiactl"):
         return {}, None  # no NVIDIA driver here: importing torch (seconds) would only say so
     try:
-        import torch
+        import torch  # seconds to import, and only where a driver could answer
     except ImportError:
         return {}, None
     if not torch.cuda.is_available():
@@ -148,7 +149,6 @@ def measure_in_child(nbytes: int = DEFAULT_BYTES, disk_dir: str | Path | None = 
 
 def main(argv: list[str] | None = None) -> int:
     """python -m miles_profile.calibrate [--bytes N] [--disk-dir D]: this machine's links as JSON on stdout."""
-    import argparse
     parser = argparse.ArgumentParser(prog="python -m miles_profile.calibrate", description=main.__doc__)
     parser.add_argument("--bytes", type=int, default=DEFAULT_BYTES, help="bytes per copy (default: %(default)s)")
     parser.add_argument("--disk-dir", default=None, help="where the temporary file goes (default: the temp dir)")

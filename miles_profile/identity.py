@@ -45,7 +45,7 @@ def _uuid_text(value: Any) -> str:
 def _uuid_by_pci_bus_id(props) -> str | None:
     """NVML's UUID of the device at torch's PCI address (torch builds whose properties lack `uuid`)."""
     try:
-        import pynvml
+        import pynvml  # optional (nvidia-ml-py): without it or a driver the UUID stays unknown
         pynvml.nvmlInit()
         try:
             bus = f"{props.pci_domain_id:08x}:{props.pci_bus_id:02x}:{props.pci_device_id:02x}.0"

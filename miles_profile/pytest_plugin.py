@@ -28,6 +28,10 @@ import tempfile
 
 import pytest
 
+from miles_profile.errors import MilesProfileError
+from miles_profile.recorder import Recorder, check_interval_ms
+from miles_profile.sizes import parse_size
+
 MARKER = "memory_limit"
 
 
@@ -68,8 +72,6 @@ def pytest_collection_modifyitems(config, items):
 
 
 def _check_options(config) -> None:
-    from miles_profile.errors import MilesProfileError
-    from miles_profile.recorder import check_interval_ms
     try:
         check_interval_ms(config.getoption("--memory-interval-ms"))
     except MilesProfileError as exc:
@@ -88,8 +90,6 @@ def _check_options(config) -> None:
 def _marker_problem(marker) -> str | None:
     """What is wrong with a memory_limit marker, in one line; None when it is well formed. A limit
     must name at least one size (gpu=None, host=None checks nothing and would pass forever)."""
-    from miles_profile.errors import MilesProfileError
-    from miles_profile.sizes import parse_size
     unknown = sorted(set(marker.kwargs) - {"gpu", "host", "phase"})
     if marker.args or unknown:
         return f"takes gpu=, host= (at least one) and phase=; got {marker.args or ''}{unknown or ''}"
@@ -113,7 +113,6 @@ def pytest_runtest_call(item):
     limits = _limits(item)
     if limits is None:
         return (yield)
-    from miles_profile.recorder import Recorder
     keep = item.config.getoption("--memory-log-dir")
     log_dir = keep or tempfile.mkdtemp(prefix="miles-profile-test-")
     recorder = Recorder(log_dir, interval_ms=item.config.getoption("--memory-interval-ms"),
@@ -133,7 +132,7 @@ def pytest_runtest_call(item):
 
 def _judge(item, run_dir, limits: dict) -> None:
     """Render the engine's verdict of the test's limits: failures fail it, an unjudgeable limit warns."""
-    from miles_profile.errors import MilesProfileError
+    # pandas and the verdicts only once a marked test ran: pytest loads this plugin in every session
     from miles_profile.logdir.reader import load_run
     from miles_profile.verdicts.engine import judge_test_limits
     try:

@@ -271,7 +271,7 @@ def device_memory(device: str) -> int | None:
     or None when it cannot be read."""
     try:
         if device == "cuda":
-            import torch
+            import torch  # seconds: `--plan` and `--help` run without it
             return int(torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory)
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except Exception:  # no driver, no device, no sysconf name (CUDA raises several types): no bound
@@ -348,7 +348,7 @@ def parse_args(argv: list[str] | None, cuda_available: bool | None = None,
     `world_size`: the number of data-parallel ranks (default: torchrun's WORLD_SIZE, else 1).
     `check_environment=False`: validate the flags only, not this machine (see `validate`)."""
     if cuda_available is None:
-        import torch
+        import torch  # seconds: `--plan` and `--help` run without it
         cuda_available = torch.cuda.is_available()
     under_torchrun = "WORLD_SIZE" in os.environ and "RANK" in os.environ
     if world_size is None:

@@ -67,7 +67,7 @@ VOCAB_SIZE = 16  # digits 0-9, BOS, SEP, and padding to a round size
 
 
 def model_config(preset: Preset, digits: int) -> ModelConfig:
-    from trainer.task import sequence_lengths
+    from trainer.task import sequence_lengths  # task imports torch; the planner reads this module without it
     prompt_len, response_len = sequence_lengths(digits)
     return ModelConfig(VOCAB_SIZE, preset.d_model, preset.n_layer, preset.n_head,
                        max_seq_len=prompt_len + response_len)

@@ -7,6 +7,8 @@ on the host) while every view, `nn.Parameter` and optimizer reference stays vali
 """
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -101,8 +103,6 @@ _LIBC: list = []
 
 def _libc():
     if not _LIBC:
-        import ctypes
-        import ctypes.util
         try:
             lib = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
             _LIBC.append(lib if hasattr(lib, "malloc_trim") else None)

@@ -20,6 +20,7 @@ from trainer.dist import LAUNCHER_PID_ENV, STOP_FILE_ENV
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    # torch.distributed takes seconds to import: only once the launch is really run
     from torch.distributed.elastic.multiprocessing import api as elastic_api
     from torch.distributed.run import main as torchrun_main
 

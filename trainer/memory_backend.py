@@ -67,7 +67,7 @@ def resolve(choice: str, device: str) -> str:
 def preload_library() -> str | None:
     """The package's preload library (for LD_PRELOAD of a process we start), None if not found."""
     try:
-        from torch_memory_saver.utils import get_binary_path_from_package
+        from torch_memory_saver.utils import get_binary_path_from_package  # optional: the cuda extra
         return str(get_binary_path_from_package(_PRELOAD_LIB))
     except Exception:  # not installed, or no build for this CUDA
         return None
@@ -105,7 +105,7 @@ def unclaim(tags: Sequence[str], owner: object) -> None:
 def saver():
     """The package's singleton, its hook mode set once, before its first use."""
     if not _SAVER:
-        from torch_memory_saver import torch_memory_saver as tms
+        from torch_memory_saver import torch_memory_saver as tms  # optional: the cuda extra
         if tms._impl is None:  # the setter only works before the first region/pause
             tms.hook_mode = hook_mode()
         tms.retain_cpu_backup = True  # see the module docstring: 0.97x of a pinned copy instead of 0.05x

@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from miles_profile.names import (CLEAR_MEMORY, CUDA_GRAPH, GENERATE, KV_CACHE, OFFLOAD_KV, OFFLOAD_ROLLOUT,
                                  OFFLOAD_TRAIN, OFFLOAD_WEIGHTS, ONLOAD_KV, ONLOAD_TRAIN, ONLOAD_WEIGHTS,
                                  TORCH_MEMORY_SAVER, TRAIN, UPDATE_WEIGHTS, WEIGHTS)
+from trainer.config import model_config
 from trainer.plan_shapes import max_chunk_numel, param_numels, train_activation_bytes
 
 CUBLAS_WORKSPACE_BYTES = 32 * 1024**2  # torch's default cuBLAS workspace on Hopper (sm_90)
@@ -189,7 +190,6 @@ def _replay_state(lanes: _Lanes, actor: dict, engine: dict, g: "_Graphs") -> tup
 
 
 def _sizes(cfg, cpu_count: int) -> tuple[_Run, dict]:
-    from trainer.config import model_config
     mc = model_config(cfg.preset, cfg.digits)
     cuda = cfg.device == "cuda"
     outs = [None, 1] if cfg.use_critic else [None]

@@ -11,7 +11,7 @@ class Progress:
         self._bar = None
         if sys.stderr.isatty():
             try:
-                from tqdm import tqdm
+                from tqdm import tqdm  # only on a terminal: a log or CI never pays for it
                 self._bar = tqdm(total=total, unit="rollout", dynamic_ncols=True)
             except ImportError:
                 pass

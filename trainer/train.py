@@ -25,7 +25,7 @@ import miles_profile as mp
 from miles_profile.names import (CLEAR_MEMORY, CUDA_GRAPH, GENERATE, KV_CACHE, OFFLOAD_KV, OFFLOAD_ROLLOUT,
                                  OFFLOAD_TRAIN, OFFLOAD_WEIGHTS, ONLOAD_KV, ONLOAD_TRAIN, ONLOAD_WEIGHTS,
                                  TORCH_MEMORY_SAVER, TRAIN, UPDATE_WEIGHTS, WEIGHTS)
-from trainer import dist, memory_backend, offload_dirs, task
+from trainer import dist, memory_backend, offload_dirs, plan_cli, task
 from trainer.actor import Actor, Batch, TrainStats
 from trainer.args import RunConfig, parse_args
 from trainer.config import gib, model_config
@@ -286,7 +286,6 @@ def _on_sigterm(signum, frame) -> None:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if "--plan" in argv:
-        from trainer import plan_cli
         return plan_cli.main(argv)
     cfg = parse_args(argv)  # exits 2 with one line on bad flags
     if dist.launched_by_torchrun():

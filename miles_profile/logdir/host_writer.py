@@ -12,14 +12,13 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-from miles_profile.logdir.layout import GPU_PROCS_SUFFIX, HOST_META_SUFFIX, HOST_SAMPLES_SUFFIX
+from miles_profile.logdir.layout import FORMAT_VERSION, GPU_PROCS_SUFFIX, HOST_META_SUFFIX, HOST_SAMPLES_SUFFIX
 from miles_profile.logdir.writer import _cell, _open_append, write_json
 
 GPU_PROCS_COLUMNS = ("t", "gpu_uuid", "pid", "bytes")
 
 
 def write_host_meta(run_dir: Path, stem: str, meta: dict[str, Any]) -> None:
-    from miles_profile.logdir.layout import FORMAT_VERSION
     write_json(run_dir / f"{stem}{HOST_META_SUFFIX}", {"format_version": FORMAT_VERSION, **meta})
 
 

@@ -159,7 +159,7 @@ def open_nvml(pids: Callable[[], set[int]], interval_s: float | None = NvmlProbe
               which: Callable[[], Iterable[int]] | None = None) -> tuple[NvmlProbe | None, dict[str, Any]]:
     """The probe (see NvmlProbe for `interval_s` and `which`), or None and why not."""
     try:
-        import pynvml
+        import pynvml  # optional: without it the probe is absent (probes/__init__.py)
         pynvml.nvmlInit()
     except Exception as exc:  # no library, no driver, no GPU
         return None, absent("nvml", f"{type(exc).__name__}: {exc}")

@@ -42,7 +42,7 @@ class PynvmlBackend:
     """nvidia-ml-py. Raises at construction when there is no library, driver or GPU."""
 
     def __init__(self):
-        import pynvml
+        import pynvml  # optional: the caller turns its ImportError into an absent probe
         pynvml.nvmlInit()
         self._nvml = pynvml
         self._not_available = getattr(pynvml, "NVML_VALUE_NOT_AVAILABLE_ulonglong", None)

@@ -119,7 +119,7 @@ def minmax_indices(t: np.ndarray, y: np.ndarray, n_out: int) -> np.ndarray:
         tf, yf = t[finite], y[finite]
     if len(yf) <= max(n_out, _MIN_BUCKETED):
         return np.arange(len(y), dtype=np.int64) if finite is None else finite.astype(np.int64)
-    from tsdownsample import MinMaxDownsampler
+    from tsdownsample import MinMaxDownsampler  # the report extra's (Rust); only for a series long enough to reduce
     if tf[-1] <= tf[0]:  # all at one instant: time buckets are meaningless, keep the extremes
         picked = np.array([np.argmin(yf), np.argmax(yf)], dtype=np.int64)
     else:
