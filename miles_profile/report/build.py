@@ -19,8 +19,21 @@ from pathlib import Path
 from typing import Callable
 
 from miles_profile.errors import MilesProfileError
+from miles_profile.importers.miles_csv import load_miles_csv
+from miles_profile.importers.miles_dashboard import is_miles_dashboard, load_miles_dashboard
 from miles_profile.logdir.layout import RUN_META, find_runs
+from miles_profile.logdir.reader import load_run, run_id_of, with_samples
+from miles_profile.report import export
+from miles_profile.report.compare import comparison_html
+from miles_profile.report.fleet_figures import fleet_heatmap
+from miles_profile.report.fleet_report import FULL_READ_MAX_PROCESSES
+from miles_profile.report.forecast_html import forecast_lines
+from miles_profile.report.gate_html import regression_html
+from miles_profile.report.html import build_run_report, write_html
+from miles_profile.report.selected_report import apply_selection
 from miles_profile.verdicts.checks import Thresholds
+from miles_profile.verdicts.engine import STATUS_LABEL, exit_code_of, overall_of
+from miles_profile.verdicts.selection import selection_for
 
 
 @dataclass
@@ -64,28 +77,22 @@ def _expand(path: Path) -> list[Path]:
 
 
 def _load_one(target: tuple[Path, ...], lazy: bool = False):
-    from miles_profile.importers.miles_dashboard import is_miles_dashboard, load_miles_dashboard
     if is_miles_dashboard(target[0]):
         return load_miles_dashboard(target[0])
     if target[0].is_file():
-        from miles_profile.importers.miles_csv import load_miles_csv
         return load_miles_csv(target[0])
-    from miles_profile.logdir.reader import load_run, with_samples
     if not lazy:
         return load_run(*target)
     # Metas, events and summaries first; every sample only for a run of a few processes. A larger
     # run's samples are read for the lanes its report draws (fleet_report.build_fleet).
-    from miles_profile.report.fleet_report import FULL_READ_MAX_PROCESSES
     run = load_run(*target, sample_pids=set())
     return with_samples(run) if len(run.processes) <= FULL_READ_MAX_PROCESSES else run
 
 
 def _group_by_run_id(targets: list[Path]) -> list[tuple[Path, ...]]:
     """Run directories with the same run id (one run's hosts, each its own directory) load as one run."""
-    from miles_profile.logdir.reader import run_id_of
     groups: dict[str, list[Path]] = {}
     for target in targets:
-        from miles_profile.importers.miles_dashboard import is_miles_dashboard
         key = f"file:{target}" if target.is_file() or is_miles_dashboard(target) else run_id_of(target)
         if target not in groups.setdefault(key, []):
             groups[key].append(target)
@@ -128,7 +135,6 @@ def default_output(paths: list[str]) -> Path:
 
 def _verdict_lines(reports) -> list[str]:
     """What the terminal says: each run's checks and gates, one word per status (engine.STATUS_LABEL)."""
-    from miles_profile.verdicts.engine import STATUS_LABEL
     lines = []
     for report in reports:
         verdict = report.verdict
@@ -147,12 +153,6 @@ def _verdict_lines(reports) -> list[str]:
 
 
 def visualize(options: VisualizeOptions, echo: Callable[[str], None] = print) -> int:
-    from miles_profile.report import export
-    from miles_profile.report.compare import comparison_html
-    from miles_profile.report.html import build_run_report, write_html
-    from miles_profile.verdicts.engine import STATUS_LABEL, exit_code_of, overall_of
-    from miles_profile.report.selected_report import apply_selection
-    from miles_profile.verdicts.selection import selection_for
 
     started = time.perf_counter()
     runs, notes = load_inputs(options.paths, lazy=len(options.paths) == 1)
@@ -174,7 +174,6 @@ def visualize(options: VisualizeOptions, echo: Callable[[str], None] = print) ->
     verdicts = [r.verdict for r in reports]
     comparison = comparison_html(runs, max_points=options.max_points) if len(runs) > 1 else None
     output = Path(options.output) if options.output else default_output(options.paths)
-    from miles_profile.report.gate_html import regression_html
     gates = [g for v in verdicts for g in v.gates]
     _write(output, lambda: write_html(output, reports, comparison=comparison, notes=tuple(notes),
                                       extra=regression_html(gates)))
@@ -200,7 +199,6 @@ def visualize(options: VisualizeOptions, echo: Callable[[str], None] = print) ->
         echo(f"also wrote {extra}")
     for line in _verdict_lines(reports):
         echo(line)
-    from miles_profile.report.forecast_html import forecast_lines
     for report in reports:
         for line in forecast_lines(report.run):
             echo(f"{report.run.name}: {line}")
@@ -224,7 +222,6 @@ def _png_figure(report):
     """The one timeline, or for a fleet run its heatmap."""
     if report.figure is not None or report.fleet is None or report.fleet.matrix is None:
         return report.figure
-    from miles_profile.report.fleet_figures import fleet_heatmap
     return fleet_heatmap(report.fleet.matrix)
 
 
