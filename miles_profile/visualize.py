@@ -60,6 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _thresholds(pairs: list[str]):
     """(Thresholds, FleetThresholds) with the NAME=VALUE overrides (a name both have sets both)."""
+    # the checks import pandas: a mistyped flag or --help is answered before that second
     from miles_profile.verdicts.checks import Thresholds
     from miles_profile.verdicts.fleet_checks import FleetThresholds
     found = [Thresholds(), FleetThresholds()]
@@ -100,6 +101,7 @@ def main(argv: list[str] | None = None) -> int:
         print("miles_profile.visualize: error: give a run directory (e.g. /tmp/memory_logs)", file=sys.stderr)
         return 2
     try:
+        # plotly, pandas and pyarrow only once the flags are valid (usage errors answer at once)
         from miles_profile.report.build import VisualizeOptions, visualize
         from miles_profile.verdicts.gate import RegressionThresholds
         thresholds, fleet_thresholds = _thresholds(args.threshold)
