@@ -3,7 +3,7 @@
     python bench/bench_fleet.py [--sizes 64 256 1024] [--minutes 30] [--json OUT]
 
 Each size runs in a fresh child process (so peak memory is its own): a synthetic PhaseTable
-(miles_profile/report/fleet_synthetic.py: hosts x 8 GPUs, an actor and an engine per GPU, `--minutes`
+(miles_profile/runmodel/fleet_synthetic.py: hosts x 8 GPUs, an actor and an engine per GPU, `--minutes`
 of the colocated loop at 13.5 s per iteration, about 600 phase instances per process), then
 gpu_matrix, rank_outliers, the three fleet checks and the heatmap figure (serialized to JSON, as the
 report and the dashboard do). It prints seconds per stage, the peak traced allocation of the analysis

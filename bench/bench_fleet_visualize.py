@@ -2,7 +2,7 @@
 
     python bench/bench_fleet_visualize.py [--sizes 64 256 1024] [--minutes 30] [--dir DIR] [--keep]
 
-Each run: H hosts x 8 GPUs, an actor and an engine process per GPU (miles_profile/report/fleet_synthetic.py:
+Each run: H hosts x 8 GPUs, an actor and an engine process per GPU (miles_profile/runmodel/fleet_synthetic.py:
 the colocated loop, a hot rank 3 and a creeping rank 5), stretched to 30 iterations over `--minutes`;
 per process a meta, an events file with every phase's begin and end (the end carrying its summary)
 and a samples file at 50 ms (36,000 rows for 30 minutes: t, phase, gpu{i}_proc, rss); per host a host

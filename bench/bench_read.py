@@ -10,7 +10,7 @@ Builds two synthetic logs in a temporary directory (or D), both without summarie
 Each read runs in a fresh child process. "per-phase numbers" is what whole-run analysis reads:
 `load_run(dir, sample_pids=set())` (metas, events, phases), the phase summaries computed from the
 samples files (`logdir.sample_summaries.summaries_from_samples`: one streamed pass per file, cached
-beside it) and the fleet's `report.phase_table.phase_table(run)`. With `--full`, "all samples as one
+beside it) and the fleet's `runmodel.phase_table.phase_table(run)`. With `--full`, "all samples as one
 frame" is `load_run(dir)` (what a timeline of every process needs; the reader's columnar cache serves
 its cached read of a file of 64 MiB or more). "first read" removes the caches first (the CSVs are in
 the page cache: they were just written or read); "cached" is the best of --repeat reads. Time is

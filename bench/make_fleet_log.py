@@ -4,7 +4,7 @@ benchmark and browser test.
     python bench/make_fleet_log.py OUT_DIR [--hosts 64] [--gpus 8] [--minutes 3] [--interval-ms 50]
 
 H hosts x G GPUs, on each GPU an actor rank and the engine process serving it (2 x H x G processes),
-with the phase structure and levels of miles_profile/report/fleet_synthetic.py (its injections: rank 5
+with the phase structure and levels of miles_profile/runmodel/fleet_synthetic.py (its injections: rank 5
 runs 6 GiB hot in train, rank 9's floor creeps 256 MiB per iteration, rank 3's engine frees 3 GiB too
 little in iteration 2's offload_kv). Per process: meta (host, pid, rank, role, gpu_uuid), samples (rss,
 gpu0_alloc, gpu0_reserved; the process's own level: first for the first third of a phase, peak for

@@ -1,5 +1,5 @@
 """What each memory link of this machine can do, measured once per host: the ceilings the transition
-meter (report/transitions.py) holds every offload, onload and weight update against.
+meter (runmodel/transitions.py) holds every offload, onload and weight update against.
 
     measure(nbytes=DEFAULT_BYTES, disk_dir=None, repeats=3) -> dict    # one measurement, now
     for_this_host(disk_dir=None, refresh=False, cache_dir=None) -> dict  # cached per host, measured in a child

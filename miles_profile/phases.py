@@ -140,7 +140,7 @@ def samples_heap() -> bool:
 
 def heap_baseline() -> None:
     """Store the heap in use now as this process's `heap_baseline` annotation: the level the report
-    measures a host forecast from (report/forecast.py). Call it right before the program allocates what
+    measures a host forecast from (runmodel/forecast.py). Call it right before the program allocates what
     its forecast counts. A no-op unless the heap is sampled."""
     rec = _recorder()
     if rec is not None and rec.samples_heap:

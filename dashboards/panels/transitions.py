@@ -1,5 +1,5 @@
 """Moving-memory panel: the share of each step spent in transitions, the transition meter per phase kind
-and tag, and "what you could keep on the GPU" (report/transitions.py, report/whatif.py), as the text
+and tag, and "what you could keep on the GPU" (runmodel/transitions.py, runmodel/whatif.py), as the text
 rows the HTML report renders (report/transitions_html.py, report/whatif_html.py)."""
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
 A CPU process has no allocator counter like CUDA's `memory_allocated`, and RSS holds more than
 tensors (library pages, thread stacks, freed heap glibc keeps). torch's CPU tensors are malloc'd, so
 `mallinfo2()`'s `uordblks` (in the arenas) + `hblkhd` (in mmapped chunks) is the CPU analogue; the
-report judges the trainer's host forecast against it (report/forecast.py).
+report judges the trainer's host forecast against it (runmodel/forecast.py).
 
 Opt-in because of its cost: mallinfo2 walks every free chunk of every arena under that arena's lock.
 In the cpu-preset trainer a call took 183-192 us median, 4-7 ms at p99 and 11-20 ms at worst

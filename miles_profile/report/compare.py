@@ -119,7 +119,7 @@ def peak_matrix(runs, kind: str = "device") -> pd.DataFrame:
 
 
 def comparison_figure(runs, *, max_points: int = 100_000) -> go.Figure:
-    """Stacked bars per (phase, configuration): the ledger (report/ledger.py) of each run's main
+    """Stacked bars per (phase, configuration): the ledger (runmodel/ledger.py) of each run's main
     process at the end of each phase's worst iteration, GPU then host. Built from the phase
     summaries and account events (per phase, not per sample): `max_points` is unused, kept for callers."""
     frames = [ledger(run) for run in runs]

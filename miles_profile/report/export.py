@@ -117,8 +117,8 @@ def write_phase_csv(runs, path: str | Path) -> Path:
 
 
 def moving_memory(report) -> dict:
-    """`transitions` (report/transitions.py: per phase, per kind and tag, per step, the link ceilings) and
-    `whatif` (report/whatif.py: per offload and category) of one run, as the HTML report shows them."""
+    """`transitions` (runmodel/transitions.py: per phase, per kind and tag, per step, the link ceilings) and
+    `whatif` (runmodel/whatif.py: per offload and category) of one run, as the HTML report shows them."""
     frame = getattr(report, "ledger", None)
     return {"transitions": jsonable(meter_of(report.run, frame).to_dict()),
             "whatif": jsonable(whatif_of(report.run, frame).to_dict())}
@@ -126,9 +126,9 @@ def moving_memory(report) -> dict:
 
 def write_json(reports, path: str | Path) -> Path:
     """Each run's verdict as the engine gives it (RunVerdict.to_dict: `status`, `exit_code`, `checks`,
-    `gates`), its warnings, per-phase statistics and `ledger` (report/ledger.py ledger_records: bytes by
+    `gates`), its warnings, per-phase statistics and `ledger` (runmodel/ledger.py ledger_records: bytes by
     category at each top-level phase's end and peak; `ledger_sampled`: [shown, of] iterations where it
-    covers some), `transitions` and `whatif` (moving_memory), `stacks` (report/stacks.py: the top allocation sites at each
+    covers some), `transitions` and `whatif` (moving_memory), `stacks` (runmodel/stacks.py: the top allocation sites at each
     `record --stacks` snapshot's peak, [] without one); at the
     top the overall `status` and `exit_code` (those of visualize). With --baseline, `baseline` repeats the run's gate (`status`, `summary`, every
     compared value) where CI scripts read it."""

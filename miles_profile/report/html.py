@@ -51,7 +51,7 @@ class RunReport:
     figure: go.Figure | None
     skipped: list[str] = field(default_factory=list)
     fleet: object | None = None  # fleet_report.FleetView for a run of many processes
-    ledger: pd.DataFrame | None = None  # report/ledger.py; a fleet's: the processes of the lanes drawn
+    ledger: pd.DataFrame | None = None  # runmodel/ledger.py; a fleet's: the processes of the lanes drawn
 
     @property
     def checks(self) -> list[checks_mod.CheckResult]:

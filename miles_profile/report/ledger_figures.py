@@ -1,4 +1,4 @@
-"""Figures of the ledger (report/ledger.py), shared by the HTML report and the dashboard.
+"""Figures of the ledger (runmodel/ledger.py), shared by the HTML report and the dashboard.
 
     ledger_area_figure(frame, t0) -> go.Figure     # stacked area per device over time (phase ends, peaks)
     ledger_bar_figure(frame) -> go.Figure          # stacked bar per phase instance (peak, end), per device

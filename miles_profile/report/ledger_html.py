@@ -1,5 +1,5 @@
 """The ledger's part of the HTML report: the stacked area over time, the stacked bar per phase, and
-whether the categories add up (report/ledger.py, report/ledger_figures.py)."""
+whether the categories add up (runmodel/ledger.py, report/ledger_figures.py)."""
 from __future__ import annotations
 
 import html

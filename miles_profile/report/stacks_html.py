@@ -1,5 +1,5 @@
 """The report's "Which code made the peak" section (record --stacks): per recorded process, the top
-allocation sites at its snapshot's peak (report/stacks.py) and how to open the snapshot in memory_viz.
+allocation sites at its snapshot's peak (runmodel/stacks.py) and how to open the snapshot in memory_viz.
 
     stacks_html(run, suffix) -> str          # "" when the run has no stacks event
     site_rows(device_peak) -> list[dict], SITE_COLUMNS   # the table as text: the report's and the dashboard's

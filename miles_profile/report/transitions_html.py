@@ -1,6 +1,6 @@
 """The report's "What moving memory cost" section, placed after the summary: the share of each step
 spent in transitions (a bar per phase kind), the transition meter per phase kind and tag
-(report/transitions.py) and the offload what-if (report/whatif_html.py).
+(runmodel/transitions.py) and the offload what-if (report/whatif_html.py).
 
     transitions_html(run, ledger_frame, suffix) -> str
     meter_rows(meter) -> list[dict], METER_COLUMNS  # the table as text: the report's and the dashboard's

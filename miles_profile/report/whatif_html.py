@@ -1,4 +1,4 @@
-"""The report's "What you could keep on the GPU" table (report/whatif.py), inside the section of
+"""The report's "What you could keep on the GPU" table (runmodel/whatif.py), inside the section of
 report/transitions_html.py.
 
     whatif_html(run, ledger_frame, suffix) -> str

@@ -1,5 +1,5 @@
 """The transition meter: what every offload, onload, release, resume and weight update cost. A pure
-function of a Run and its ledger (report/ledger.py); docs/transitions.md explains each column.
+function of a Run and its ledger (runmodel/ledger.py); docs/transitions.md explains each column.
 
     transitions(run, ledger_frame=None) -> Transitions
     meter_of(run, ledger_frame) -> Transitions   # the same, cached per run and ledger (report and --json share it)

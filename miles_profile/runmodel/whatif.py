@@ -1,7 +1,7 @@
 """The offload what-if: for every offload (or release) and every category of memory it freed, the peak
 the phases after it would have had had that memory stayed on the device, against the device total and
 the headroom threshold, and what the round trip (the offload and the onload that brought it back)
-cost. A pure function of a Run and its ledger (report/ledger.py); docs/transitions.md explains it.
+cost. A pure function of a Run and its ledger (runmodel/ledger.py); docs/transitions.md explains it.
 
     whatif(run, ledger_frame=None, thresholds=None) -> WhatIf
         .table                 one row per (offload phase, category), plus `all` per offload phase

@@ -5,7 +5,7 @@ per check: it fails if any process fails, and names how many were judged and the
     per_process_checks(run, thresholds=None) -> list[FleetCheckResult]
 
 (Moved here from report/fleet_report.py so that the verdict engine, engine.py, owns every judgement;
-report/process_view.py says which processes are judged and cuts out each one's view of the run.)
+runmodel/process_view.py says which processes are judged and cuts out each one's view of the run.)
 """
 from __future__ import annotations
 

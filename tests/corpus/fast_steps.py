@@ -5,7 +5,7 @@ step without `rollout_id`, an `eval` phase every 200 steps.
 
 Each step lasts about a millisecond, so no single step holds the recorder's five readings of a floor:
 `leak` judges windows of consecutive steps (verdicts/leak.py), and each eval belongs to the step before
-it (report/stats.py, iterations without rollout_id).
+it (runmodel/stats.py, iterations without rollout_id).
 
 Defects (planted; healthy = none):
   leak   `backward(retain_graph=True)` (added once to silence "backward through the graph a second time")

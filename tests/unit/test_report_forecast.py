@@ -1,4 +1,4 @@
-"""miles_profile/report/forecast.py on real logs: what it measures, and plans it cannot trust."""
+"""miles_profile/runmodel/forecast.py on real logs: what it measures, and plans it cannot trust."""
 from __future__ import annotations
 
 import json

@@ -1,4 +1,4 @@
-"""The stacks parser (report/stacks.py) on snapshots in PyTorch's documented format (`torch.cuda.memory._snapshot`
+"""The stacks parser (runmodel/stacks.py) on snapshots in PyTorch's documented format (`torch.cuda.memory._snapshot`
 docstring: segments/blocks/frames, device_traces), written to real pickle files; and the recorder's
 online rule for which phase to record (miles_profile/stacks.py)."""
 from __future__ import annotations

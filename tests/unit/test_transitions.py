@@ -1,4 +1,4 @@
-"""The transition meter (report/transitions.py) on the committed H200 and CPU logs, and the link
+"""The transition meter (runmodel/transitions.py) on the committed H200 and CPU logs, and the link
 ceilings of record --calibrate (miles_profile/calibrate.py) measured for real on this machine."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The offload what-if (report/whatif.py) against the committed H200 configurations: the peak an
+"""The offload what-if (runmodel/whatif.py) against the committed H200 configurations: the peak an
 offloading configuration says it would have had, had it kept what it offloaded, must match the measured
 peak of the configuration that kept it, within 5% (issue 20 item 2)."""
 from __future__ import annotations
