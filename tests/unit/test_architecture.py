@@ -1,5 +1,6 @@
-"""The layers hold (docs/architecture.md): import-linter's contracts in pyproject.toml, and no private name
-imported across packages. A change that runs an import back up fails here, in `make test` and in CI."""
+"""The layers hold (docs/architecture.md): import-linter's contracts in pyproject.toml, no private name
+imported across packages, and the doc's picture is the code's. A change that runs an import back up fails
+here, in `make test` and in CI."""
 from __future__ import annotations
 
 import ast
@@ -130,3 +131,14 @@ def test_the_private_name_scan_finds_one(tmp_path, monkeypatch):
         "miles_profile.runmodel.whatif:1 imports miles_profile.verdicts.headroom._host_total",
         "miles_profile.runmodel.whatif:3 uses miles_profile.verdicts.headroom._host_total",
     ]
+
+
+def test_the_layers_picture_in_the_docs_is_the_codes():
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        import architecture_graph
+    finally:
+        sys.path.remove(str(ROOT / "scripts"))
+    committed = architecture_graph.committed_block(architecture_graph.DOC.read_text())
+    assert committed == architecture_graph.block(), (
+        "docs/architecture.md's picture is stale: PYTHONPATH=. python scripts/architecture_graph.py --write")
