@@ -1,7 +1,7 @@
-"""Reporting: pure statistics and checks over a loaded run, and the Plotly figures built from them.
+"""The static views: the self-contained HTML report, the Plotly figure builders it shares with the Dash
+dashboard, the first screen's summary, and the exports (PNG, Chrome trace, CSV, JSON).
 
-Layers (imports go one way): `series` and `reduce` (numpy) → `stats` and `checks` (pandas, pure
-functions returning DataFrames and dataclasses) → `figures`/`compare` (plotly) → `html`/`export`.
-The Dash dashboard imports `figures`, `reduce`, `stats` and `checks`; it builds no figures of its own.
+The numbers come from the run model (miles_profile/runmodel/) and the verdicts from verdicts/engine.py;
+nothing here computes a statistic a check judges, or judges anything (docs/architecture.md).
 Importing this package imports nothing heavy: import the submodule you need.
 """
