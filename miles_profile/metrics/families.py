@@ -13,6 +13,10 @@ from typing import Iterator
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
 
 from miles_profile.metrics.readings import VERDICTS, HostReading
+from miles_profile.oom import OOM_KILL, SIGKILL, VANISHED
+
+# Every known cause is exported from 0, so `increase()` sees the first kill; others (a Ray cause) join as seen.
+KILL_CAUSES = (OOM_KILL, SIGKILL, VANISHED)
 
 P = "miles_profile_"
 PROCESS = ["hostname", "rank", "role"]
@@ -25,7 +29,7 @@ def families(host: HostReading) -> Iterator[Metric]:
     yield from _offloads(host)
     kills = CounterMetricFamily(P + "kills", "Processes of this host killed while recorded (OOM killer, SIGKILL, "
                                 "vanished without ending), by cause", labels=["hostname", "cause"])
-    for cause, count in sorted(host.kills.items()):
+    for cause, count in sorted({**dict.fromkeys(KILL_CAUSES, 0), **host.kills}.items()):
         kills.add_metric([host.hostname, cause], count)
     yield kills
 

@@ -70,6 +70,7 @@ class ProcessState:
         self._alloc_col = self._reserved_col = self._alloc_peak_col = None
         self.reading = ProcessReading(rank="0", role="", pid=0)
         self._peaks: dict[str, list[int | None]] = {}
+        self._last: tuple[str, int | None, int | None] | None = None  # the last row: phase, allocated, RSS
         self._recent: collections.deque = collections.deque(maxlen=_RECENT_ROWS)  # (t, allocated, resident)
         self._open: dict[int, tuple[str, float, dict]] = {}  # phase id -> (name, begin t, attrs)
         self._ended: list[tuple[str, float, float, dict, dict]] = []  # offloads waiting for their rows
@@ -89,8 +90,13 @@ class ProcessState:
         self._judge_ended()
 
     def take_peaks(self) -> dict[str, tuple[int | None, int | None]]:
-        """The peaks since the previous call, per phase; the next scrape starts afresh."""
+        """The peaks since the previous call, per phase; the next scrape starts afresh. With no row
+        since then (rows reach the file every 0.5 s), the last row's level: the series stays present,
+        and a higher peak not yet written is in the next scrape."""
         peaks, self._peaks = self._peaks, {}
+        if not peaks and self._last is not None:
+            phase, alloc, rss = self._last
+            return {phase: (alloc, rss)}
         return {phase: (p[0], p[1]) for phase, p in peaks.items()}
 
     # -- meta ------------------------------------------------------------------------------
@@ -131,6 +137,7 @@ class ProcessState:
             return
         a, ap, rv, rs, rsp = self._alloc_col, self._alloc_peak_col, self._reserved_col, self._rss_col, self._rss_peak_col
         r, peaks, recent, width = self.reading, self._peaks, self._recent, self._width
+        phase = None
         for line in lines:
             cells = line.split(b",")
             if len(cells) != width:  # a torn line: the reader drops it too
@@ -157,6 +164,8 @@ class ProcessState:
             if rss is not None:
                 r.resident = rss
             recent.append((t, alloc, rss))
+        if phase is not None:
+            self._last = (phase, r.allocated if a is not None else None, r.resident if rs is not None else None)
 
     # -- events ----------------------------------------------------------------------------
     def _event(self, line: bytes) -> None:
