@@ -12,7 +12,7 @@ from typing import Iterator
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
 
-from miles_profile.metrics.readings import VERDICTS, HostReading
+from miles_profile.metrics.readings import HostReading
 from miles_profile.oom import OOM_KILL, SIGKILL, VANISHED
 
 # Every known cause is exported from 0, so `increase()` sees the first kill; others (a Ray cause) join as seen.
@@ -108,8 +108,8 @@ def _offloads(host: HostReading) -> Iterator[Metric]:
                       labels)
     freed = _gauge("offload_freed_bytes", "Bytes the last offload freed: the level right before it minus the "
                    "level at its end, on the allocator (GPU) or RSS (host); negative when memory grew", labels)
-    verdict = _gauge("offload_verdict", "1 for the live verdict of the last offload (pass: freed at least 80% of "
-                     "declared inside the phase), 0 for the other states", [*labels, "verdict"])
+    verdict = _gauge("offload_verdict", "1, labelled with the live verdict of the last offload (pass: freed at least "
+                     "80% of declared inside the phase; fail; too_small; n/a)", [*labels, "verdict"])
     count = CounterMetricFamily(P + "offloads", "Offloads of this phase and tag that ended", labels=labels)
     for r in host.processes:
         for (name, tag), o in sorted(r.offloads.items()):
@@ -118,7 +118,7 @@ def _offloads(host: HostReading) -> Iterator[Metric]:
                 declared.add_metric(ids, o.declared)
             if o.freed is not None:
                 freed.add_metric(ids, o.freed)
-            for state in VERDICTS:
-                verdict.add_metric([*ids, state], 1 if o.verdict == state else 0)
+            # Only the current state: a scrape with 64 processes renders a sample per state otherwise.
+            verdict.add_metric([*ids, o.verdict], 1)
             count.add_metric(ids, o.count)
     yield from (declared, freed, verdict, count)

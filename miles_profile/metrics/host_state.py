@@ -11,6 +11,7 @@ import collections
 import json
 import os
 import threading
+import time
 from pathlib import Path
 
 from miles_profile.logdir.layout import GPU_PROCS_SUFFIX, HOST_META_SUFFIX, HOST_SAMPLES_SUFFIX, PROCESS_META_SUFFIX
@@ -19,6 +20,9 @@ from miles_profile.metrics.process_state import ProcessState
 from miles_profile.metrics.readings import GpuReading, HostReading, ProcessReading
 
 _GPU_USED = "gpu_used:"
+# A new process of the host joins the exposition within this long: listing a directory of 64 processes'
+# files at every scrape cost more than reading their new rows at a 1 s scrape interval.
+DISCOVER_EVERY_S = 2.0
 
 
 class _HostFiles:
@@ -87,8 +91,12 @@ class HostState:
         self._processes: dict[str, ProcessState] = {}
         self._hosts: dict[str, _HostFiles] = {}
         self._lock = threading.Lock()  # two scrapes at once (two Prometheus servers) take turns
+        self._discovered = -DISCOVER_EVERY_S
 
     def _discover(self) -> None:
+        if time.monotonic() - self._discovered < DISCOVER_EVERY_S:
+            return
+        self._discovered = time.monotonic()
         prefix = f"{self.host}-"
         try:
             entries = os.listdir(self.run_dir)

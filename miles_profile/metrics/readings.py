@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-# The live offload verdict's states, every one exported (1 for the current one, 0 for the others).
+# The live offload verdict's states; the exposition labels the last offload's with it.
 VERDICTS = ("pass", "fail", "too_small", "n/a")
 
 
