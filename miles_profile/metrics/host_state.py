@@ -139,13 +139,16 @@ class HostState:
                 procs = files.procs_now
         reading.gpus = [GpuReading(index[u], u, totals.get(u), used.get(u)) for u in index]
         kills: collections.Counter = collections.Counter()
-        by_key: dict[tuple[str, str], ProcessReading] = {}
+        dead: set[int] = set()
         for process in self._processes.values():
             kills.update(process.kills)
+            dead |= process.dead_pids
+        by_key: dict[tuple[str, str], ProcessReading] = {}
+        for process in self._processes.values():
             r = process.reading
             peaks = process.take_peaks()
-            if process.ended or not process.meta:
-                continue  # a finished process has no current memory; its deaths still count above
+            if process.ended or not process.meta or r.pid in dead:
+                continue  # a finished or killed process has no current memory; its deaths still count above
             if r.pid in procs:
                 uuid, r.nvml_used = procs[r.pid]
                 r.uuid = r.uuid or uuid

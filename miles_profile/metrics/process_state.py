@@ -77,6 +77,7 @@ class ProcessState:
         self._iteration: Any = None
         self._floor: list[int | None] = [None, None]
         self.kills: collections.Counter = collections.Counter()
+        self.dead_pids: set[int] = set()  # the processes those deaths name
 
     @property
     def ended(self) -> bool:
@@ -182,6 +183,8 @@ class ProcessState:
             self._end(ev, name, attrs)
         elif kind == "oom" and attrs.get("cause"):  # a death, seen by a witness (oom.py); not an OOM error
             self.kills[str(attrs["cause"])] += 1
+            if isinstance(attrs.get("process_pid"), int):
+                self.dead_pids.add(attrs["process_pid"])
         self.reading.phase = next(reversed(self._open.values()))[0] if self._open else "none"
 
     def _begin(self, ev: dict, name: str, attrs: dict) -> None:

@@ -71,3 +71,17 @@ def test_a_small_offload_is_too_small_and_a_pause_is_not_judged():
     assert process_state.judge(1 * MiB, 1 * MiB, "allocated") == "too_small"
     assert process_state.judge(4 * MiB, 4 * MiB, "resident") == "too_small"
     assert process_state.judge(0, 0, "resident") == "n/a"
+
+
+def test_a_recorded_death_is_counted_and_its_process_leaves(run):
+    run_dir, samples, _ = run
+    _row(samples, 1.0, "train", 100 * MiB)
+    samples.flush()
+    write_process_meta(run_dir, f"{HOST}-5", {"host": HOST, "pid": 5, "rank": 0, "role": "exec_parent"})
+    witness = EventWriter(run_dir, f"{HOST}-5")
+    witness.write("oom", "oom", {"cause": "oom_kill", "process_pid": 77, "detected_by": "host_sampler"})
+    witness.write("oom", "oom", {"type": "OutOfMemoryError", "phase": "train"})  # an OOM error, no death
+    witness.close()
+    reading = HostState(run_dir, HOST).read()
+    assert reading.kills == {"oom_kill": 1}
+    assert [(p.rank, p.role) for p in reading.processes] == [("0", "exec_parent")]
