@@ -1,5 +1,6 @@
 """The metrics endpoint under bad input, with real sockets and processes: a port in use, a scrape of a
-deleted run, a scraper that never reads, prometheus_client missing; and no read before a scrape."""
+deleted run, a scraper that never reads, prometheus_client missing; no read before a scrape; and
+what the exposition imports."""
 from __future__ import annotations
 
 import logging
@@ -108,3 +109,13 @@ def test_record_with_a_port_in_use_runs_the_job_and_says_so_once(tmp_path):
     assert done.returncode == 0 and done.stdout == "job ran\n"
     assert [line for line in done.stderr.splitlines() if "metrics" in line] == [
         f"miles_profile: warning: metrics not served on port {port}: Address already in use"]
+
+
+def test_the_exposition_imports_only_the_recorder_and_log_format_layers():
+    """It runs in `record` on GPU hosts: no plotly, dash or pandas, and nothing of the report or verdicts."""
+    code = ("import sys, miles_profile.metrics, miles_profile.metrics.families\n"
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('plotly', 'dash', 'pandas')"
+            " or m.startswith(('miles_profile.report', 'miles_profile.verdicts', 'miles_profile.dashboards'))))\n")
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=python_env(), capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0 and done.stdout == "[]\n", done.stderr
