@@ -27,14 +27,6 @@ _WANTED = (b'"kind":"begin"', b'"kind":"end"', b'"kind":"oom"')  # other events 
 _TRANSITION = (names.OFFLOAD_PREFIX, names.ONLOAD_PREFIX, names.UPDATE_WEIGHTS)
 
 
-def _int(cell: bytes) -> int | None:
-    return int(cell) if cell else None
-
-
-def _max(a: int | None, b: int | None) -> int | None:
-    return b if a is None else a if b is None else max(a, b)
-
-
 def _min(a: int | None, b: int | None) -> int | None:
     return b if a is None else a if b is None else min(a, b)
 
@@ -69,9 +61,9 @@ class ProcessState:
         self._width = 0
         self._alloc_col = self._reserved_col = self._alloc_peak_col = None
         self.reading = ProcessReading(rank="0", role="", pid=0)
-        self._peaks: dict[str, list[int | None]] = {}
+        self._peaks: dict[bytes, list[int]] = {}  # phase as written -> [allocated, RSS] peaks, -1 for none
         self._last: tuple[str, int | None, int | None] | None = None  # the last row: phase, allocated, RSS
-        self._recent: collections.deque = collections.deque(maxlen=_RECENT_ROWS)  # (t, allocated, resident)
+        self._recent: collections.deque = collections.deque(maxlen=_RECENT_ROWS)  # the last rows' cells
         self._open: dict[int, tuple[str, float, dict]] = {}  # phase id -> (name, begin t, attrs)
         self._ended: list[tuple[str, float, float, dict, dict]] = []  # offloads waiting for their rows
         self._iteration: Any = None
@@ -98,7 +90,8 @@ class ProcessState:
         if not peaks and self._last is not None:
             phase, alloc, rss = self._last
             return {phase: (alloc, rss)}
-        return {phase: (p[0], p[1]) for phase, p in peaks.items()}
+        return {(phase.decode(errors="replace") or "none"): (p[0] if p[0] >= 0 else None, p[1] if p[1] >= 0 else None)
+                for phase, p in peaks.items()}
 
     # -- meta ------------------------------------------------------------------------------
     def _read_meta(self) -> None:
@@ -130,43 +123,56 @@ class ProcessState:
         self._rss_col, self._rss_peak_col = cols.get("rss"), cols.get("rss_peak")
 
     def _rows(self, lines: list[bytes]) -> None:
+        """The hot part of a scrape (every row since the previous one): per row only the two peak cells
+        are converted; a row's peak cell is never below its level (the probes read both at once), so
+        an empty peak cell falls back to the level. Levels come from the last row alone."""
         if lines and self._cols is None:
             header = lines.pop(0).decode(errors="replace").split(",")
             self._cols, self._width = {c: k for k, c in enumerate(header)}, len(header)
             self._find_columns()
         if self._cols is None or not lines:
             return
-        a, ap, rv, rs, rsp = self._alloc_col, self._alloc_peak_col, self._reserved_col, self._rss_col, self._rss_peak_col
-        r, peaks, recent, width = self.reading, self._peaks, self._recent, self._width
-        phase = None
+        a, ap, rs, rsp = self._alloc_col, self._alloc_peak_col, self._rss_col, self._rss_peak_col
+        ap = ap if ap is not None else a
+        rsp = rsp if rsp is not None else rs
+        peaks, recent, width = self._peaks, self._recent, self._width
+        last = None
         for line in lines:
             cells = line.split(b",")
             if len(cells) != width:  # a torn line: the reader drops it too
                 continue
             try:
-                alloc = _int(cells[a]) if a is not None else None
-                rss = _int(cells[rs]) if rs is not None else None
-                alloc_peak = _max(alloc, _int(cells[ap]) if ap is not None else None)
-                rss_peak = _max(rss, _int(cells[rsp]) if rsp is not None else None)
-                reserved = _int(cells[rv]) if rv is not None else None
-                t = float(cells[0])
+                alloc = int(cells[ap] or (cells[a] if a is not None else b"") or -1) if ap is not None else -1
+                rss = int(cells[rsp] or cells[rs] or -1) if rsp is not None else -1
             except ValueError:
                 continue
-            phase = cells[1].decode(errors="replace") or "none"
-            p = peaks.get(phase)
+            p = peaks.get(cells[1])
             if p is None:
-                peaks[phase] = [alloc_peak, rss_peak]
+                peaks[cells[1]] = [alloc, rss]
             else:
-                p[0], p[1] = _max(p[0], alloc_peak), _max(p[1], rss_peak)
-            if alloc is not None:
-                r.allocated = alloc
-            if reserved is not None:
-                r.reserved = reserved
-            if rss is not None:
-                r.resident = rss
-            recent.append((t, alloc, rss))
-        if phase is not None:
-            self._last = (phase, r.allocated if a is not None else None, r.resident if rs is not None else None)
+                if alloc > p[0]:
+                    p[0] = alloc
+                if rss > p[1]:
+                    p[1] = rss
+            recent.append(cells)
+            last = cells
+        if last is not None:
+            self._levels(last)
+
+    def _levels(self, cells: list[bytes]) -> None:
+        r = self.reading
+        for attr, col in (("allocated", self._alloc_col), ("reserved", self._reserved_col), ("resident", self._rss_col)):
+            if col is not None and cells[col].isdigit():
+                setattr(r, attr, int(cells[col]))
+        phase = cells[1].decode(errors="replace") or "none"
+        self._last = (phase, r.allocated if self._alloc_col is not None else None,
+                      r.resident if self._rss_col is not None else None)
+
+    def _cell(self, cells: list[bytes], col: int | None) -> int | None:
+        try:
+            return int(cells[col]) if col is not None and cells[col] else None
+        except ValueError:
+            return None
 
     # -- events ----------------------------------------------------------------------------
     def _event(self, line: bytes) -> None:
@@ -216,12 +222,12 @@ class ProcessState:
     def _judge_ended(self) -> None:
         """Offloads whose rows have arrived: freed = the level before the phase minus the level at its end."""
         recent = self._recent
-        while self._ended and recent and recent[-1][0] >= self._ended[0][2] - 1e-6:
+        while self._ended and recent and float(recent[-1][0]) >= self._ended[0][2] - 1e-6:
             name, begin_t, end_t, attrs, series = self._ended.pop(0)
             col = f"gpu{self._cuda_index}_alloc"
-            which, k, col = ("allocated", 1, col) if series.get(col) else ("resident", 2, "rss")
-            before = next((row[k] for row in reversed(recent) if row[0] <= begin_t and row[k] is not None),
-                          series.get(col, {}).get("first"))
+            which, k, col = ("allocated", self._alloc_col, col) if series.get(col) else ("resident", self._rss_col, "rss")
+            before = next((v for v in (self._cell(row, k) for row in reversed(recent) if float(row[0]) <= begin_t)
+                           if v is not None), series.get(col, {}).get("first"))
             after = series.get(col, {}).get("last")
             freed = None if before is None or after is None else int(before) - int(after)
             if attrs.get("backend") == names.TORCH_MEMORY_SAVER:
