@@ -382,6 +382,9 @@ def main(argv: list[str] | None = None) -> int:
         os.environ[RUN_ID_ENV] = args.run_id  # children that start runs of their own (other launches) agree
     if args.heap:
         os.environ[names.HEAP_ENV] = "1"  # every recorder of the run, in this process or a child, samples it
+    if args.metrics_port is not None:  # a per-node sampler the job starts elsewhere (Ray) serves on the same port
+        from miles_profile.metrics.server import METRICS_PORT_ENV
+        os.environ[METRICS_PORT_ENV] = str(args.metrics_port)
     if args.stacks:  # likewise: each recording process (not the outside sampler) records its own stacks
         os.environ[stacks.STACKS_ENV] = args.stacks
         os.environ[stacks.MAX_ENTRIES_ENV] = str(args.stacks_max_entries)

@@ -3,6 +3,6 @@
 A view over the recorder's files: imports the log format and recorder layers, never plotly or dash;
 prometheus_client only when a port is asked for.
 """
-from miles_profile.metrics.server import MetricsServer, serve
+from miles_profile.metrics.server import METRICS_PORT_ENV, MetricsServer, serve, serve_from_env
 
-__all__ = ["MetricsServer", "serve"]
+__all__ = ["METRICS_PORT_ENV", "MetricsServer", "serve", "serve_from_env"]

@@ -16,6 +16,10 @@ from miles_profile.metrics.host_state import HostState
 
 log = logging.getLogger("miles_profile")
 
+# `record --metrics-port` hands its port to the job's processes here, so that a per-node sampler the job
+# starts on another host (Ray's node actor) serves that node on the same port: `serve_from_env`.
+METRICS_PORT_ENV = "MILES_PROFILE_METRICS_PORT"
+
 
 class MetricsServer:
     """A running endpoint; `stop()` closes it (idempotent). `port` is the one bound (0 asks for any)."""
@@ -67,3 +71,11 @@ def serve(run_dir: str | os.PathLike, port: int, addr: str = "0.0.0.0", hostname
         log.warning("miles_profile: warning: metrics not served on port %d: %s", port, exc.strerror or exc)
         return None
     return MetricsServer(server, thread, state)
+
+
+def serve_from_env(run_dir: str | os.PathLike, hostname: str | None = None) -> MetricsServer | None:
+    """The endpoint of a per-node sampler started inside a job that `record --metrics-port` runs (the
+    port in $MILES_PROFILE_METRICS_PORT), serving `run_dir` (its node's run directory); None, silently,
+    when no port was asked for."""
+    text = os.environ.get(METRICS_PORT_ENV, "")
+    return serve(run_dir, int(text), hostname=hostname) if text.isdigit() else None

@@ -119,3 +119,20 @@ def test_the_exposition_imports_only_the_recorder_and_log_format_layers():
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=python_env(), capture_output=True, text=True,
                           timeout=60)
     assert done.returncode == 0 and done.stdout == "[]\n", done.stderr
+
+
+def test_a_per_node_sampler_serves_the_port_record_was_given(run, monkeypatch):
+    run_dir = run[0]
+    monkeypatch.delenv("MILES_PROFILE_METRICS_PORT", raising=False)
+    from miles_profile.metrics import serve_from_env
+    assert serve_from_env(run_dir, hostname=HOST) is None  # no port asked for: nothing, silently
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    monkeypatch.setenv("MILES_PROFILE_METRICS_PORT", str(port))
+    server = serve_from_env(run_dir, hostname=HOST)
+    try:
+        assert server.port == port
+        assert b"miles_profile_kills_total" in urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read()
+    finally:
+        server.stop()
