@@ -62,7 +62,9 @@ def spike(path: str) -> None:
 def main(run_dir: str, spike_path: str, stop_path: str, port: str = "") -> None:
     from miles_profile.metrics import serve
     server = serve(run_dir, int(port), "127.0.0.1") if port else None
-    with mp.Recorder(run_dir=run_dir, interval_ms=1000):
+    # Rows only at phase boundaries (the periodic row once a minute): every row is taken by this thread,
+    # so none can fall inside the spike, however long the loaded machine makes it.
+    with mp.Recorder(run_dir=run_dir, interval_ms=60_000):
         i = 0
         while not os.path.exists(stop_path):
             with mp.phase("generate", rollout_id=i):
