@@ -21,7 +21,7 @@ import psutil
 
 from miles_profile import host_sampler, names, oom, stacks
 from miles_profile.errors import MilesProfileError
-from miles_profile.identity import RUN_ID_ENV
+from miles_profile.identity import RUN_ID_ENV, host_name
 from miles_profile.lifetime import child_dies_with_us
 from miles_profile.logdir.layout import PHASE_SELECTION_KEY, is_run_dir
 from miles_profile.phase_select import parse_phases
@@ -55,6 +55,28 @@ def positive_int(text: str) -> int:
     if not text.isdigit() or int(text) < 1:
         raise argparse.ArgumentTypeError(f"invalid count {text!r}: a positive integer")
     return int(text)
+
+
+def port_number(text: str) -> int:
+    if not text.isdigit() or not 0 < int(text) < 65536:
+        raise argparse.ArgumentTypeError(f"invalid port {text!r}: 1 to 65535")
+    return int(text)
+
+
+def serve_metrics(args: argparse.Namespace, run_dir) -> object | None:
+    """This host's metrics endpoint for the run (record --metrics-port), or None: never the job's problem."""
+    if args.metrics_port is None or run_dir is None:
+        return None
+    from miles_profile.metrics import serve  # prometheus_client is imported only when a port is asked for
+    server = serve(run_dir, args.metrics_port)
+    if server is not None:
+        print(f"miles_profile: metrics on http://{host_name()}:{server.port}/metrics", file=sys.stderr, flush=True)
+    return server
+
+
+def stop_metrics(server) -> None:
+    if server is not None:
+        server.stop()
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -99,6 +121,10 @@ def build_parser() -> argparse.ArgumentParser:
                              "the top allocation sites at that peak (docs/stacks.md)")
     parser.add_argument("--stacks-max-entries", type=positive_int, default=stacks.DEFAULT_MAX_ENTRIES, metavar="N",
                         help="history entries kept (the latest N allocations and frees; default: %(default)s)")
+    parser.add_argument("--metrics-port", type=port_number, default=None, metavar="PORT",
+                        help="serve this host's memory as OpenMetrics on http://<host>:PORT/metrics while the job "
+                             "runs, for Prometheus (needs prometheus-client; docs/prometheus.md). A port in use is "
+                             "one warning and the job runs as before")
     parser.add_argument("--exec", dest="exec_child", action="store_true",
                         help="run the command after -- as a child and sample its process tree")
     return parser
@@ -152,12 +178,14 @@ def run_trainer(args: argparse.Namespace, trainer_args: list[str]) -> int:
     recorder = start_or_warn(Recorder(args.log_dir, interval_ms=args.interval_ms, watch_dirs=args.watch_dir,
                                       command=sys.argv, disable=args.disable_probe, run_id=args.run_id,
                                       run_meta=run_meta(args)))
+    metrics = serve_metrics(args, recorder.run_dir if recorder is not None else None)
     try:
         code = train_main(trainer_args)
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else 1
     finally:
         logged = stop_and_tell(recorder, args)
+        stop_metrics(metrics)
     return int(code or 0) if logged else with_log_lost(int(code or 0))
 
 
@@ -237,6 +265,13 @@ def run_child(args: argparse.Namespace, command: list[str]) -> int:
             signal.pthread_sigmask(signal.SIG_UNBLOCK, watched)
     oom_counter = oom.OomCounter()
     oom_before = oom_counter.read()
+    metrics = None
+    if run_dir:  # its threads too are started with the signals blocked
+        signal.pthread_sigmask(signal.SIG_BLOCK, watched)
+        try:
+            metrics = serve_metrics(args, run_dir)
+        finally:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, watched)
     try:
         # In our process group (no setpgrp): the command may read the terminal, and the terminal's
         # signals (Ctrl-C, Ctrl-\, hangup, Ctrl-Z) reach it directly, as without `record`.
@@ -247,6 +282,7 @@ def run_child(args: argparse.Namespace, command: list[str]) -> int:
     except OSError as exc:
         if host is not None:
             host_sampler.leave(host)
+        stop_metrics(metrics)
         raise MilesProfileError(f"cannot run {command[0]}: {exc.strerror or exc}", exit_code=127) from None
     # Blocked before any recorder thread exists (threads inherit the mask), so every such signal
     # waits for `sigtimedwait` in wait_forwarding; the child was started with the mask unblocked.
@@ -266,6 +302,7 @@ def run_child(args: argparse.Namespace, command: list[str]) -> int:
             logged = stop_and_tell(recorder, args)
             if host is not None:
                 host_sampler.leave(host)
+            stop_metrics(metrics)
     finally:
         while signal.sigtimedwait(watched, 0) is not None:  # what came after the child ended: not for us
             pass
@@ -345,6 +382,9 @@ def main(argv: list[str] | None = None) -> int:
         os.environ[RUN_ID_ENV] = args.run_id  # children that start runs of their own (other launches) agree
     if args.heap:
         os.environ[names.HEAP_ENV] = "1"  # every recorder of the run, in this process or a child, samples it
+    if args.metrics_port is not None:  # a per-node sampler the job starts elsewhere (Ray) serves on the same port
+        from miles_profile.metrics.server import METRICS_PORT_ENV
+        os.environ[METRICS_PORT_ENV] = str(args.metrics_port)
     if args.stacks:  # likewise: each recording process (not the outside sampler) records its own stacks
         os.environ[stacks.STACKS_ENV] = args.stacks
         os.environ[stacks.MAX_ENTRIES_ENV] = str(args.stacks_max_entries)

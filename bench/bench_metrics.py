@@ -1,0 +1,194 @@
+"""What the Prometheus exposition costs (issue 32, item 5): one scrape of a host with 64 recording
+processes, and the job's own time with the endpoint up and nobody scraping, side by side in one run.
+
+    python bench/bench_metrics.py [--processes 64] [--scrapes 15] [--blocks 5]
+
+Scrape: a run directory with N processes on one host (a GPU rank's columns: RSS, its split, the
+allocator on one GPU, pinned, disk), 8 GPUs in the host files and every process listed on one, all
+written with the recorder's own writers. Before each scrape, every process appends what it records
+between two scrapes (rows every 100 ms, a phase begin and end with its summary every second, the
+host sampler's rows and process lists); the scrape is `HostState.read()` plus rendering the text
+exposition, timed as a whole, in this process. Two scrape intervals: 15 s (Prometheus' default) and 1 s.
+
+Job: a fixed pure-Python step in the main thread (what the GIL shares with the endpoint's threads, the
+worst case: `record` runs the in-process trainer with the endpoint in the job's process), timed in
+blocks that alternate: no endpoint, endpoint up and never scraped, endpoint scraped every second by
+another process. The step's median per block, and each setting's median over blocks against none.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import timeit
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from prometheus_client import CollectorRegistry, generate_latest  # noqa: E402
+
+from miles_profile.logdir.host_writer import HostWriter, write_host_meta  # noqa: E402
+from miles_profile.logdir.writer import EventWriter, SampleWriter, write_process_meta, write_run_meta  # noqa: E402
+from miles_profile.metrics.host_state import HostState  # noqa: E402
+from miles_profile.metrics.families import families  # noqa: E402
+from miles_profile.metrics.server import serve  # noqa: E402
+
+HOST = "benchhost"
+GiB = 1024**3
+COLUMNS = ["rss", "rss_peak", "rss_anon", "rss_file", "rss_shmem", "gpu0_alloc", "gpu0_alloc_peak",
+           "gpu0_reserved", "pinned", "disk"]
+PHASES = ["generate", "offload_rollout", "train", "offload_train", "onload_train", "update_weights"]
+
+
+class FakeHost:
+    """N processes and one host sampler writing into `run_dir`, advanced `seconds` at a time."""
+
+    def __init__(self, run_dir: Path, processes: int):
+        write_run_meta(run_dir, {"run_id": "bench", "command": ["bench"], "host": HOST, "pid": 1,
+                                 "start_time": time.time(), "interval_ms": 100.0})
+        self.uuids = [f"GPU-bench-{g:04d}" for g in range(8)]
+        write_host_meta(run_dir, f"{HOST}-1", {"host": HOST, "pid": 1, "start_time": time.time(),
+                                               "gpus": [{"uuid": u, "index": g, "total": 80 * GiB, "name": "bench"}
+                                                        for g, u in enumerate(self.uuids)]})
+        self.host = HostWriter(run_dir, f"{HOST}-1", [f"gpu_used:{u}" for u in self.uuids], flush_interval_s=1e9)
+        self.procs = []
+        for k in range(processes):
+            pid, stem = 1000 + k, f"{HOST}-{1000 + k}"
+            uuid = self.uuids[k % 8]
+            write_process_meta(run_dir, stem, {"host": HOST, "pid": pid, "rank": k, "local_rank": k % 8,
+                                               "world_size": processes, "role": "actor", "gpu_uuid": uuid,
+                                               "cuda_devices": [{"index": 0, "uuid": uuid}]})
+            self.procs.append((pid, SampleWriter(run_dir, stem, COLUMNS, flush_interval_s=1e9),
+                               EventWriter(run_dir, stem), uuid))
+        self.t, self.phase_id, self.iteration = time.time(), 0, 0
+
+    def advance(self, seconds: float) -> None:
+        rows = int(round(seconds / 0.1))
+        for i in range(rows):
+            self.t += 0.1
+            new_phase = i % 10 == 0  # a phase begins and ends every second
+            if new_phase:
+                self.phase_id += 1
+            phase = PHASES[self.phase_id % len(PHASES)]
+            for pid, samples, events, uuid in self.procs:
+                level = 20 * GiB + (pid % 7) * 2**20 + i * 4096
+                samples.append(self.t, phase, [3 * GiB, 3 * GiB + 8192, 2 * GiB, GiB, 0, level, level + 2**21,
+                                               level + 2**24, 2**28, 0])
+                if new_phase:
+                    events.write("begin", phase, {"rollout_id": self.phase_id // len(PHASES), "expected_bytes": GiB,
+                                                  "tags": ["kv_cache"]}, t=self.t - 0.95, id=self.phase_id)
+                    summary = {"rows": 10, "t_first": self.t - 0.9, "t_last": self.t,
+                               "series": {c: {"peak": level, "floor": level - GiB, "first": level, "last": level - GiB}
+                                          for c in ("rss", "gpu0_alloc", "gpu0_reserved")}}
+                    events.write("end", phase, {"status": "ok", "summary": summary}, t=self.t, id=self.phase_id)
+            self.host.append(self.t, [60 * GiB] * 8, [(p[3], p[0], 21 * GiB) for p in self.procs])
+        for _, samples, _, _ in self.procs:
+            samples.flush()
+        self.host.flush()
+
+
+class _Timed:
+    """The collector, with the time its reading of the files took (the rest of a scrape is rendering)."""
+
+    def __init__(self, state: HostState):
+        self.state, self.read_s = state, 0.0
+
+    def collect(self):
+        start = time.perf_counter()
+        reading = self.state.read()
+        self.read_s = time.perf_counter() - start
+        return families(reading)
+
+
+def scrape_cost(processes: int, scrapes: int, interval_s: float) -> tuple[list[float], list[float], int]:
+    """(whole scrape seconds, reading seconds, samples) over `scrapes` scrapes `interval_s` apart."""
+    with tempfile.TemporaryDirectory() as tmp:
+        host = FakeHost(Path(tmp), processes)
+        timed = _Timed(HostState(tmp, HOST))
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(timed)
+        host.advance(interval_s)
+        generate_latest(registry)  # the first scrape reads every file's header and meta
+        times, reads = [], []
+        for _ in range(scrapes):
+            host.advance(interval_s)
+            start = time.perf_counter()
+            body = generate_latest(registry)
+            times.append(time.perf_counter() - start)
+            reads.append(timed.read_s)
+        assert b"miles_profile_process_resident_memory_peak_bytes" in body
+        samples = sum(1 for line in body.splitlines() if not line.startswith(b"#"))
+        return times, reads, samples
+
+
+def step(n: int = 60_000) -> float:
+    start = time.perf_counter()
+    x = 0
+    for i in range(n):
+        x += i * i % 7
+    return time.perf_counter() - start
+
+
+def job_cost(run_dir: str, blocks: int, steps: int) -> dict[str, list[float]]:
+    settings = {"no endpoint": None, "endpoint, no scraper": "idle", "endpoint, scraped every 1 s": "scraped"}
+    medians: dict[str, list[float]] = {k: [] for k in settings}
+    for _ in range(blocks):
+        for name, mode in settings.items():
+            server = serve(run_dir, 0, "127.0.0.1", hostname=HOST) if mode else None
+            scraper = None
+            if mode == "scraped":
+                scraper = subprocess.Popen([sys.executable, "-c", (
+                    "import time, urllib.request\n"
+                    "while True:\n"
+                    f"    urllib.request.urlopen('http://127.0.0.1:{server.port}/metrics').read(); time.sleep(1)\n")])
+            try:
+                time.sleep(0.3)
+                medians[name].append(statistics.median(step() for _ in range(steps)))
+            finally:
+                if scraper is not None:
+                    scraper.kill()
+                    scraper.wait()
+                if server is not None:
+                    server.stop()
+    return medians
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--processes", type=int, default=64)
+    parser.add_argument("--scrapes", type=int, default=15)
+    parser.add_argument("--blocks", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args(argv)
+    results = {}
+    # How loaded this machine is: on an idle current x86 core this takes about 10 us.
+    calibration = min(timeit.repeat("sum(range(1000))", number=1000, repeat=5)) / 1000
+    print(f"calibration: sum(range(1000)) {calibration * 1e6:.1f} us (best of 5)")
+    for interval in (15.0, 1.0):
+        times, reads, samples = scrape_cost(args.processes, args.scrapes, interval)
+        results[f"scrape every {interval:g} s"] = times
+        print(f"scrape, {args.processes} processes, every {interval:g} s ({int(interval / 0.1)} rows each, {samples} "
+              f"samples): median {statistics.median(times) * 1e3:.2f} ms (reading the files "
+              f"{statistics.median(reads) * 1e3:.2f} ms, the rest prometheus_client's rendering), "
+              f"min {min(times) * 1e3:.2f} ms, max {max(times) * 1e3:.2f} ms over {len(times)} scrapes", flush=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        host = FakeHost(Path(tmp), args.processes)
+        host.advance(1.0)
+        medians = job_cost(tmp, args.blocks, args.steps)
+    base = statistics.median(medians["no endpoint"])
+    for name, values in medians.items():
+        print(f"job step, {name}: median {statistics.median(values) * 1e3:.3f} ms "
+              f"(ratio {statistics.median(values) / base:.4f}; blocks {', '.join(f'{v * 1e3:.3f}' for v in values)})")
+    if args.json:
+        print(json.dumps({"scrape_s": results, "job_step_s": medians}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,163 @@
+"""Everything a scrape reports for one host of a run, read from the run directory at scrape time.
+
+The recorder's files are the live state: every recording process of the host appends its samples and
+events there, and the host sampler its GPUs and the processes NVML lists on them. Reading them here
+(only what was appended since the previous scrape) puts no work on any recorded process, whether
+anyone scrapes or not.
+"""
+from __future__ import annotations
+
+import collections
+import json
+import os
+import threading
+import time
+from pathlib import Path
+
+from miles_profile.logdir.layout import GPU_PROCS_SUFFIX, HOST_META_SUFFIX, HOST_SAMPLES_SUFFIX, PROCESS_META_SUFFIX
+from miles_profile.metrics.line_tail import LineTail
+from miles_profile.metrics.process_state import ProcessState
+from miles_profile.metrics.readings import GpuReading, HostReading, ProcessReading
+
+_GPU_USED = "gpu_used:"
+# A new process of the host joins the exposition within this long: listing a directory of 64 processes'
+# files at every scrape cost more than reading their new rows at a 1 s scrape interval.
+DISCOVER_EVERY_S = 2.0
+
+
+class _HostFiles:
+    """One host sampler's files (a host's role can move to another process: each has its own)."""
+
+    def __init__(self, run_dir: Path, stem: str):
+        self.meta_path = run_dir / f"{stem}{HOST_META_SUFFIX}"
+        self.samples = LineTail(run_dir / f"{stem}{HOST_SAMPLES_SUFFIX}")
+        self.procs = LineTail(run_dir / f"{stem}{GPU_PROCS_SUFFIX}")
+        self.header: list[str] | None = None
+        self.last_row: list[str] | None = None
+        self.gpus: list[dict] = []
+        self.start = 0.0
+        self.procs_t = ""                         # the latest host sample's time, as the file writes it
+        self.procs_now: dict[int, tuple[str, int]] = {}  # pid -> (UUID, bytes) at that time
+
+    def refresh(self) -> None:
+        if not self.gpus:
+            try:
+                meta = json.loads(self.meta_path.read_bytes())
+                self.gpus, self.start = list(meta.get("gpus") or []), float(meta.get("start_time", 0))
+            except (OSError, ValueError):
+                pass
+        lines = self.samples.read()
+        if lines and self.header is None:
+            self.header = lines.pop(0).decode(errors="replace").split(",")
+        for line in reversed(lines):  # only the latest complete row matters
+            cells = line.decode(errors="replace").split(",")
+            if self.header is not None and len(cells) == len(self.header):
+                self.last_row = cells
+                break
+        self._read_procs(self.procs.read())
+
+    def _read_procs(self, lines: list[bytes]) -> None:
+        if lines and lines[0].startswith(b"t,"):
+            lines.pop(0)
+        # Only the rows of the latest time: read backwards while the time is the same.
+        latest: dict[int, tuple[str, int]] = {}
+        t_latest = None
+        for line in reversed(lines):
+            cells = line.decode(errors="replace").split(",")
+            if len(cells) != 4:
+                continue
+            if t_latest is None:
+                t_latest = cells[0]
+            elif cells[0] != t_latest:
+                break
+            if cells[2].isdigit() and cells[3].isdigit():
+                latest[int(cells[2])] = (cells[1], int(cells[3]))
+        if t_latest is not None:
+            self.procs_t, self.procs_now = t_latest, latest
+
+    def used(self) -> dict[str, int | None]:
+        if self.header is None or self.last_row is None:
+            return {}
+        return {c[len(_GPU_USED):]: (int(v) if v.isdigit() else None)
+                for c, v in zip(self.header, self.last_row) if c.startswith(_GPU_USED)}
+
+
+class HostState:
+    """The host `hostname` of the run in `run_dir`. `read()` is what one scrape reports."""
+
+    def __init__(self, run_dir: str | os.PathLike, hostname: str):
+        self.run_dir = Path(run_dir)
+        self.host = hostname
+        self._processes: dict[str, ProcessState] = {}
+        self._hosts: dict[str, _HostFiles] = {}
+        self._lock = threading.Lock()  # two scrapes at once (two Prometheus servers) take turns
+        self._discovered = -DISCOVER_EVERY_S
+
+    def _discover(self) -> None:
+        if time.monotonic() - self._discovered < DISCOVER_EVERY_S:
+            return
+        self._discovered = time.monotonic()
+        prefix = f"{self.host}-"
+        try:
+            entries = os.listdir(self.run_dir)
+        except OSError:  # the run directory went away (a scrape during shutdown): report nothing
+            return
+        for entry in entries:
+            if not entry.startswith(prefix):
+                continue
+            if entry.endswith(HOST_META_SUFFIX):
+                stem = entry[: -len(HOST_META_SUFFIX)]
+                if stem[len(prefix):].isdigit() and stem not in self._hosts:
+                    self._hosts[stem] = _HostFiles(self.run_dir, stem)
+            elif entry.endswith(PROCESS_META_SUFFIX):
+                stem = entry[: -len(PROCESS_META_SUFFIX)]
+                if stem[len(prefix):].isdigit() and stem not in self._processes:
+                    self._processes[stem] = ProcessState(self.run_dir, stem)
+
+    def read(self) -> HostReading:
+        with self._lock:
+            self._discover()
+            for files in self._hosts.values():
+                files.refresh()
+            for process in self._processes.values():
+                process.refresh()
+            return self._reading()
+
+    def _reading(self) -> HostReading:
+        reading = HostReading(hostname=self.host.lower())
+        hosts = sorted(self._hosts.values(), key=lambda h: h.start)
+        index: dict[str, str] = {}
+        totals: dict[str, int | None] = {}
+        used: dict[str, int | None] = {}
+        procs: dict[int, tuple[str, int]] = {}
+        for files in hosts:  # a later holder of the host role overrides an earlier one
+            for g in files.gpus:
+                index[str(g.get("uuid"))] = str(g.get("index", ""))
+                totals[str(g.get("uuid"))] = g.get("total")
+            used.update(files.used())
+            if files.procs_t:
+                procs = files.procs_now
+        reading.gpus = [GpuReading(index[u], u, totals.get(u), used.get(u)) for u in index]
+        kills: collections.Counter = collections.Counter()
+        dead: set[int] = set()
+        for process in self._processes.values():
+            kills.update(process.kills)
+            dead |= process.dead_pids
+        by_key: dict[tuple[str, str], ProcessReading] = {}
+        for process in self._processes.values():
+            r = process.reading
+            peaks = process.take_peaks()
+            if process.ended or not process.meta or r.pid in dead:
+                continue  # a finished or killed process has no current memory; its deaths still count above
+            if r.pid in procs:
+                uuid, r.nvml_used = procs[r.pid]
+                r.uuid = r.uuid or uuid
+            r.gpu = index.get(r.uuid, "")
+            r.peaks = peaks
+            key = (r.rank, r.role)
+            if key in by_key:  # two processes of one (rank, role), e.g. a forked child: keep the first seen
+                continue
+            by_key[key] = r
+        reading.processes = list(by_key.values())
+        reading.kills = dict(kills)
+        return reading

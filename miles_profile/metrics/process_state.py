@@ -1,0 +1,241 @@
+"""One recording process's live state, followed through its files (samples, events, meta) at scrape time.
+
+Only what a scrape needs is kept: the last value of each exported column, the true peak per phase
+since the previous scrape, the open phases, the last instance of each offload and transition, and the
+floor of the current iteration. Nothing is read between scrapes.
+"""
+from __future__ import annotations
+
+import collections
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from miles_profile import names
+from miles_profile.logdir.layout import EVENTS_SUFFIX, PROCESS_META_SUFFIX, SAMPLES_SUFFIX
+from miles_profile.metrics.line_tail import LineTail
+from miles_profile.metrics.readings import Offload, ProcessReading
+
+# The report's offload_drop rule, judged live without importing the verdict layer (it pulls the report in):
+# the share of expected_bytes that must be freed inside the phase (verdicts/types.py Thresholds) and the
+# resolution of each series (verdicts/resolution.py); tests/unit/test_metrics_state.py keeps them equal.
+DROP_SHARE = 0.8
+RESOLUTION_BYTES = {"allocated": 2 * 1024**2, "resident": 8 * 1024**2}
+_RECENT_ROWS = 512  # rows kept to find the level right before a phase began
+_WANTED = (b'"kind":"begin"', b'"kind":"end"', b'"kind":"oom"')  # other events (account, mark) skipped unparsed
+_TRANSITION = (names.OFFLOAD_PREFIX, names.ONLOAD_PREFIX, names.UPDATE_WEIGHTS)
+
+
+def _min(a: int | None, b: int | None) -> int | None:
+    return b if a is None else a if b is None else min(a, b)
+
+
+def offload_tag(name: str, attrs: dict[str, Any]) -> str:
+    """What an offload moved, as one bounded label value: its `tags` joined, else the training state."""
+    tags = attrs.get("tags")
+    if isinstance(tags, (list, tuple)) and tags:
+        return ",".join(sorted(str(t) for t in tags))
+    return names.TRAIN_STATE if name == names.OFFLOAD_TRAIN else "none"
+
+
+def judge(declared: int | None, freed: int | None, series: str) -> str:
+    """The live verdict of one offload: freed against the share of declared the report asks for."""
+    if not declared or freed is None:
+        return "n/a"
+    if declared < RESOLUTION_BYTES[series]:
+        return "too_small"
+    return "pass" if freed >= DROP_SHARE * declared else "fail"
+
+
+class ProcessState:
+    def __init__(self, run_dir: Path, stem: str):
+        self.stem = stem
+        self._meta_path = run_dir / f"{stem}{PROCESS_META_SUFFIX}"
+        self._meta_mtime = -1.0
+        self.meta: dict[str, Any] = {}
+        self._samples = LineTail(run_dir / f"{stem}{SAMPLES_SUFFIX}")
+        self._events = LineTail(run_dir / f"{stem}{EVENTS_SUFFIX}")
+        self._cols: dict[str, int] | None = None
+        self._cuda_index = 0  # the process's own GPU in its CUDA order (meta's gpu_uuid), else 0
+        self._width = 0
+        self._alloc_col = self._reserved_col = self._alloc_peak_col = None
+        self.reading = ProcessReading(rank="0", role="", pid=0)
+        self._peaks: dict[bytes, list[int]] = {}  # phase as written -> [allocated, RSS] peaks, -1 for none
+        self._last: tuple[str, int | None, int | None] | None = None  # the last row: phase, allocated, RSS
+        self._recent: collections.deque = collections.deque(maxlen=_RECENT_ROWS)  # the last rows' cells
+        self._open: dict[int, tuple[str, float, dict]] = {}  # phase id -> (name, begin t, attrs)
+        self._ended: list[tuple[str, float, float, dict, dict]] = []  # offloads waiting for their rows
+        self._iteration: Any = None
+        self._floor: list[int | None] = [None, None]
+        self.kills: collections.Counter = collections.Counter()
+        self.dead_pids: set[int] = set()  # the processes those deaths name
+
+    @property
+    def ended(self) -> bool:
+        return bool(self.meta.get("end_time"))
+
+    def refresh(self) -> None:
+        self._read_meta()
+        for line in self._events.read():
+            self._event(line)
+        self._rows(self._samples.read())
+        self._judge_ended()
+
+    def take_peaks(self) -> dict[str, tuple[int | None, int | None]]:
+        """The peaks since the previous call, per phase; the next scrape starts afresh. With no row
+        since then (rows reach the file every 0.5 s), the last row's level: the series stays present,
+        and a higher peak not yet written is in the next scrape."""
+        peaks, self._peaks = self._peaks, {}
+        if not peaks and self._last is not None:
+            phase, alloc, rss = self._last
+            return {phase: (alloc, rss)}
+        return {(phase.decode(errors="replace") or "none"): (p[0] if p[0] >= 0 else None, p[1] if p[1] >= 0 else None)
+                for phase, p in peaks.items()}
+
+    # -- meta ------------------------------------------------------------------------------
+    def _read_meta(self) -> None:
+        try:
+            mtime = os.stat(self._meta_path).st_mtime
+        except OSError:
+            return
+        if mtime == self._meta_mtime:
+            return
+        try:
+            meta = json.loads(self._meta_path.read_bytes())
+        except (OSError, ValueError):
+            return  # replaced atomically: a failed read is a vanished file; try at the next scrape
+        self._meta_mtime, self.meta = mtime, meta
+        r = self.reading
+        r.rank, r.role, r.pid = str(meta.get("rank", 0)), str(meta.get("role", "")), int(meta.get("pid", 0))
+        r.uuid = str(meta.get("gpu_uuid") or "")
+        index = next((d.get("index") for d in meta.get("cuda_devices", ()) if r.uuid and d.get("uuid") == r.uuid), 0)
+        self._cuda_index = index
+        if self._cols is not None:
+            self._find_columns()
+
+    # -- samples ---------------------------------------------------------------------------
+    def _find_columns(self) -> None:
+        cols, i = self._cols, self._cuda_index
+        self._alloc_col = cols.get(f"gpu{i}_alloc")
+        self._alloc_peak_col = cols.get(f"gpu{i}_alloc_peak")
+        self._reserved_col = cols.get(f"gpu{i}_reserved")
+        self._rss_col, self._rss_peak_col = cols.get("rss"), cols.get("rss_peak")
+
+    def _rows(self, lines: list[bytes]) -> None:
+        """The hot part of a scrape (every row since the previous one): per row only the two peak cells
+        are converted; a row's peak cell is never below its level (the probes read both at once), so
+        an empty peak cell falls back to the level. Levels come from the last row alone."""
+        if lines and self._cols is None:
+            header = lines.pop(0).decode(errors="replace").split(",")
+            self._cols, self._width = {c: k for k, c in enumerate(header)}, len(header)
+            self._find_columns()
+        if self._cols is None or not lines:
+            return
+        a, ap, rs, rsp = self._alloc_col, self._alloc_peak_col, self._rss_col, self._rss_peak_col
+        ap = ap if ap is not None else a
+        rsp = rsp if rsp is not None else rs
+        peaks, recent, width = self._peaks, self._recent, self._width
+        last = None
+        for line in lines:
+            cells = line.split(b",")
+            if len(cells) != width:  # a torn line: the reader drops it too
+                continue
+            try:
+                alloc = int(cells[ap] or (cells[a] if a is not None else b"") or -1) if ap is not None else -1
+                rss = int(cells[rsp] or cells[rs] or -1) if rsp is not None else -1
+            except ValueError:
+                continue
+            p = peaks.get(cells[1])
+            if p is None:
+                peaks[cells[1]] = [alloc, rss]
+            else:
+                if alloc > p[0]:
+                    p[0] = alloc
+                if rss > p[1]:
+                    p[1] = rss
+            recent.append(cells)
+            last = cells
+        if last is not None:
+            self._levels(last)
+
+    def _levels(self, cells: list[bytes]) -> None:
+        r = self.reading
+        for attr, col in (("allocated", self._alloc_col), ("reserved", self._reserved_col), ("resident", self._rss_col)):
+            if col is not None and cells[col].isdigit():
+                setattr(r, attr, int(cells[col]))
+        phase = cells[1].decode(errors="replace") or "none"
+        self._last = (phase, r.allocated if self._alloc_col is not None else None,
+                      r.resident if self._rss_col is not None else None)
+
+    def _cell(self, cells: list[bytes], col: int | None) -> int | None:
+        try:
+            return int(cells[col]) if col is not None and cells[col] else None
+        except ValueError:
+            return None
+
+    # -- events ----------------------------------------------------------------------------
+    def _event(self, line: bytes) -> None:
+        if not any(kind in line for kind in _WANTED):
+            return
+        try:
+            ev = json.loads(line)
+            kind, name, attrs = ev["kind"], str(ev.get("name", "")), ev.get("attrs") or {}
+        except (ValueError, KeyError, TypeError, AttributeError):
+            return
+        if kind == names.BEGIN:
+            self._begin(ev, name, attrs)
+        elif kind == names.END:
+            self._end(ev, name, attrs)
+        elif kind == "oom" and attrs.get("cause"):  # a death, seen by a witness (oom.py); not an OOM error
+            self.kills[str(attrs["cause"])] += 1
+            if isinstance(attrs.get("process_pid"), int):
+                self.dead_pids.add(attrs["process_pid"])
+        self.reading.phase = next(reversed(self._open.values()))[0] if self._open else "none"
+
+    def _begin(self, ev: dict, name: str, attrs: dict) -> None:
+        self._open[ev.get("id")] = (name, float(ev["t"]), attrs)
+        rid = attrs.get("rollout_id")
+        if ev.get("parent") is None and rid is not None and rid != self._iteration:
+            if self._iteration is not None:  # a new iteration: the previous one is complete
+                self.reading.floor_allocated, self.reading.floor_resident = self._floor
+                self.reading.iterations += 1
+            self._iteration, self._floor = rid, [None, None]
+
+    def _end(self, ev: dict, name: str, attrs: dict) -> None:
+        opened = self._open.pop(ev.get("id"), None)
+        if opened is None:
+            return
+        _, begin_t, begin_attrs = opened
+        end_t = float(ev["t"])
+        summary = attrs.get("summary") or {}
+        series = summary.get("series") or {}
+        if begin_attrs.get("rollout_id") == self._iteration and self._iteration is not None:
+            alloc = series.get(f"gpu{self._cuda_index}_alloc", {}).get("floor")
+            self._floor = [_min(self._floor[0], alloc), _min(self._floor[1], series.get("rss", {}).get("floor"))]
+        if name.startswith(_TRANSITION):
+            self.reading.transitions[name] = end_t - begin_t
+        if name.startswith(names.OFFLOAD_PREFIX):
+            closing = summary.get("t_last", end_t)  # the phase's last row: its level at the end
+            self._ended.append((name, begin_t, float(closing), begin_attrs, series))
+
+    def _judge_ended(self) -> None:
+        """Offloads whose rows have arrived: freed = the level before the phase minus the level at its end."""
+        recent = self._recent
+        while self._ended and recent and float(recent[-1][0]) >= self._ended[0][2] - 1e-6:
+            name, begin_t, end_t, attrs, series = self._ended.pop(0)
+            col = f"gpu{self._cuda_index}_alloc"
+            which, k, col = ("allocated", self._alloc_col, col) if series.get(col) else ("resident", self._rss_col, "rss")
+            before = next((v for v in (self._cell(row, k) for row in reversed(recent) if float(row[0]) <= begin_t)
+                           if v is not None), series.get(col, {}).get("first"))
+            after = series.get(col, {}).get("last")
+            freed = None if before is None or after is None else int(before) - int(after)
+            if attrs.get("backend") == names.TORCH_MEMORY_SAVER:
+                # A pause is invisible to the allocator's counters (the report judges it on NVML per
+                # process, which a process's own rows lack): not judged live.
+                freed = None
+            declared = attrs.get("expected_bytes")
+            declared = int(declared) if isinstance(declared, (int, float)) and not isinstance(declared, bool) else None
+            key = (name, offload_tag(name, attrs))
+            count = self.reading.offloads[key].count if key in self.reading.offloads else 0
+            self.reading.offloads[key] = Offload(declared, freed, which, judge(declared, freed, which), count + 1)
