@@ -23,10 +23,9 @@ from miles_profile.importers.miles_csv import load_miles_csv
 from miles_profile.importers.miles_dashboard import is_miles_dashboard, load_miles_dashboard
 from miles_profile.logdir.layout import RUN_META, find_runs
 from miles_profile.logdir.reader import load_run, run_id_of, with_samples
-from miles_profile.report import export
+from miles_profile.report import export, fleet_report
 from miles_profile.report.compare import comparison_html
 from miles_profile.report.fleet_figures import fleet_heatmap
-from miles_profile.report.fleet_report import FULL_READ_MAX_PROCESSES
 from miles_profile.report.forecast_html import forecast_lines
 from miles_profile.report.gate_html import regression_html
 from miles_profile.report.html import build_run_report, write_html
@@ -86,7 +85,7 @@ def _load_one(target: tuple[Path, ...], lazy: bool = False):
     # Metas, events and summaries first; every sample only for a run of a few processes. A larger
     # run's samples are read for the lanes its report draws (fleet_report.build_fleet).
     run = load_run(*target, sample_pids=set())
-    return with_samples(run) if len(run.processes) <= FULL_READ_MAX_PROCESSES else run
+    return with_samples(run) if len(run.processes) <= fleet_report.FULL_READ_MAX_PROCESSES else run
 
 
 def _group_by_run_id(targets: list[Path]) -> list[tuple[Path, ...]]:
