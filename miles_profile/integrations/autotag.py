@@ -97,13 +97,13 @@ def patch_transformers(module) -> None:
 
 
 def patch_lightning(module, package: str) -> None:
-    if not known_version(package.split(".")[0]):
-        return
-    from miles_profile.integrations.lightning import callback_class, lightning_callback
-    mine = callback_class(package)
-
     def attach(trainer) -> None:
-        if not any(isinstance(cb, mine) for cb in trainer.callbacks):
+        # Checked and built here, not at import: `lightning.pytorch` is still half-imported when its
+        # trainer module has run (no `Callback`, no `__version__` yet).
+        if not known_version(package.split(".")[0]):
+            return
+        from miles_profile.integrations.lightning import callback_class, lightning_callback
+        if not any(isinstance(cb, callback_class(package)) for cb in trainer.callbacks):
             trainer.callbacks.append(lightning_callback(package))
     patch_init(module.Trainer, attach)
 
