@@ -13,6 +13,10 @@ The environment (PYTHONPATH, MILES_PROFILE_RUN_DIR) passes through `accelerate l
 to every rank, and each rank records itself (its rank from torchrun's RANK/LOCAL_RANK). A version
 we do not know, or anything failing here, is one line on stderr and the process runs untagged (the
 report then judges it by time); the user's training never sees an error from us.
+
+Every Python process of the command imports this file at start-up, so it imports only the standard
+library there (sitecustomize loads it by path, without the miles_profile package: 0.25 s a process
+otherwise); miles_profile itself is imported when a watched module is.
 """
 from __future__ import annotations
 
@@ -21,8 +25,6 @@ import importlib.abc
 import os
 import sys
 from pathlib import Path
-
-from miles_profile.integrations import steps
 
 AUTOTAG_ENV = "MILES_PROFILE_AUTOTAG"   # "0": record --exec --no-auto-tag
 ROOT_ENV = "MILES_PROFILE_ROOT"         # where miles_profile lives, for a child Python that lacks it
@@ -50,6 +52,24 @@ def child_env(env: dict[str, str], enabled: bool = True) -> dict[str, str]:
     return env
 
 
+def steps():
+    """miles_profile.integrations.steps, imported on first need (from the checkout in ROOT_ENV when this
+    Python lacks miles_profile)."""
+    try:
+        from miles_profile.integrations import steps as module
+    except ImportError:
+        sys.path.append(os.environ.get(ROOT_ENV, ""))
+        from miles_profile.integrations import steps as module
+    return module
+
+
+def warn_once(what: str, text: str) -> None:
+    try:
+        steps().warn_once(what, text)
+    except Exception:  # noqa: BLE001 -- not even miles_profile: say it, once per kind
+        print(f"miles_profile: warning: {text}", file=sys.stderr, flush=True)
+
+
 def known_version(package: str) -> bool:
     """Whether `package`'s installed major version is one we know; one line on stderr when not."""
     module = sys.modules.get(package)
@@ -60,7 +80,7 @@ def known_version(package: str) -> bool:
         major = -1
     if major in KNOWN.get(package, ()):
         return True
-    steps.warn_once(package, f"{package} {version or '(version unknown)'} is a version miles_profile does not know: "
+    warn_once(package, f"{package} {version or '(version unknown)'} is a version miles_profile does not know: "
                              "its steps are not tagged; the report judges this process by time")
     return False
 
@@ -77,7 +97,7 @@ def patch_init(cls: type, after) -> None:
         try:
             after(self)
         except Exception as exc:  # noqa: BLE001
-            steps.warn_once(f"attach {cls.__name__}", f"could not attach to {type(self).__name__}: {exc}; "
+            warn_once(f"attach {cls.__name__}", f"could not attach to {type(self).__name__}: {exc}; "
                                                       "its steps are not tagged by a callback")
     __init__._miles_profile_patched = True
     cls.__init__ = __init__
@@ -115,6 +135,7 @@ def patch_torch(module) -> None:
 
 def patch(name: str, module) -> None:
     try:
+        steps()  # miles_profile importable from here on
         if name == HF_TRAINER:
             patch_transformers(module)
         elif name in LIGHTNING_TRAINERS:
@@ -122,7 +143,7 @@ def patch(name: str, module) -> None:
         elif name == TORCH_OPTIMIZER:
             patch_torch(module)
     except Exception as exc:  # noqa: BLE001 -- never an error in the user's training
-        steps.warn_once(name, f"could not hook {name}: {type(exc).__name__}: {exc}; its steps are not tagged")
+        warn_once(name, f"could not hook {name}: {type(exc).__name__}: {exc}; its steps are not tagged")
 
 
 WATCHED = (HF_TRAINER, *LIGHTNING_TRAINERS, TORCH_OPTIMIZER)

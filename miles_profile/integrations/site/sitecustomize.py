@@ -29,11 +29,13 @@ def _install():
     if os.environ.get("MILES_PROFILE_AUTOTAG", "1") == "0" or not os.environ.get("MILES_PROFILE_RUN_DIR"):
         return
     try:
-        try:
-            from miles_profile.integrations import autotag
-        except ImportError:  # a Python where miles_profile is not installed: the checkout holding this file
-            sys.path.append(os.environ.get("MILES_PROFILE_ROOT", ""))
-            from miles_profile.integrations import autotag
+        # by path, not through the miles_profile package: its imports would cost every process 0.25 s
+        import importlib.util
+        path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "autotag.py")
+        spec = importlib.util.spec_from_file_location("miles_profile_autotag", path)
+        autotag = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = autotag
+        spec.loader.exec_module(autotag)
         autotag.install()
     except Exception as exc:  # noqa: BLE001 -- the user's program runs whatever happens here
         print(f"miles_profile: warning: steps not tagged in this process (pid {os.getpid()}): "
