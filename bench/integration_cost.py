@@ -6,7 +6,8 @@ A recorder runs (in this process, as `record --exec` starts one in the child) an
 `--step-ms` of torch matrix products (CPU), calibrated first. Two numbers:
 
 - direct: the time spent inside the two hooks (which open and close the step's phase: one sample each,
-  the phase's begin and end rows), median and 95th percentile, over the median step;
+  the phase's begin and end rows), median and 95th percentile, over the median step; and their CPU time
+  (this thread's), over the nominal step, which a loaded machine does not inflate;
 - A/B: whole steps with the callback (B) against without (A), in seeded random ABBA quads, the ratio of
   mean step times with a bootstrap interval over quads: noisy on a shared machine, read it beside direct.
 
@@ -35,9 +36,9 @@ def calibrated_step(step_ms: float):
         for _ in range(n):
             a @ a
 
-    t = time.perf_counter()
+    t = time.thread_time()  # CPU time: a shared machine's load does not stretch the calibration
     work(20)
-    per = (time.perf_counter() - t) / 20
+    per = (time.thread_time() - t) / 20
     n = max(1, round(step_ms / 1e3 / per))
     return lambda: work(n)
 
@@ -54,7 +55,7 @@ def main(argv=None) -> int:
         training = TrainingArguments(output_dir=logs, report_to=[], use_cpu=True)
         state, control = TrainerState(), TrainerControl()
         callback = MilesProfileCallback()
-        hooks, steps = [], {"A": [], "B": []}
+        hooks, cpu, steps = [], [], {"A": [], "B": []}
         rng = random.Random(args.seed)
         quads = []
         for _ in range(args.steps // 4):
@@ -63,14 +64,17 @@ def main(argv=None) -> int:
             for arm in order:
                 t0 = time.perf_counter()
                 if arm == "B":
+                    c0 = time.thread_time()
                     callback.on_step_begin(training, state, control)
-                    t1 = time.perf_counter()
+                    c1, t1 = time.thread_time(), time.perf_counter()
                 step()
                 t2 = time.perf_counter()
                 if arm == "B":
+                    c2 = time.thread_time()
                     callback.on_step_end(training, state, control)
                     state.global_step += 1
                     hooks.append((t1 - t0) + (time.perf_counter() - t2))
+                    cpu.append((c1 - c0) + (time.thread_time() - c2))
                 quad[arm].append(time.perf_counter() - t0)
             quads.append(quad)
             for arm in "AB":
@@ -82,6 +86,9 @@ def main(argv=None) -> int:
     print(f"callback hooks per step: median {statistics.median(hooks) * 1e3:.3f} ms, p95 {p95 * 1e3:.3f} ms")
     print(f"direct ratio: {statistics.median(hooks) / median_step:.3%} of a step (p95 {p95 / median_step:.3%}); "
           f"bound 0.5%")
+    # CPU time of the hooks (this thread only) against the nominal step: what a loaded machine cannot inflate
+    print(f"hooks' CPU time per step: mean {statistics.mean(cpu) * 1e3:.3f} ms = {statistics.mean(cpu) / (args.step_ms / 1e3):.3%} "
+          f"of a {args.step_ms:g} ms step (median {statistics.median(cpu) * 1e3:.3f} ms)")
     ratio = mean_ratio(quads)
     boot = random.Random(args.seed + 1)
     samples = sorted(mean_ratio([boot.choice(quads) for _ in quads]) for _ in range(2000))

@@ -31,20 +31,22 @@ def cannot_see(trainer) -> str:
 
 
 class MilesProfileCallback(TrainerCallback):
-    """One `train` phase per optimizer step (gradient accumulation included), attribute `step`."""
+    """One `train` phase per optimizer step (gradient accumulation included), attributes `step` and
+    `rollout_id` (the iteration); steps shorter than steps.MIN_PHASE_S share a phase (its first step's id)."""
 
     def __init__(self, trainer=None):
         self.trainer = trainer  # only to say what it can't see (an online TRL trainer)
-        self.steps = steps.StepPhases(NAME)
+        self.steps = steps.StepPhases(NAME, min_phase_s=steps.MIN_PHASE_S)
 
     def on_train_begin(self, args, state, control, **kwargs):
         self.steps.cannot_see = cannot_see(self.trainer)
 
     def on_step_begin(self, args, state, control, **kwargs):
-        self.steps.begin(step=int(state.global_step) + 1)
+        n = int(state.global_step) + 1
+        self.steps.begin(step=n, rollout_id=n)
 
     def on_step_end(self, args, state, control, **kwargs):
         self.steps.end()
 
     def on_train_end(self, args, state, control, **kwargs):
-        self.steps.end()  # a step interrupted by `control.should_training_stop` is closed here
+        self.steps.end(force=True)

@@ -27,28 +27,30 @@ def callback_class(package: str = "lightning.pytorch") -> type:
 
         class MilesProfileLightningCallback(base):
             def __init__(self):
-                self.steps = steps.StepPhases(NAME, cannot_see=CANNOT_SEE)
+                self.steps = steps.StepPhases(NAME, cannot_see=CANNOT_SEE, min_phase_s=steps.MIN_PHASE_S)
                 self.evals = steps.StepPhases(NAME, names.EVAL, cannot_see=CANNOT_SEE)
 
             def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
-                self.steps.begin(step=int(trainer.global_step) + 1, batch=int(batch_idx))
+                n = int(trainer.global_step) + 1
+                self.steps.begin(step=n, rollout_id=n, batch=int(batch_idx))
 
             def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
                 self.steps.end()
 
             def on_validation_start(self, trainer, pl_module):
                 if not trainer.sanity_checking:
+                    self.steps.end(force=True)  # a grouped train phase ends where evaluation begins
                     self.evals.begin()
 
             def on_validation_end(self, trainer, pl_module):
-                self.evals.end()
+                self.evals.end(force=True)
 
             def on_train_end(self, trainer, pl_module):
-                self.steps.end()
+                self.steps.end(force=True)
 
             def on_exception(self, trainer, pl_module, exception):
-                self.steps.end(exception)
-                self.evals.end(exception)
+                self.steps.end(exception, force=True)
+                self.evals.end(exception, force=True)
 
         _classes[package] = MilesProfileLightningCallback
     return _classes[package]

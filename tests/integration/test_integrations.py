@@ -19,20 +19,20 @@ from tests.conftest import REPO, python_env
 
 MiB = 1024 ** 2
 
-# An unmodified torch loop (knows nothing of miles_profile): 30 optimizer steps of ~20 ms, LEAK MiB kept per step.
+# An unmodified torch loop (knows nothing of miles_profile): 60 optimizer steps of ~30 ms, LEAK MiB kept per step.
 TORCH_LOOP = textwrap.dedent("""
     import sys, time, torch
     leak = int(sys.argv[1]) * 2 ** 20 // 4
     model = torch.nn.Linear(64, 64)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     kept = []
-    for _ in range(30):
+    for _ in range(60):
         model(torch.randn(8, 64)).pow(2).mean().backward()
         optimizer.step()
         optimizer.zero_grad()
         if leak:
             kept.append(torch.ones(leak))
-        time.sleep(0.02)
+        time.sleep(0.03)
 """)
 
 # No torch, no phases: a bytearray of LEAK MiB kept every 50 ms for 4 s, after a 0.5 s start-up.
@@ -84,9 +84,9 @@ def test_begin_end_and_the_decorator_make_one_train_phase_per_step(tmp_path):
 
 @pytest.fixture(scope="module")
 def torch_loops(tmp_path_factory):
-    """The unmodified torch loop recorded healthy and leaking (24 MiB a step), and healthy with --no-auto-tag."""
+    """The unmodified torch loop recorded healthy and leaking (6 MiB a step), and healthy with --no-auto-tag."""
     runs = {}
-    for name, leak, flags in (("healthy", "0", ()), ("leak", "24", ()), ("off", "0", ("--no-auto-tag",))):
+    for name, leak, flags in (("healthy", "0", ()), ("leak", "6", ()), ("off", "0", ("--no-auto-tag",))):
         log_dir = tmp_path_factory.mktemp(name)
         script = log_dir / "loop.py"
         script.write_text(TORCH_LOOP)
@@ -99,7 +99,10 @@ def test_an_unmodified_torch_loop_is_tagged_by_its_optimizer_steps(torch_loops):
     assert done.returncode == 0, done.stderr
     assert "steps tagged by torch optimizer step hook" in done.stderr
     run = mp.load(log_dir)
-    assert set(run.phases["name"]) == {"train"} and 25 <= len(run.phases) <= 30
+    # steps shorter than 0.2 s share a phase, numbered by its first step (rollout_id): each phase an iteration
+    assert set(run.phases["name"]) == {"train"} and 5 <= len(run.phases) <= 60
+    ids = run.phases["rollout_id"].tolist()
+    assert ids == sorted(ids) and ids[0] == 1 and ids[-1] <= 60
     checked, verdict = visualize(log_dir)
     assert checked.returncode == 0, checked.stdout + checked.stderr
     assert "steps tagged by torch optimizer step hook" in checked.stdout
@@ -113,7 +116,7 @@ def test_the_leak_in_an_unmodified_torch_loop_fails_with_its_rate(torch_loops):
     assert checked.returncode == 1 and leak["status"] == "fail", checked.stdout
     assert "sustained growth" in leak["summary"] and "MiB/iteration" in leak["summary"]
     finding = next(f for f in leak["findings"] if f["status"] == "fail")
-    assert 20 * MiB < finding["numbers"]["slope"] < 28 * MiB, leak["summary"]  # 24 MiB kept per step
+    assert 4.5 * MiB < finding["numbers"]["slope"] < 7.5 * MiB, leak["summary"]  # 6 MiB kept per step
 
 
 def test_no_auto_tag_leaves_the_child_untagged(torch_loops):
