@@ -84,7 +84,8 @@ class StepPhases:
         self.min_phase_s = min_phase_s
         self._open: Any = None
         self._opened_at = 0.0
-        self.steps = 0
+        self.steps = 0    # steps begun
+        self.phases = 0   # phases opened (fewer than steps where short steps are grouped)
 
     def _young(self) -> bool:
         return self.min_phase_s > 0 and time.monotonic() - self._opened_at < self.min_phase_s
@@ -101,6 +102,7 @@ class StepPhases:
             opened = phases.phase(self.name, **attrs)
             opened.__enter__()
             self._open, self._opened_at = opened, time.monotonic()
+            self.phases += 1
         except Exception as exc:  # noqa: BLE001
             warn_once("begin", f"{self.integration}: step not tagged: {exc}")
 

@@ -31,7 +31,7 @@ def command(kind: str, out: Path, leak: str) -> list[str]:
         "accelerate": [str(BIN / "accelerate"), "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
                        "--main_process_port", str(free_port()),
                        "--mixed_precision", "no", "--dynamo_backend", "no", str(PROGRAMS / "accelerate_loop.py"),
-                       "--steps", "40", "--leak-mib", leak],
+                       "--steps", "150", "--leak-mib", leak],
     }[kind]
 
 
@@ -42,7 +42,8 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-LEAK_MIB = {"trl_grpo": 24}  # MiB kept per step; 12 elsewhere (GRPO runs 8 slow steps: more per step)
+# MiB kept per step; 12 elsewhere (GRPO runs 8 slow steps: more per step; accelerate 150 fast ones: less)
+LEAK_MIB = {"trl_grpo": 24, "accelerate": 4}
 NEEDS = {"hf_trainer": "transformers", "trl_grpo": "trl", "lightning": "lightning", "accelerate": "accelerate"}
 TAGGED_BY = {"hf_trainer": "transformers.Trainer callback", "trl_grpo": "transformers.Trainer callback",
              "lightning": "Lightning callback", "accelerate": "torch optimizer step hook"}

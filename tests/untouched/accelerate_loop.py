@@ -22,7 +22,7 @@ accelerator = Accelerator(cpu=True)
 model = LlamaForCausalLM(LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                                      num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=64))
 optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-data = DataLoader(torch.randint(0, 128, (512, 32)), batch_size=4)
+data = DataLoader(torch.randint(0, 128, (2048, 32)), batch_size=4)
 model, optimizer, data = accelerator.prepare(model, optimizer, data)
 kept = []
 for step, batch in enumerate(data):
