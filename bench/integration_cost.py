@@ -85,12 +85,14 @@ def main(argv=None) -> int:
     p95 = hooks[int(0.95 * (len(hooks) - 1))]
     print(f"step (A, no callback): median {median_step * 1e3:.1f} ms over {len(steps['A'])} steps")
     print(f"callback hooks per step: mean {statistics.mean(hooks) * 1e3:.3f} ms, median "
-          f"{statistics.median(hooks) * 1e3:.3f} ms, p95 {p95 * 1e3:.3f} ms ({callback.steps.phases} phases for {len(hooks)} steps: "
+          f"{statistics.median(hooks) * 1e3:.3f} ms, p95 {p95 * 1e3:.3f} ms "
+          f"({callback.steps.phases} phases for {len(hooks)} steps: "
           f"steps under {MIN_PHASE_S:g} s share one)")
     print(f"direct ratio: {statistics.mean(hooks) / median_step:.3%} of a step (mean hooks over the median step); "
           f"bound 0.5%")
     # CPU time of the hooks (this thread only) against the nominal step: what a loaded machine cannot inflate
-    print(f"hooks' CPU time per step: mean {statistics.mean(cpu) * 1e3:.3f} ms = {statistics.mean(cpu) / (args.step_ms / 1e3):.3%} "
+    share = statistics.mean(cpu) / (args.step_ms / 1e3)
+    print(f"hooks' CPU time per step: mean {statistics.mean(cpu) * 1e3:.3f} ms = {share:.3%} "
           f"of a {args.step_ms:g} ms step (median {statistics.median(cpu) * 1e3:.3f} ms)")
     # Load-independent: CPU per phase opened, over the time one phase covers at a nominal step (a step, or
     # MIN_PHASE_S when steps are grouped). On a loaded machine a 50 ms step's wall time stretches, fewer

@@ -4,9 +4,9 @@ step hook (`torch.optim.optimizer.register_optimizer_step_post_hook`), so the pr
 
 The first phase opens at the end of the first optimizer step (what came before is setup) and the
 last one closes when the program exits. Steps shorter than steps.MIN_PHASE_S share a phase (`rollout_id`:
-its first step), so the phase rows cost at most 0.5% of the time they tag. A program that tags its own phases (a step inside one of
-them) is left alone. When a Trainer or Lightning callback sees a step, it claims
-the process (steps.claim) and this hook stands aside. Several optimizers stepped together (a GAN, a
+its first step), so the phase rows cost at most 0.5% of the time they tag. A program that tags its own
+phases (a step inside one of them) is left alone. When a Trainer or Lightning callback sees a step, it
+claims the process (steps.claim) and this hook stands aside. Several optimizers stepped together (a GAN, a
 critic) open one phase per step of the first optimizer seen. Imported only once torch is.
 """
 from __future__ import annotations

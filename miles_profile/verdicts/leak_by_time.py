@@ -66,7 +66,8 @@ def judge_track_by_time(track: Track, th: Thresholds) -> Finding:
 def check_leak_by_time(run, th: Thresholds, name: str, title: str, explanation: str) -> CheckResult:
     """The leak check's verdict on a run with no phases: floors over windows of time."""
     explanation += (f" A run without phases is judged over windows of time instead (after the first "
-                    f"{WARMUP_SHARE:.0%} of the run, start-up, and before its last {TEARDOWN_SHARE:.0%}), its rates per minute.")
+                    f"{WARMUP_SHARE:.0%} of the run, start-up, and before its last {TEARDOWN_SHARE:.0%}), its rates "
+                    "per minute.")
     pid = main_pid(run)
     tracks = Tracks(run)
     findings = [judge_track_by_time(track, th) for track in filter(None, (tracks.device(pid), tracks.host(pid)))]

@@ -56,7 +56,8 @@ def record(log_dir: Path, *command: str, flags: tuple[str, ...] = ()) -> subproc
 
 def visualize(log_dir: Path, *extra: str) -> tuple[subprocess.CompletedProcess, dict]:
     out = log_dir / "verdict.json"
-    done = subprocess.run([sys.executable, "-m", "miles_profile.visualize", str(log_dir), "-o", str(log_dir / "report.html"), "--json",
+    done = subprocess.run([sys.executable, "-m", "miles_profile.visualize", str(log_dir), "-o",
+                           str(log_dir / "report.html"), "--json",
                            str(out), *extra], env=python_env(), cwd=REPO, capture_output=True, text=True, timeout=120)
     return done, (json.loads(out.read_text()) if out.exists() else {})
 

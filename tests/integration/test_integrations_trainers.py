@@ -49,11 +49,12 @@ TAGGED_BY = {"hf_trainer": "transformers.Trainer callback", "trl_grpo": "transfo
              "lightning": "Lightning callback", "accelerate": "torch optimizer step hook"}
 
 
-def record_and_judge(kind: str, leak: str, tmp: Path) -> tuple[subprocess.CompletedProcess, subprocess.CompletedProcess, dict]:
+def record_and_judge(kind: str, leak: str, tmp: Path) -> tuple[subprocess.CompletedProcess,
+                                                                subprocess.CompletedProcess, dict]:
     pytest.importorskip(NEEDS[kind])
     env = dict(python_env(), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
-    done = subprocess.run([sys.executable, "-m", "miles_profile.record", "--log-dir", str(tmp / "logs"), "--interval-ms",
-                           "20", "--exec", "--", *command(kind, tmp / "out", leak)],
+    done = subprocess.run([sys.executable, "-m", "miles_profile.record", "--log-dir", str(tmp / "logs"),
+                           "--interval-ms", "20", "--exec", "--", *command(kind, tmp / "out", leak)],
                           env=env, cwd=REPO, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     verdict = tmp / "verdict.json"
