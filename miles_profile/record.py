@@ -22,6 +22,8 @@ import psutil
 from miles_profile import host_sampler, names, oom, stacks
 from miles_profile.errors import MilesProfileError
 from miles_profile.identity import RUN_ID_ENV, host_name
+from miles_profile.integrations import autotag
+from miles_profile.integrations.tagged_by import integrations_of, read_process_metas, tagging_text
 from miles_profile.lifetime import child_dies_with_us
 from miles_profile.logdir.layout import PHASE_SELECTION_KEY, is_run_dir
 from miles_profile.phase_select import parse_phases
@@ -127,6 +129,10 @@ def build_parser() -> argparse.ArgumentParser:
                              "one warning and the job runs as before")
     parser.add_argument("--exec", dest="exec_child", action="store_true",
                         help="run the command after -- as a child and sample its process tree")
+    parser.add_argument("--auto-tag", action=argparse.BooleanOptionalAction, default=True,
+                        help="with --exec: make each optimizer step of a Python child a phase, with no edit to it "
+                             "(transformers/TRL Trainer, Lightning, any torch optimizer, also under accelerate "
+                             "launch and torchrun; docs/integrations.md) (default: on)")
     return parser
 
 
@@ -165,7 +171,7 @@ def run_trainer(args: argparse.Namespace, trainer_args: list[str]) -> int:
     if ranks is not None:
         from trainer.args import parse_args
         parse_args(ranks[1], world_size=ranks[0])  # a flag error exits 2 here, before the run directory
-        return run_child(args, torchrun_command(*ranks))
+        return run_child(args, torchrun_command(*ranks), auto_tag=False)  # the trainer tags its own phases
     try:
         from trainer.args import parse_args
         from trainer.train import main as train_main  # imports torch first, so the allocator probe sees it
@@ -245,7 +251,7 @@ def with_log_lost(code: int) -> int:
     return code if code != 0 else LOG_LOST
 
 
-def run_child(args: argparse.Namespace, command: list[str]) -> int:
+def run_child(args: argparse.Namespace, command: list[str], auto_tag: bool = True) -> int:
     try:
         run_dir = create_run(args.log_dir, sys.argv, args.interval_ms, args.run_id, run_meta(args))
     except MilesProfileError as exc:
@@ -253,6 +259,8 @@ def run_child(args: argparse.Namespace, command: list[str]) -> int:
               flush=True)
         run_dir = None
     env = dict(os.environ, **({names.RUN_DIR_ENV: str(run_dir)} if run_dir else {}))
+    if run_dir:
+        env = autotag.child_env(env, enabled=auto_tag)
     watched = (*FORWARDED, signal.SIGCHLD)
     host = None
     if run_dir:
@@ -298,6 +306,9 @@ def run_child(args: argparse.Namespace, command: list[str]) -> int:
                 if is_run_dir(recorder.run_dir):  # deleted mid-run: stop_and_tell says so, once
                     recorder.annotate({names.COMMAND_EXIT: code})
                 record_death(recorder, child.pid, code, command, oom_counter, oom_before)
+                if auto_tag:
+                    print(f"miles_profile: {tagging_text(integrations_of(read_process_metas(recorder.run_dir)))}",
+                          file=sys.stderr, flush=True)
         finally:
             logged = stop_and_tell(recorder, args)
             if host is not None:
@@ -392,7 +403,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.exec_child:
             if not rest:
                 parser.error("--exec needs a command after --")
-            code = run_child(args, rest)
+            code = run_child(args, rest, auto_tag=args.auto_tag)
         else:
             code = run_trainer(args, rest)
     except MilesProfileError as exc:

@@ -15,6 +15,7 @@ import numpy as np
 from miles_profile import names
 from miles_profile.command_exit import command_exit, signal_name, stop_signal
 from miles_profile.runmodel.peak import Peak, highest_peak, iteration_text
+from miles_profile.report.run_tagging import judged_text, tagging_of
 from miles_profile.runmodel.series import GiB
 from miles_profile.verdicts.types import TOO_SMALL, CheckResult, Finding
 
@@ -90,6 +91,8 @@ class Summary:
     headroom: Headroom | None = None
     killed: list[Finding] = field(default_factory=list)  # the oom check's findings, one per killed process
     command_exit: int | None = None  # `record --exec`'s command, when it failed and no kill explains it
+    judged: str = ""                 # `2 of 8 checks judged: headroom, leak by time` (report/run_tagging.py)
+    tagged_by: str | None = None     # which integration tagged the steps, and what it could not see
 
     def exit_text(self) -> str | None:
         """The recorded command's own failure: not a memory verdict, but nobody should read PASS and miss it."""
@@ -108,6 +111,10 @@ class Summary:
         if self.exit_text():
             out.append(f"COMMAND FAILED: {self.exit_text()}")
         out.append(f"verdict: {self.status.upper()}")
+        if self.judged:  # its own line: the verdict line's form is the verdict engine's (issue 30's WARN)
+            out.append(self.judged)
+        if self.tagged_by:
+            out.append(self.tagged_by)
         out.append(self.peak.text() if self.peak else "peak: no memory samples")
         if self.headroom is not None:
             out.append(self.headroom.text())
@@ -134,7 +141,7 @@ class Summary:
         return {
             "killed": [killed_dict(f) for f in self.killed],
             "command_exit": self.command_exit, "command_exit_text": self.exit_text(),
-            "status": self.status, "peak": peak, "headroom": headroom,
+            "status": self.status, "judged": self.judged, "tagged_by": self.tagged_by, "peak": peak, "headroom": headroom,
             "offloads": [{"name": k.name, "count": k.count, "failed": k.failed, "too_small": k.too_small,
                           "not_judged": k.not_judged, "declared_bytes": k.declared, "freed_bytes": k.freed,
                           "worst": None if k.worst is None else {
@@ -153,7 +160,8 @@ def summarize(run, checks: list[CheckResult], status: str) -> Summary:
     killed = next((c.findings for c in checks if c.name == OOM_CHECK and c.status == "fail"), [])
     code = command_exit(run)
     return Summary(status, highest_peak(run), _offload_kinds(checks), failing, _headroom(checks), list(killed),
-                   None if killed else code)  # a kill already says why the command ended
+                   None if killed else code,  # a kill already says why the command ended
+                   judged_text(checks), tagging_of(run))
 
 
 def killed_dict(f: Finding) -> dict:

@@ -110,7 +110,9 @@ def summary_html(summary: Summary, t0: float, section_id: str) -> str:
     cls = _BADGE.get(summary.status, "na")
     return (f'<div class="summary summary-{cls}" id="{_e(section_id)}-summary" data-status="{_e(summary.status)}">'
             f'{_killed_html(summary, t0, section_id)}{_command_failed_html(summary, section_id)}'
-            f'<div class="summary-verdict"><span class="badge big {cls}">{_WORD.get(summary.status, summary.status)}</span></div>'
+            f'<div class="summary-verdict"><span class="badge big {cls}">{_WORD.get(summary.status, summary.status)}</span>'
+            f' <span class="judged">{_e(summary.judged)}</span>'
+            + (f'<div class="tagged-by">{_e(summary.tagged_by)}</div>' if summary.tagged_by else '') + '</div>'
             f'<div class="facts-row">{_peak_html(summary, t0, section_id)}{_offloads_html(summary, t0, section_id)}</div>'
             f'{_failing_html(summary, t0, section_id)}</div>')
 

@@ -86,7 +86,7 @@ class Comparison:
     subject: str           # "vm:gpu0", "actor rank 0 on vm:gpu0"
     gpu: str               # the GPU's label, "" for host memory of a CPU run
     memory: str            # GPU_USED, "GPU own (proc)", HOST_RSS
-    stat: Literal["peak", "floor"]
+    stat: Literal["peak", "floor", "floor_growth"]  # floor_growth: runs without phases (gate_by_time.py)
     baseline: int
     current: int
     regressed: bool
@@ -105,7 +105,7 @@ class Comparison:
 
     @property
     def message(self) -> str:
-        return (f"{self.where}: {self.memory} {self.stat} of {self.subject} {format_size(self.baseline)} -> "
+        return (f"{self.where}: {self.memory} {self.stat.replace('_', ' ')} of {self.subject} {format_size(self.baseline)} -> "
                 f"{format_size(self.current)} ({self.growth / MiB:+,.0f} MiB, {self.share * 100:+.1f}%)")
 
 
@@ -238,6 +238,10 @@ def compare_runs(current, baseline, thresholds: RegressionThresholds | None = No
     base = baseline if isinstance(baseline, pd.DataFrame) else phase_measures(baseline, by_iteration)
     cur_name = current_name or getattr(current, "name", "this run")
     base_name = baseline_name or getattr(baseline, "name", "the baseline")
+    if (cur.empty or base.empty) and not isinstance(current, pd.DataFrame) and not isinstance(baseline, pd.DataFrame):
+        # a run without phases (nothing tagged its steps): both compared as whole runs, by time
+        from miles_profile.verdicts.gate_by_time import time_measures
+        cur, base = time_measures(current), time_measures(baseline)
     not_selected: list[str] = []
     if selection is not None:
         _, not_selected = selection.split([*cur["phase"], *base["phase"]])
@@ -249,12 +253,14 @@ def compare_runs(current, baseline, thresholds: RegressionThresholds | None = No
     both = merged[merged["_merge"] == "both"]
     compared = []
     for row in both.itertuples(index=False):
-        for stat in ("peak", "floor"):
-            now, before = getattr(row, stat), getattr(row, f"{stat}_base")
+        for stat in ("peak", "floor", "floor_growth"):
+            now, before = getattr(row, stat, np.nan), getattr(row, f"{stat}_base", np.nan)
             if not (np.isfinite(now) and np.isfinite(before)):
                 continue
             growth = now - before
-            regressed = bool(growth > th.abs_bytes and growth > th.share * before)
+            # the floor's growth is measured against the baseline's floor (its own baseline may be ~0)
+            scale = row.floor_base if stat == "floor_growth" else before
+            regressed = bool(growth > th.abs_bytes and growth > th.share * scale)
             compared.append(Comparison(row.phase, None if row.iteration == -2 else int(row.iteration), row.subject,
                                        row.gpu, row.memory, stat, int(before), int(now), regressed))
     if not compared:  # a gate that compares nothing would pass forever: say so and stop (exit 2)

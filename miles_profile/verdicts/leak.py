@@ -34,9 +34,9 @@ def check_leak(run, th: Thresholds) -> CheckResult:
                    f"{th.leak_resolution_multiple:g}x the series' resolution. A floor that steps up once and "
                    "stays flat is a one-time step (allocator or glibc retention), reported, not failed.")
     inst = phase_instances(run)
-    if inst.empty:
-        return not_applicable(name, title, explanation,
-                              "no phases in this run (wrap each iteration in mp.phase() to judge its floor)")
+    if inst.empty:  # nothing tagged the iterations: the floor over windows of time (leak_by_time.py)
+        from miles_profile.verdicts.leak_by_time import check_leak_by_time
+        return check_leak_by_time(run, th, name, title, explanation)
     tracks = Tracks(run)
     pid = main_pid(run)
     mine = inst[(inst["pid"] == pid) & (inst["iteration"] >= 0)]

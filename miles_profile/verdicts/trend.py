@@ -58,13 +58,15 @@ def _largest_jump(x: np.ndarray, y: np.ndarray) -> tuple[int, float]:
 
 
 def judge_floors(iterations, floors, *, resolution: float, allowed: float, min_iterations: int,
-                 step_cause: str = "", fit: Slope | None = None, over: str | None = None) -> FloorVerdict:
+                 step_cause: str = "", fit: Slope | None = None, over: str | None = None,
+                 unit: str = "iteration") -> FloorVerdict:
     """The verdict on floors (bytes) measured at `iterations` (already past the warm-up).
 
     `resolution`: bytes the series can resolve; `allowed`: the growth over the iterations judged that
     fails (at least the resolution); `step_cause`: the likely cause of a one-time step, in words; `fit`:
     the floors' robust_slope when the caller fitted many series at once (`slopes_of`); `over`: what the
-    floors span, in words, where each is not one iteration (windows of several)."""
+    floors span, in words, where each is not one iteration (windows of several); `unit`: what `iterations`
+    counts (`min` where the floors are windows of time and `iterations` their minutes: rates per minute)."""
     x, y = np.asarray(iterations, dtype=float), np.asarray(floors, dtype=float)
     ok = np.isfinite(x) & np.isfinite(y)
     x, y = x[ok], y[ok]
@@ -76,15 +78,19 @@ def judge_floors(iterations, floors, *, resolution: float, allowed: float, min_i
     numbers = dict(slope=fit.slope, slope_low=fit.low, slope_high=fit.high, iterations=fit.n, growth=growth,
                    growth_low=growth_low, allowed=float(allowed), resolution=float(resolution),
                    first=float(y[0]), last=float(y[-1]), floors=[float(v) for v in y])
-    measured = (f"floor {_gib(y[0])} → {_gib(y[-1])} over {over or f'{fit.n} iterations'}, {_mib(fit.slope)}/iteration "
+
+    def at(v: float) -> str:
+        return f"iteration {int(v)}" if unit == "iteration" else f"{v:.1f} {unit}"
+
+    measured = (f"floor {_gib(y[0])} → {_gib(y[-1])} over {over or f'{fit.n} iterations'}, {_mib(fit.slope)}/{unit} "
                 f"({CONFIDENCE:.0%} interval {_mib(fit.low)} to {_mib(fit.high)})")
     step = _one_time_step(x, y, allowed)
     if step is not None:
         k, size, rest = step
         numbers.update(step=size, step_after_iteration=int(x[k]), growth_without_step=rest.slope * rest.span)
         return FloorVerdict("pass", "one_time_step",
-                            f"one-time step of {_gib(size)} after iteration {int(x[k])}, flat before and after "
-                            f"({_mib(rest.slope)}/iteration without it): not a leak; {measured}"
+                            f"one-time step of {_gib(size)} after {at(x[k])}, flat before and after "
+                            f"({_mib(rest.slope)}/{unit} without it): not a leak; {measured}"
                             + (f". Likely {step_cause}" if step_cause else ""), numbers)
     if growth_low > allowed:
         later = _stopped(x, y, fit, allowed)
@@ -92,8 +98,8 @@ def judge_floors(iterations, floors, *, resolution: float, allowed: float, min_i
             numbers.update(later_slope=later.slope, later_slope_low=later.low, later_slope_high=later.high,
                            later_from_iteration=int(x[len(x) // 2]))
             return FloorVerdict("pass", "growth_stopped",
-                                f"growth that stopped: {measured}; from iteration {int(x[len(x) // 2])} on "
-                                f"{_mib(later.slope)}/iteration ({_mib(later.low)} to {_mib(later.high)}), below "
+                                f"growth that stopped: {measured}; from {at(x[len(x) // 2])} on "
+                                f"{_mib(later.slope)}/{unit} ({_mib(later.low)} to {_mib(later.high)}), below "
                                 "the run's rate: bounded (a cache or the allocator's pools filling up), not a leak",
                                 numbers)
         return FloorVerdict("fail", "sustained_growth", f"sustained growth: {measured}; at least "
