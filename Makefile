@@ -14,8 +14,9 @@ TORCH_PIN ?= torch==2.13.0
 # extras (playwright, transformers, scipy, dash, the sglang contract wheel) come with `make test`.
 # --no-warn-conflicts: the sglang wheel is installed without its GPU engine's dependencies on purpose
 # (scripts/install_sglang_contract.sh), so pip's resolver would otherwise print a page of "sglang requires
-# ..." lines on every install; nothing the project imports is concerned.
-PIP := $(PY) -m pip install -q --no-warn-conflicts
+# ..." lines on every install; nothing the project imports is concerned. PYTHONWARNINGS=ignore: setuptools'
+# editable build prints a 10-line "Editable installation ... be careful" notice even under -q.
+PIP := PYTHONWARNINGS=ignore $(PY) -m pip install -q --no-warn-conflicts
 setup: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml
