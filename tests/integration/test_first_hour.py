@@ -2,6 +2,7 @@
 says what to do."""
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 
@@ -19,3 +20,25 @@ def test_record_without_exec_says_add_exec_and_makes_no_run(tmp_path):
     assert "record --exec -- python my_script.py --lr 1e-4" in lines[0]
     assert "Traceback" not in done.stderr and "unrecognized arguments" not in done.stderr
     assert not logs.exists() or not any(logs.iterdir())
+
+
+def _with_cgroup_limit(tmp_path, limit: int):
+    """sample_logs/cpu as if recorded in a container: the host sampler read a cgroup limit of `limit`."""
+    run = tmp_path / "cpu"
+    shutil.copytree(REPO / "sample_logs" / "cpu", run)
+    (host_csv,) = run.glob("*.host.csv")
+    header, *rows = host_csv.read_text().splitlines()
+    assert header.endswith(",cgroup_limit") and all(row.endswith(",") for row in rows)
+    host_csv.write_text("\n".join([header, *(row + str(limit) for row in rows)]) + "\n")
+    return run
+
+
+def test_a_host_peak_is_compared_with_the_cgroup_limit_that_applied(tmp_path):
+    from miles_profile.logdir.reader import load_run
+    from miles_profile.report.peak import highest_peak
+    peak = highest_peak(load_run(_with_cgroup_limit(tmp_path, 1 << 30)))
+    assert peak.total == 1 << 30 and peak.limit == "cgroup limit"
+    assert f"of 1.0 GiB cgroup limit ({peak.bytes / (1 << 30):.0%})" in peak.text()
+    # without a limit (or one above the machine's memory) the host's memory, named as such
+    unlimited = highest_peak(load_run(REPO / "sample_logs" / "cpu"))
+    assert unlimited.limit == "host memory" and "GiB host memory (" in unlimited.text()
