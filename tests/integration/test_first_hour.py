@@ -2,6 +2,7 @@
 says what to do."""
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
@@ -42,3 +43,21 @@ def test_a_host_peak_is_compared_with_the_cgroup_limit_that_applied(tmp_path):
     # without a limit (or one above the machine's memory) the host's memory, named as such
     unlimited = highest_peak(load_run(REPO / "sample_logs" / "cpu"))
     assert unlimited.limit == "host memory" and "GiB host memory (" in unlimited.text()
+
+
+def test_threshold_sizes_take_units_and_shares_a_percent(tmp_path):
+    """`--threshold leak_abs_bytes=1GiB` as every other size flag; a wrong one is one line naming it."""
+    def visualize(*threshold):
+        args = [sys.executable, "-m", "miles_profile.visualize", str(REPO / "sample_logs" / "cpu"),
+                "-o", str(tmp_path / "r.html"), "--json", str(tmp_path / "r.json")]
+        for t in threshold:
+            args += ["--threshold", t]
+        return subprocess.run(args, env=python_env(), capture_output=True, text=True, timeout=120, check=False)
+    done = visualize("transition_abs_bytes=3GiB", "transition_tolerance_share=50%")
+    assert done.returncode in (0, 1), done.stderr
+    checks = json.loads((tmp_path / "r.json").read_text())["runs"][0]["checks"]
+    (spikes,) = [c for c in checks if c["name"] == "transition_spikes"]
+    assert "50% of it plus 3.000 GiB" in spikes["explanation"], spikes["explanation"]
+    bad = visualize("leak_abs_bytes=lots")
+    assert bad.returncode == 2 and bad.stderr.strip().splitlines() == [
+        "miles_profile.visualize: error: threshold leak_abs_bytes: not a size: 'lots' (e.g. 20 GiB, 512 MiB, 1048576)"]
