@@ -155,9 +155,14 @@ def process_label(run, pid: int) -> str:
 
 
 def main_pid(run) -> int | None:
-    """The process that recorded the most phases (else the one with the most samples)."""
+    """The process that recorded the most phases, among those that train where any does (else the one
+    with the most samples). The trainer drives the loop: an engine server records a phase per weight
+    bucket (88 `update_weights` against its actor's 4 on sample_logs/h200/9-dist-engine-server), so a
+    plain count picked the engine and left every train cell empty."""
     if len(run.phases):
-        return int(run.phases["pid"].value_counts().idxmax())
+        trains = run.phases.loc[run.phases["name"] == "train", "pid"].unique()
+        phases = run.phases[run.phases["pid"].isin(trains)] if len(trains) else run.phases
+        return int(phases["pid"].value_counts().idxmax())
     found = pids_with(run, "rss")
     return found[0] if found else (pids(run)[0] if pids(run) else None)
 
