@@ -76,9 +76,17 @@ class FleetCheckResult(CheckResult):
     worst: dict[str, Any] | None = None
 
 
+def _count(n: int, words: str) -> str:
+    """"1 lane", "2 lanes", "1 GPU held ...": the first word of `words` (a plural) agrees with n."""
+    first, _, rest = words.partition(" ")
+    if n == 1:
+        first = "process" if first == "processes" else first[:-1] if first.endswith("s") else first
+    return f"{n} {first}" + (f" {rest}" if rest else "")
+
+
 def _result(name, title, explanation, findings, judged, worst, series, ok, bad) -> FleetCheckResult:
     failed = [f for f in findings if f.status == "fail"]
-    counted = ", ".join(f"{v} {k}" for k, v in judged.items() if v)
+    counted = ", ".join(_count(v, k) for k, v in judged.items() if v)
     where = f"; worst {worst['label']}" + (f" pid {worst['pid']}" if worst.get("pid") is not None else "") + \
         f": {worst['message']}" if worst else ""
     spans = [f.span for f in findings if f.span]
@@ -87,7 +95,7 @@ def _result(name, title, explanation, findings, judged, worst, series, ok, bad) 
         summary = f"{len(failed)} of {len(findings)} {bad} (judged {counted}){where}"
         status = "fail"
     else:
-        summary = f"{len(findings)} {ok} (judged {counted}){where}"
+        summary = f"{_count(len(findings), ok)} (judged {counted}){where}"
         status = "pass"
     return FleetCheckResult(name, title, status, summary, explanation, span, findings, series, judged=judged,
                             worst=worst)
@@ -371,7 +379,7 @@ def check_serialized_peaks_per_gpu(table: pd.DataFrame, th: FleetThresholds) -> 
     result = _with_small(result, findings)
     skipped = df["lane_code"].nunique() - len(findings)
     if skipped:
-        result.summary += f"; {skipped} lanes without both footprints in separate processes not judged"
+        result.summary += f"; {_count(skipped, 'lanes')} without both footprints in separate processes not judged"
     return result
 
 

@@ -130,9 +130,9 @@ class RegressionResult:
         bad = self.regressions
         if bad:
             phases = ", ".join(dict.fromkeys(c.where for c in bad))
-            gpus = ", ".join(dict.fromkeys(c.gpu for c in bad if c.gpu)) or "host memory only"
+            gpus = ", ".join(dict.fromkeys(c.gpu for c in bad if c.gpu))
             return (f"{len(bad)} of {len(self.compared)} values grew by more than {self.thresholds.text} "
-                    f"against {self.baseline}: phases {phases}; GPUs {gpus}")
+                    f"against {self.baseline}: phases {phases}; " + (f"GPUs {gpus}" if gpus else "host memory only"))
         if not self.compared:
             return f"nothing to compare with {self.baseline}" + (f" ({self.not_compared[0]})" if self.not_compared else "")
         worst = max(self.compared, key=lambda c: c.growth)
