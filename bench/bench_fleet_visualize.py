@@ -58,7 +58,9 @@ def _levels(rows, t: np.ndarray, ctx: float) -> np.ndarray:
     return np.where(rising, rows["proc_peak"].to_numpy()[at], level)
 
 
-def write_run(root: Path, processes: int, minutes: float) -> Path:
+def write_run(root: Path, processes: int, minutes: float, summaries: bool = True) -> Path:
+    """`summaries=False`: the phases' end events carry no summary, as a crashed run's or a foreign log's,
+    so every stage has to read the samples themselves."""
     from miles_profile.report.fleet_synthetic import CTX, GPU_TOTAL, ITERATION_S, MiB, OUTSIDE, T_START, GiB, \
         synthetic_table
     hosts = processes // (2 * GPUS)
@@ -106,6 +108,10 @@ def write_run(root: Path, processes: int, minutes: float) -> Path:
             lines.append(f'{{"t":{r.t0:.6f},"kind":"begin","name":"{r.phase}","pid":{pid},"host":"{host}",'
                          f'"id":{r.phase_id},"parent":null,"attrs":{{"rollout_id":{r.iteration}{exp}}}}}\n')
             n = max(1, int((r.t1 - r.t0) / INTERVAL_S))
+            if not summaries:
+                lines.append(f'{{"t":{r.t1:.6f},"kind":"end","name":"{r.phase}","pid":{pid},"host":"{host}",'
+                             f'"id":{r.phase_id},"parent":null,"attrs":{{"status":"ok"}}}}\n')
+                continue
             lines.append(f'{{"t":{r.t1:.6f},"kind":"end","name":"{r.phase}","pid":{pid},"host":"{host}",'
                          f'"id":{r.phase_id},"parent":null,"attrs":{{"status":"ok","summary":{{"rows":{n},'
                          f'"t_first":{r.t0 + INTERVAL_S:.6f},"t_last":{r.t1:.6f},"series":{{"gpu{g}_proc":'
