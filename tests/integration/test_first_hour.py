@@ -61,3 +61,17 @@ def test_threshold_sizes_take_units_and_shares_a_percent(tmp_path):
     bad = visualize("leak_abs_bytes=lots")
     assert bad.returncode == 2 and bad.stderr.strip().splitlines() == [
         "miles_profile.visualize: error: threshold leak_abs_bytes: not a size: 'lots' (e.g. 20 GiB, 512 MiB, 1048576)"]
+
+
+def test_a_cpu_runs_report_speaks_of_host_memory_and_no_zero_rates():
+    from miles_profile.logdir.reader import load_run
+    from miles_profile.report.ledger import ledger
+    from miles_profile.report.transitions import meter_of
+    from miles_profile.report.transitions_html import meter_rows
+    from miles_profile.report.whatif_html import whatif_html
+    run = load_run(REPO / "sample_logs" / "cpu")
+    frame = ledger(run)
+    html = whatif_html(run, frame)
+    assert "What you could keep in host memory" in html and "on the GPU" not in html
+    rates = [r["rate"] for r in meter_rows(meter_of(run, frame))]
+    assert rates and not [r for r in rates if r.strip("0.") == ""], rates
