@@ -156,7 +156,8 @@ import resource, subprocess, sys, time
 started = time.perf_counter()
 done = subprocess.run(sys.argv[1:], capture_output=True, text=True)
 wall = time.perf_counter() - started
-print(done.returncode, wall, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024)
+usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+print(done.returncode, wall, usage.ru_maxrss * 1024, usage.ru_utime + usage.ru_stime)
 sys.stderr.write(done.stdout[-3000:] + done.stderr[-3000:])
 """
 
@@ -167,8 +168,8 @@ def measure(run_dir: Path, lanes: str | None) -> dict:
         command += ["--lanes", lanes]
     env = {**os.environ, "PYTHONPATH": str(REPO), "MILES_PROFILE_CACHE": "0"}
     done = subprocess.run([sys.executable, "-c", MEASURE, *command], capture_output=True, text=True, env=env, cwd=REPO)
-    code, wall, rss = done.stdout.split()
-    return {"exit": int(code), "wall_s": float(wall), "peak_rss": int(rss), "output": done.stderr,
+    code, wall, rss, cpu = done.stdout.split()
+    return {"exit": int(code), "wall_s": float(wall), "peak_rss": int(rss), "cpu_s": float(cpu), "output": done.stderr,
             "html_bytes": (run_dir / "report.html").stat().st_size if (run_dir / "report.html").exists() else 0}
 
 

@@ -10,7 +10,8 @@ fleet: 1,024 processes (64 hosts), 30 min, with summaries. Target: 10 s.
 The runs are bench/bench_fleet_visualize.py's writer (the real log format; samples files of the same GPU
 index and role are hard links of one file). visualize runs in a child with the reader's arrow cache off
 (MILES_PROFILE_CACHE=0: every run is a first read); its wall time and peak RSS (getrusage of children)
-are printed. Run it alone: the machine's other load counts in the wall time (the load average is printed).
+and CPU time (user + system: what the command costs whatever else runs) are printed. Run it alone: the
+machine's other load counts in the wall time (the load average is printed).
 """
 from __future__ import annotations
 
@@ -59,12 +60,12 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(root, ignore_errors=True)
     load = os.getloadavg()
     print(f"visualize end to end (load average {load[0]:.1f} on {os.cpu_count()} cores; cache off)")
-    print(f"{'case':>6} {'processes':>9} {'summaries':>9} {'CSV GB':>7} {'exit':>4} {'wall s':>7} {'target':>6} "
-          f"{'peak RSS GiB':>12} {'target':>6} {'write s':>7}")
+    print(f"{'case':>6} {'processes':>9} {'summaries':>9} {'CSV GB':>7} {'exit':>4} {'wall s':>7} {'CPU s':>6} "
+          f"{'target':>6} {'peak RSS GiB':>12} {'target':>6} {'write s':>7}")
     for name, processes, summaries, csv_bytes, written, r, wall_target, rss_target in rows:
         rss_t = f"{rss_target / GiB:.1f}" if rss_target else "-"
         print(f"{name:>6} {processes:>9} {'yes' if summaries else 'no':>9} {csv_bytes / 1e9:>7.2f} {r['exit']:>4} "
-              f"{r['wall_s']:>7.1f} {wall_target:>6.0f} {r['peak_rss'] / GiB:>12.2f} {rss_t:>6} {written:>7.1f}")
+              f"{r['wall_s']:>7.1f} {r['cpu_s']:>6.1f} {wall_target:>6.0f} {r['peak_rss'] / GiB:>12.2f} {rss_t:>6} {written:>7.1f}")
     return 0
 
 
