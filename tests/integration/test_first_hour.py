@@ -75,3 +75,18 @@ def test_a_cpu_runs_report_speaks_of_host_memory_and_no_zero_rates():
     assert "What you could keep in host memory" in html and "on the GPU" not in html
     rates = [r["rate"] for r in meter_rows(meter_of(run, frame))]
     assert rates and not [r for r in rates if r.strip("0.") == ""], rates
+
+
+def test_the_timeline_names_the_peaks_iteration_as_the_summary_does():
+    """sample_logs/h200/9-dist-engine-server: the engine server records a phase per weight bucket, so
+    it had the most phases and was taken as the main process; the timeline then counted its phases
+    into "iteration 65" where the summary says 2, and the comparison's train cells were empty."""
+    from miles_profile.logdir.reader import load_run
+    from miles_profile.report.peak import highest_peak
+    from miles_profile.report.series import main_pid
+    from miles_profile.report.timeline_marks import phase_at
+    run = load_run(REPO / "sample_logs" / "h200" / "9-dist-engine-server")
+    actor = next(p["pid"] for p in run.processes if p.get("role") == "actor")
+    assert main_pid(run) == actor
+    peak = highest_peak(run)
+    assert phase_at(run, peak.t) == (peak.phase, peak.iteration) == ("generate", 2)
