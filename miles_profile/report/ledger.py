@@ -37,6 +37,7 @@ import pandas as pd
 
 from miles_profile import names
 from miles_profile.logdir.accounts import declared_at
+from miles_profile.report.series import pids, process_samples
 from miles_profile.report.stats import _iterations
 
 ACTIVATIONS, ALLOCATOR_CACHE, NON_PYTORCH, OTHER_PROCESSES = (
@@ -81,7 +82,7 @@ def _process_states(run, only: set[tuple[str, int]] | None = None) -> dict[tuple
     for (host, pid), ends in run.phases.groupby([run.phases["host"].fillna("").astype(str), "pid"]):
         if (host, int(pid)) in states or only is not None and (host, int(pid)) not in only:
             continue
-        rows = samples[samples["pid"] == pid]
+        rows = process_samples(run, int(pid))  # one index of every process's rows, not a mask per process
         if rows.empty:
             continue
         t = rows["t"].to_numpy(float)
@@ -370,10 +371,10 @@ def _samples_by_process(run, only: set[tuple[str, int]] | None) -> dict[int, pd.
     samples = run.samples
     if samples.empty:
         return {}
-    if only is not None:
-        samples = samples[samples["pid"].isin([p for _, p in only])]
-    return {int(pid): _carry_nvml(frame.sort_values("t", kind="stable").reset_index(drop=True))
-            for pid, frame in samples.groupby("pid", sort=False)}
+    wanted = pids(run) if only is None else sorted({int(p) for _, p in only} & set(pids(run)))
+    # Each process's rows from the run's one index (series.process_rows: already in time order), not
+    # a groupby that copies and sorts the whole frame again.
+    return {pid: _carry_nvml(process_samples(run, pid).reset_index(drop=True)) for pid in wanted}
 
 
 def _host_peak(ctx: _Context, host: str, pid: int, window: pd.DataFrame) -> list[tuple] | None:

@@ -14,6 +14,7 @@ from dataclasses import replace
 import numpy as np
 import pandas as pd
 
+from miles_profile.report.series import pids, process_rows
 from miles_profile.report.process_view import (
     judged_processes,
     phase_processes,
@@ -36,7 +37,8 @@ def _label(meta: dict) -> str:
 def per_process_checks(run, thresholds: checks_mod.Thresholds | None = None) -> list[checks_mod.CheckResult]:
     judged = judged_processes(run)
     total = len(phase_processes(run))
-    rows_of = run.samples.groupby("pid").indices if len(run.samples) else {}
+    # each process's rows from the run's one index (report/series.process_rows), shared with the figures
+    rows_of = {p: np.arange(len(run.samples)) if (r := process_rows(run, p)) is None else r for p in pids(run)}
     per_check: dict[str, list] = {}
     for host, pid, meta in judged:
         sub = process_view(run, host, pid, rows_of)
