@@ -467,9 +467,20 @@ def _read_all_samples(run_dir: Path, warnings: list[str], finished: set | frozen
                              "pid": pd.Series(dtype="int64")})
     if len(frames) == 1:
         return frames[0]
+    _same_phase_categories(frames)  # concat then keeps the codes: no string per row
     samples = pd.concat(frames, ignore_index=True)  # processes interleave in time
-    samples["phase"] = samples["phase"].astype(str).astype("category")
     return samples.sort_values("t", kind="stable").reset_index(drop=True)
+
+
+def _same_phase_categories(frames: list[pd.DataFrame]) -> None:
+    """Give every frame's `phase` the same sorted categories (what `.astype(str).astype("category")` of
+    the concatenated column gave), so pd.concat keeps it categorical instead of making 10M strings."""
+    from pandas.api.types import union_categoricals
+    columns = [f["phase"].astype(str).astype("category") if not isinstance(f["phase"].dtype, pd.CategoricalDtype)
+               else f["phase"] for f in frames]
+    categories = union_categoricals(columns, sort_categories=True).categories
+    for frame, column in zip(frames, columns):
+        frame["phase"] = column.cat.set_categories(categories)
 
 
 def _clean_times(samples: pd.DataFrame, warnings: list[str], source: str) -> pd.DataFrame:
