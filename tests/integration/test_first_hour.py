@@ -90,3 +90,20 @@ def test_the_timeline_names_the_peaks_iteration_as_the_summary_does():
     assert main_pid(run) == actor
     peak = highest_peak(run)
     assert phase_at(run, peak.t) == (peak.phase, peak.iteration) == ("generate", 2)
+
+
+def test_mark_labels_stay_inside_the_plot_below_its_title(tmp_path):
+    """A mark per step was labelled above the plot, over the subplot's title; now inside, along its line."""
+    from miles_profile.logdir.reader import load_run
+    from miles_profile.report.figures import timeline_figure
+    run_dir = tmp_path / "cpu"
+    shutil.copytree(REPO / "sample_logs" / "cpu", run_dir)
+    (events,) = run_dir.glob("*.events.jsonl")
+    rows = [json.loads(line) for line in events.read_text().splitlines()]
+    t0, t1 = rows[0]["t"], rows[-1]["t"]
+    rows += [{"t": t0 + 1 + k * (t1 - t0 - 2) / 11, "kind": "mark", "name": f"step {k}", "pid": rows[0]["pid"],
+              "host": rows[0]["host"], "attrs": {}} for k in range(12)]
+    events.write_text("".join(json.dumps(r) + "\n" for r in sorted(rows, key=lambda r: r["t"])))
+    notes = [a for a in timeline_figure(load_run(run_dir)).layout.annotations if str(a.text).startswith("step ")]
+    assert len(notes) == 12
+    assert all(a.y == 1.0 and a.yanchor == "top" and a.textangle == -90 for a in notes)
