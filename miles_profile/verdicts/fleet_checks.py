@@ -21,6 +21,7 @@ import pandas as pd
 from miles_profile import names
 from miles_profile.names import instance_label
 from miles_profile.report import fleet, floor_trend
+from miles_profile.words import role_text
 from miles_profile.verdicts.common import size
 from miles_profile.verdicts.resolution import resolution_of
 from miles_profile.verdicts.trend import judge_floors, slopes_of, step_cause_of
@@ -308,7 +309,7 @@ def _floor_finding(first: dict, last: dict, x: np.ndarray, y: np.ndarray, fit, k
     judged = judge_floors(x, y, resolution=res, allowed=allowed,
                           min_iterations=th.floor_trend_min_iterations, step_cause=step_cause_of(kind), fit=fit)
     pid = int(last["pid"]) if key == "pid" else None
-    who = lane["label"] + (f" pid {pid} ({last['role'] or '?'} rank {last['rank']})" if pid is not None else "")
+    who = lane["label"] + (f" pid {pid} ({role_text(last['role'])} rank {last['rank']})" if pid is not None else "")
     what = "NVML used" if series == "used" else f"own memory ({series})"
     status = TOO_SMALL if judged.status == "too small to judge" else judged.status
     numbers = _where(lane, pid=pid, **judged.numbers, series=what, limit=float(allowed))

@@ -36,6 +36,7 @@ import pandas as pd
 from miles_profile.errors import MilesProfileError
 from miles_profile.names import instance_label
 from miles_profile.sizes import format_size, parse_share, parse_size
+from miles_profile.words import role_text
 
 MiB = 1024 ** 2
 MEASURE_COLUMNS = ["phase", "iteration", "exact_key", "rank_key", "subject", "gpu", "memory", "peak", "floor"]
@@ -208,9 +209,12 @@ def _process_keys(df: pd.DataFrame) -> pd.DataFrame:
     by_rank = procs["role"] + "|" + procs["rank"].astype(str)
     procs["proc_exact"] = exact + "|" + procs.groupby(exact).cumcount().astype(str)
     procs["proc_rank"] = by_rank + "|" + procs.groupby(by_rank).cumcount().astype(str)
-    who = np.where(procs["rank"] >= 0, (procs["role"].where(procs["role"] != "", "process") + " rank " +
+    who = np.where(procs["rank"] >= 0, (procs["role"].map(role_text) + " rank " +
                                         procs["rank"].astype(str)), "pid " + procs["pid"].astype(str))
-    procs["proc_label"] = who + " on " + procs["lane_label"].astype(str)
+    # a rank's own host lane ("vm:rank0") adds nothing to "trainer rank 0" but its host
+    lane = procs["lane_label"].astype(str)
+    own_lane = lane == procs["host"].astype(str) + ":rank" + procs["rank"].astype(str)
+    procs["proc_label"] = who + " on " + np.where(own_lane, procs["host"].astype(str), lane)
     return procs[["host", "pid", "proc_exact", "proc_rank", "proc_label"]]
 
 
