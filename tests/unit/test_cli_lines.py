@@ -23,3 +23,17 @@ def test_checks_that_cannot_apply_fold_into_one_line():
     # one n/a check keeps its own line and reason
     lines = _verdict_lines([SimpleNamespace(verdict=RunVerdict("r", checks[1:3]), summary=no_summary)])
     assert "  N/A   serialized_peaks  serialized_peaks is n/a" in lines
+
+
+def test_a_failing_reports_first_screen_names_the_run_and_the_check():
+    """Under the overall badge: each failing run linked to its checks table, with its failing checks
+    (the comparison's first screen said "Overall: FAIL" and the rest was 1,100 px further down)."""
+    from miles_profile.report.html import _failing_html
+    def report(name, statuses):
+        checks = [_check(check, status) for check, status in statuses.items()]
+        return SimpleNamespace(run=SimpleNamespace(name=name), verdict=RunVerdict(name, checks))
+    reports = [report("1-no-offload", {"leak": "pass"}), report("9-dist-engine-server", {"leak": "fail", "headroom": "fail"})]
+    html = _failing_html(reports, single=False)
+    assert html == ('<p class="verdict small" id="overall-failing">failed: '
+                    '<a href="#checks-1">9-dist-engine-server</a>: leak, headroom</p>')
+    assert _failing_html(reports[:1], single=True) == ""
