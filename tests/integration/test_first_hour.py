@@ -7,6 +7,8 @@ import shutil
 import subprocess
 import sys
 
+import pytest
+
 from tests.conftest import REPO, python_env
 
 
@@ -45,6 +47,7 @@ def test_a_host_peak_is_compared_with_the_cgroup_limit_that_applied(tmp_path):
     assert unlimited.limit == "host memory" and "GiB host memory (" in unlimited.text()
 
 
+@pytest.mark.slow  # two visualize processes: about 4 s idle, 13 s on the shared machine
 def test_threshold_sizes_take_units_and_shares_a_percent(tmp_path):
     """`--threshold leak_abs_bytes=1GiB` as every other size flag; a wrong one is one line naming it."""
     def visualize(*threshold):
