@@ -203,11 +203,15 @@ def _fill_from_summaries(run, table: pd.DataFrame, info: dict, summaries: pd.Dat
 def _loaded_samples(run, pid: int) -> pd.DataFrame | None:
     """A process's samples when the run holds them in memory (the reader read them): the summaries come
     from there instead of a second parse of its file."""
-    from miles_profile.report.series import pids, process_samples
+    from miles_profile.report.series import pids, pids_with, process_rows
     sample_pids = getattr(run, "sample_pids", None)
     if run.samples.empty or (sample_pids is not None and pid not in sample_pids) or pid not in pids(run):
         return None
-    return process_samples(run, pid)
+    # only the columns this process wrote: the run's frame holds every process's (gpu3_proc beside
+    # gpu5_proc), empty for the others, and a summary has no row for a series without a value anyway
+    own = [c for c in run.samples.columns if c in ("t", "phase") or pid in pids_with(run, c)]
+    rows = process_rows(run, pid)
+    return run.samples[own] if rows is None else run.samples[own].take(rows)
 
 
 def _fill_from_samples(run, table: pd.DataFrame, info: dict) -> None:
