@@ -110,3 +110,26 @@ def test_mark_labels_stay_inside_the_plot_below_its_title(tmp_path):
     notes = [a for a in timeline_figure(load_run(run_dir)).layout.annotations if str(a.text).startswith("step ")]
     assert len(notes) == 12
     assert all(a.y == 1.0 and a.yanchor == "top" and a.textangle == -90 for a in notes)
+
+
+@pytest.mark.slow  # records the README's loop: about 10 CPU-seconds
+def test_the_readmes_quick_start_runs_as_written(tmp_path):
+    """The quick start's program and its two commands, as the README shows them (`python` is this
+    interpreter): a report of the loop, its leak judged over the iterations, the RL checks on one line."""
+    import re
+    readme = (REPO / "README.md").read_text()
+    quick = readme[readme.index("## Quick start"):readme.index("## Two commands")]
+    (tmp_path / "my_train.py").write_text(re.findall(r"```python\n(.*?)```", quick, re.S)[0])
+    commands = [line.split("#")[0].split() for line in re.findall(r"```bash\n(.*?)```", quick, re.S)[1].splitlines()]
+    outputs = []
+    for argv in commands:
+        argv = [sys.executable if word == "python" else str(tmp_path / "memory_logs") if word == "/tmp/memory_logs"
+                else word for word in argv]
+        done = subprocess.run(argv, cwd=tmp_path, env=python_env(), capture_output=True, text=True, timeout=600,
+                              check=False)
+        assert done.returncode == 0, done.stderr[-2000:]
+        outputs.append(done.stdout)
+    assert (tmp_path / "memory_logs" / "report.html").is_file()
+    lines = outputs[-1].splitlines()
+    assert any(line.startswith("  PASS  leak") for line in lines), outputs[-1]
+    assert any(line.startswith("  N/A   offload_drop, serialized_peaks") for line in lines), outputs[-1]
