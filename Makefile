@@ -9,18 +9,31 @@ DEMO_DIR ?= $(CURDIR)/.demo
 # (a CUDA build on a GPU host) is kept instead.
 TORCH_PIN ?= torch==2.13.0
 
-.PHONY: setup demo test bench clean
+.PHONY: setup setup-test demo test bench clean
+# The demo needs the runtime and the report extras only (about 1 GB with torch's CPU wheel); the test
+# extras (playwright, transformers, scipy, dash, the sglang contract wheel) come with `make test`.
+# --no-warn-conflicts: the sglang wheel is installed without its GPU engine's dependencies on purpose
+# (scripts/install_sglang_contract.sh), so pip's resolver would otherwise print a page of "sglang requires
+# ..." lines on every install; nothing the project imports is concerned. PYTHONWARNINGS=ignore: setuptools'
+# editable build prints a 10-line "Editable installation ... be careful" notice even under -q.
+PIP := PYTHONWARNINGS=ignore $(PY) -m pip install -q --no-warn-conflicts
 setup: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml
 	@if [ ! -x $(PY) ]; then \
 	  if python3 -c "import torch" 2>/dev/null; then python3 -m venv --system-site-packages $(VENV); \
 	  else python3 -m venv $(VENV); fi; fi
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q $(TORCH_PIN)
-	$(PY) -m pip install -q -e '.[dev]'
-	PY=$(PY) bash scripts/install_sglang_contract.sh || echo "sglang not installed: its contract test will skip"
-	touch $@
+	@$(PIP) --upgrade pip
+	@$(PY) -c "import torch" 2>/dev/null || $(PIP) $(TORCH_PIN)
+	@$(PIP) -e '.[report]'
+	@touch $@
+
+setup-test: $(VENV)/.installed-test
+
+$(VENV)/.installed-test: $(VENV)/.installed pyproject.toml
+	@$(PIP) -e '.[dev]'
+	@PY=$(PY) bash scripts/install_sglang_contract.sh || echo "sglang not installed: its contract test will skip"
+	@touch $@
 
 # A short CPU training run with every offload flag (the recommended large-model configuration,
 # host RAM short: state to disk), recorded with the heap sampled (so the report judges the host
@@ -39,12 +52,12 @@ demo: setup
 # module-scoped fixture on one worker and runs the slow end-to-end ones after the fast ones. It ends with
 # the ten slowest tests (--durations=10): where the suite's minutes go.
 TEST_WORKERS ?= auto
-test: setup
+test: setup-test
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --durations=10
 
 # Every benchmark, each printing ratios measured side by side (figures: docs/benchmarks.md,
 # docs/trainer.md, docs/report.md, docs/dashboard.md, docs/forecast.md). Minutes; run on an idle machine.
-bench: setup
+bench: setup-test
 	$(PY) bench/bench_sampler.py
 	$(PY) bench/overhead_ab.py
 	$(PY) bench/wake_cost.py

@@ -58,7 +58,9 @@ def _levels(rows, t: np.ndarray, ctx: float) -> np.ndarray:
     return np.where(rising, rows["proc_peak"].to_numpy()[at], level)
 
 
-def write_run(root: Path, processes: int, minutes: float) -> Path:
+def write_run(root: Path, processes: int, minutes: float, summaries: bool = True) -> Path:
+    """`summaries=False`: the phases' end events carry no summary, as a crashed run's or a foreign log's,
+    so every stage has to read the samples themselves."""
     from miles_profile.runmodel.fleet_synthetic import CTX, GPU_TOTAL, ITERATION_S, MiB, OUTSIDE, T_START, GiB, \
         synthetic_table
     hosts = processes // (2 * GPUS)
@@ -106,6 +108,10 @@ def write_run(root: Path, processes: int, minutes: float) -> Path:
             lines.append(f'{{"t":{r.t0:.6f},"kind":"begin","name":"{r.phase}","pid":{pid},"host":"{host}",'
                          f'"id":{r.phase_id},"parent":null,"attrs":{{"rollout_id":{r.iteration}{exp}}}}}\n')
             n = max(1, int((r.t1 - r.t0) / INTERVAL_S))
+            if not summaries:
+                lines.append(f'{{"t":{r.t1:.6f},"kind":"end","name":"{r.phase}","pid":{pid},"host":"{host}",'
+                             f'"id":{r.phase_id},"parent":null,"attrs":{{"status":"ok"}}}}\n')
+                continue
             lines.append(f'{{"t":{r.t1:.6f},"kind":"end","name":"{r.phase}","pid":{pid},"host":"{host}",'
                          f'"id":{r.phase_id},"parent":null,"attrs":{{"status":"ok","summary":{{"rows":{n},'
                          f'"t_first":{r.t0 + INTERVAL_S:.6f},"t_last":{r.t1:.6f},"series":{{"gpu{g}_proc":'
@@ -150,7 +156,8 @@ import resource, subprocess, sys, time
 started = time.perf_counter()
 done = subprocess.run(sys.argv[1:], capture_output=True, text=True)
 wall = time.perf_counter() - started
-print(done.returncode, wall, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024)
+usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+print(done.returncode, wall, usage.ru_maxrss * 1024, usage.ru_utime + usage.ru_stime)
 sys.stderr.write(done.stdout[-3000:] + done.stderr[-3000:])
 """
 
@@ -161,8 +168,8 @@ def measure(run_dir: Path, lanes: str | None) -> dict:
         command += ["--lanes", lanes]
     env = {**os.environ, "PYTHONPATH": str(REPO), "MILES_PROFILE_CACHE": "0"}
     done = subprocess.run([sys.executable, "-c", MEASURE, *command], capture_output=True, text=True, env=env, cwd=REPO)
-    code, wall, rss = done.stdout.split()
-    return {"exit": int(code), "wall_s": float(wall), "peak_rss": int(rss), "output": done.stderr,
+    code, wall, rss, cpu = done.stdout.split()
+    return {"exit": int(code), "wall_s": float(wall), "peak_rss": int(rss), "cpu_s": float(cpu), "output": done.stderr,
             "html_bytes": (run_dir / "report.html").stat().st_size if (run_dir / "report.html").exists() else 0}
 
 

@@ -59,6 +59,28 @@ class LiveRun:
     def __init__(self, run_dir: Path):
         self.run_dir = run_dir
         self._lock = threading.Lock()
+        self.version = 0
+        self._reading = False  # a refresh is reading the files now
+        self._memo: dict[str, tuple[int, object]] = {}
+        self._memo_locks: OrderedDict[str, threading.Lock] = OrderedDict()
+        self._load()
+
+    def _meta_stamp(self) -> tuple:
+        """The metas' names, sizes and times: a recorder rewrites its meta when it stops (end_time), which
+        is what tells the checks an iteration is finished; no appended row says so."""
+        stamp = []
+        for path in sorted([*self.run_dir.glob("*meta.json"), *self.run_dir.glob("*.host.json")]):
+            try:
+                st = path.stat()
+            except OSError:
+                continue
+            stamp.append((path.name, st.st_mtime_ns, st.st_size))
+        return tuple(stamp)
+
+    def _load(self) -> None:
+        """The whole run through the reader, and the tails to follow it from there."""
+        run_dir = self.run_dir
+        self._stamp = self._meta_stamp()  # before the read: a change during it is read again next time
         sizes = {p: p.stat().st_size for p in self._files(SAMPLES_SUFFIX) + self._files(EVENTS_SUFFIX)}
         run = miles_profile.load(run_dir)  # the reader: damage handling and warnings as everywhere
         # A process is its file stem (host-pid): the same pid on two hosts writing here (containers) is
@@ -74,10 +96,6 @@ class LiveRun:
                               for p in self._files(EVENTS_SUFFIX)}
         self._outside_pids = [int(p["pid"]) for p in run.processes if p.get("role") == "exec_parent"]
         self.current: Run = run
-        self.version = 0
-        self._reading = False  # a refresh is reading the files now
-        self._memo: dict[str, tuple[int, object]] = {}
-        self._memo_locks: OrderedDict[str, threading.Lock] = OrderedDict()
 
     def memo(self, key: str, compute):
         """`compute(run)` for the current version, computed once per version (a 10M-sample run's full
@@ -131,6 +149,10 @@ class LiveRun:
                 self._reading = False
 
     def _read_appended(self) -> bool:
+        if self._meta_stamp() != self._stamp:  # a process stopped (or started): its meta is the truth, so
+            self._load()                       # read the run again once, as a restarted dashboard would
+            self.version += 1
+            return True
         for path in self._files(SAMPLES_SUFFIX):
             self._samples_tails.setdefault(path, SamplesTail(path))
         for path in self._files(EVENTS_SUFFIX):

@@ -166,7 +166,18 @@ def torchrun_command(nproc: int, trainer_args: list[str]) -> list[str]:
             "-m", "trainer.train", *trainer_args]
 
 
+def refuse_a_command(trainer_args: list[str]) -> None:
+    """The integrated trainer takes flags only, so a first word that is not a flag (`my_job.py`,
+    `python`, `torchrun`) is a program meant for --exec: say so instead of argparse's
+    "unrecognized arguments"."""
+    if trainer_args and not trainer_args[0].startswith("-"):
+        command = " ".join(["python", *trainer_args] if trainer_args[0].endswith(".py") else trainer_args)
+        raise MilesProfileError(f"`{trainer_args[0]}` is a program, not a trainer flag: add --exec "
+                                f"(record --exec -- {command})")
+
+
 def run_trainer(args: argparse.Namespace, trainer_args: list[str]) -> int:
+    refuse_a_command(trainer_args)
     ranks = split_nproc(trainer_args)
     if ranks is not None:
         from trainer.args import parse_args

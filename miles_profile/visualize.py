@@ -36,7 +36,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--csv", metavar="FILE", help="also write the per-phase table (overall and per iteration)")
     parser.add_argument("--no-check", dest="check", action="store_false", help="skip the checks (exit 0)")
     parser.add_argument("--threshold", action="append", default=[], metavar="NAME=VALUE",
-                        help="override a check threshold, e.g. offload_min_drop_share=0.8 (see docs/checks.md)")
+                        help="override a check threshold, e.g. offload_min_drop_share=80%%, leak_abs_bytes=1GiB "
+                             "(sizes take units, shares a percent; see docs/checks.md)")
     parser.add_argument("--lanes", metavar="SPEC",
                         help="for a run of many processes: which GPUs (lanes) get a timeline, e.g. rank:0-7, "
                              "host:node3, worst:5, gpu:GPU-1a2b, comma-combined (default: all up to 8, else worst:8)")
@@ -72,12 +73,23 @@ def _thresholds(pairs: list[str]):
         for k, target in enumerate(found):
             if name not in type(target).names():
                 continue
-            kind = type(getattr(target, name))
-            try:
-                found[k] = replace(target, **{name: kind(float(value)) if kind is int else kind(value)})
-            except ValueError:
-                raise MilesProfileError(f"threshold {name} needs a number, got {value!r}") from None
+            found[k] = replace(target, **{name: _threshold_value(name, type(getattr(target, name)), value)})
     return found[0], found[1]
+
+
+def _threshold_value(name: str, kind: type, value: str):
+    """A size takes units as every other size flag does (`leak_abs_bytes=1GiB`), a share a percent."""
+    from miles_profile.sizes import parse_share, parse_size
+    try:
+        if name.endswith("_bytes"):
+            return kind(parse_size(value))
+        if name.endswith("_share"):
+            return kind(parse_share(value))
+        return kind(float(value)) if kind is int else kind(value)
+    except MilesProfileError as exc:
+        raise MilesProfileError(f"threshold {name}: {exc}") from None
+    except ValueError:
+        raise MilesProfileError(f"threshold {name} needs a number, got {value!r}") from None
 
 
 def _echo(line: str) -> None:

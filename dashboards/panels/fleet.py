@@ -19,6 +19,7 @@ from dash.exceptions import PreventUpdate
 from dashboards.messages import describe, message
 from dashboards.panels.refresh import due
 from miles_profile.errors import MilesProfileError
+from miles_profile.words import counted
 from miles_profile.names import instance_label
 from miles_profile.report import fleet_figures
 from miles_profile.runmodel import fleet
@@ -264,8 +265,8 @@ def register(app, state) -> None:
             return (_SHOWN, {}, None, None, "", message(empty_reason(live_run.current), "info"),
                     {**key, "fleet": False}, _HIDDEN)
         lanes = view.matrix.lanes
-        status = (f"{len(lanes)} lanes · {view.table['pid'].nunique():,} processes · "
-                  f"{len(view.table):,} phase instances")
+        status = (f"{counted(len(lanes), 'lanes')} · {counted(view.table['pid'].nunique(), 'processes')} · "
+                  f"{counted(len(view.table), 'phase instances')}")
         links = {"run": run_id, "rows": [[r["lane"], r["t0"], r["t1"]] for r in view.outliers]}
         return (_SHOWN, view.figure, _outlier_items(view.outliers), links, status, None,
                 {**key, "fleet": True, "lanes": len(lanes)}, _SHOWN)
@@ -331,7 +332,7 @@ def register(app, state) -> None:
             return [], message(str(exc))
         except Exception as exc:  # noqa: BLE001
             return [], message(describe(exc))
-        shown = (f"{len(picked)} lanes" + (f" ({spec})" if spec else "")
+        shown = (counted(len(picked), "lanes") + (f" ({spec})" if spec else "")
                  + (", first 64 drawn" if len(picked) > 64 else ""))
         return graphs, message(shown, "info")
 

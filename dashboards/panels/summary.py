@@ -41,7 +41,7 @@ def _peak(summary: Summary, t0: float, spans: list) -> html.Div:
         return html.Div([html.Div("Highest peak", className="summary-label"), html.Div("–")], className="summary-fact")
     where = f"{peak.phase} · {iteration_text(peak.iteration)}" if peak.phase else peak.outside
     spans.append(list(peak.span or (peak.t - 0.5, peak.t + 0.5)))
-    left = f"{peak.share:.0%} of {peak.total / GiB:.1f} GiB" if peak.total else "device total unknown"
+    left = f"{peak.share:.0%} of {peak.total / GiB:.1f} GiB {peak.limit}".rstrip() if peak.total else "device total unknown"
     if summary.headroom is not None:  # the headroom check's figure, as in the report
         left += f" · {summary.headroom.left / GiB:.2f} GiB left ({summary.headroom.series})"
     return html.Div(className="summary-fact", id="summary-peak", **{"data-peak-bytes": str(int(peak.bytes))}, children=[

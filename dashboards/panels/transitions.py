@@ -12,7 +12,7 @@ from miles_profile.runmodel.ledger import LEDGER_MAX_PROCESSES, ledger
 from miles_profile.runmodel.transitions import transitions
 from miles_profile.report.transitions_html import METER_COLUMNS, ceilings_text, meter_rows, share_text
 from miles_profile.runmodel.whatif import whatif
-from miles_profile.report.whatif_html import WHATIF_COLUMNS, basis_text, whatif_rows
+from miles_profile.report.whatif_html import WHATIF_COLUMNS, basis_text, title_text, whatif_rows
 
 
 def layout() -> html.Section:
@@ -43,7 +43,7 @@ def body(meter, result) -> list:
                 html.P(ceilings_text(meter), className="muted small", id="moving-ceilings"),
                 _table(meter_rows(meter), METER_COLUMNS, "moving-table")]
     if not result.empty:
-        children += [html.H3("What you could keep on the GPU"), html.P(basis_text(result), className="muted small"),
+        children += [html.H3(title_text(result)), html.P(basis_text(result), className="muted small"),
                      _table(whatif_rows(result), WHATIF_COLUMNS, "moving-whatif-table")]
     return children
 

@@ -455,13 +455,24 @@ def _files(run, who: set[tuple[str, int]] | None) -> list[_File]:
     return files
 
 
-def summaries_from_samples(run, who: set[tuple[str, int]] | None = None) -> pd.DataFrame:
+def summaries_from_samples(run, who: set[tuple[str, int]] | None = None, loaded=None) -> pd.DataFrame:
     """The phase summaries of `run`'s finished phases computed from its samples files (for the
     processes `who`, as (host, pid), or all), in the frame of `summaries.summaries_frame`. Computed
     once per process and run (kept in the run), read from the cache beside each file where it is
-    valid. Warnings about damaged files go to `run.warnings` (each once)."""
+    valid. Warnings about damaged files go to `run.warnings` (each once). `loaded(pid)`: that process's
+    samples already in memory (a frame with t, phase and its columns), or None: reduced from memory
+    instead of parsing its file a second time."""
     done: dict = run.__dict__.setdefault("_sample_summaries", {})
     todo = [f for f in _files(run, who) if (f.host, f.pid) not in done]
+    if loaded is not None:
+        on_disk = []
+        for file in todo:
+            frame = loaded(file.pid)
+            if frame is None or not len(frame):
+                on_disk.append(file)
+            else:
+                done[(file.host, file.pid)] = _from_frame(frame.drop(columns=["pid"], errors="ignore"), file)
+        todo = on_disk
     for file, frame in zip(todo, _compute(todo)):
         done[(file.host, file.pid)] = frame
         run.warnings.extend(w for w in file.warnings if w not in run.warnings)

@@ -142,9 +142,18 @@ def _verdict_lines(reports) -> list[str]:
             lines.append("  checks not run (--no-check)")
         else:  # the first screen's facts in one short block; the failing checks are the lines below
             lines += [f"  {line}" for line in report.summary.lines(failing=False)]
-        width = max((len(r.name) for r in verdict.checks), default=0)
-        for r in verdict.checks:
+        # Checks that cannot apply (an RL check on a plain training loop) fold into one line when there
+        # are several: the run's own findings stay on the first screen; why each is n/a is in the report.
+        shown = [r for r in verdict.checks if r.status != "n/a"]
+        not_applicable = [r for r in verdict.checks if r.status == "n/a"]
+        if len(not_applicable) < 2:
+            shown, not_applicable = verdict.checks, []
+        width = max((len(r.name) for r in shown), default=0)
+        for r in shown:
             lines.append(f"  {STATUS_LABEL[r.status]:5} {r.name:{width}}  {r.summary}")
+        if not_applicable:
+            names = ", ".join(r.name for r in not_applicable)
+            lines.append(f"  {STATUS_LABEL['n/a']:5} {names} (cannot apply to this run; why: the report or --json)")
         for gate in verdict.gates:
             lines.append(f"{gate.current} against the baseline {gate.baseline}:")
             lines += gate.lines()

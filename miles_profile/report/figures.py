@@ -393,7 +393,9 @@ def _marks(fig: go.Figure, run, t0: float, memory_rows: int) -> tuple[list[dict]
         lines += [dict(type="line", xref=xref, yref=yref, x0=float(t) - t0, x1=float(t) - t0, y0=0, y1=1,
                        line=dict(color=color, width=1.5 if bad else 1, dash="solid" if bad else "dot"))
                   for xref, yref in refs]
+        # Inside the plot, along its line: above the plot they were drawn over the subplot's title,
+        # and a mark per step overlapped its neighbours.
         notes.append(dict(x=float(t) - t0, y=1.0, xref=refs[0][0], yref=refs[0][1], showarrow=False,
-                          text=f"{kind}: {name}" if bad else str(name), yanchor="bottom",
-                          font=dict(size=10, color=color)))
+                          text=f"{kind}: {name}" if bad else str(name), yanchor="top", xanchor="right",
+                          textangle=-90, bgcolor="rgba(255,255,255,0.7)", font=dict(size=10, color=color)))
     return lines, notes

@@ -28,6 +28,7 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
+from miles_profile.words import counted
 from miles_profile.runmodel import fleet
 from miles_profile.report.phase_style import loop_sorted, phase_color
 from miles_profile.runmodel.series import GiB
@@ -88,7 +89,7 @@ def _heatmap_layout(figure: go.Figure, rows: list, cols: list, height: int | Non
     figure.update_layout(
         height=height or int(min(900, max(260, 140 + 14 * min(n, ROW_LABELS_MAX)))),
         margin=dict(l=10, r=10, t=30, b=10),
-        title=dict(text=f"{title}: {n} lanes x {len(cols)} (iteration, phase)", x=0, font_size=13),
+        title=dict(text=f"{title}: {counted(n, 'lanes')} x {len(cols)} (iteration, phase)", x=0, font_size=13),
         yaxis=dict(autorange="reversed", tickmode="array", tickvals=rows[::step], ticktext=rows[::step],
                    tickfont_size=10, type="category"),
         xaxis=dict(tickmode="array", tickvals=cols[::x_step], ticktext=cols[::x_step], tickangle=-45,

@@ -316,12 +316,25 @@ def render_html(reports: list[RunReport], *, comparison: str | None = None, note
 <div class="muted small">memory report written {generated} by python -m miles_profile.visualize · GiB = 1024³ bytes</div>
 <p class="verdict">Overall: <span class="badge {cls}" id="overall" data-status="{_e(overall)}">{text}</span>
 <span class="muted small" id="overall-exit">exit code {1 if overall == "fail" else 0}</span></p>
-{note_html}{nav}{extra}{comparison_html}{body}
+{_failing_html(reports, single)}{note_html}{nav}{extra}{comparison_html}{body}
 <script type="application/json" id="report-data">{_report_data(reports, overall)}</script>
 <script>{SUMMARY_SCRIPT}</script>
 {_zoom_script(reports)}{"" if single else FOLD_SCRIPT}
 </main></body></html>
 """
+
+
+def _failing_html(reports: list[RunReport], single: bool) -> str:
+    """Under the overall badge: which run failed which check (or gate), each linked to its checks table,
+    so a comparison's first screen says what failed without scrolling past every run."""
+    parts = []
+    for k, report in enumerate(reports):
+        names = [name for name, _ in report.verdict.failures()]
+        if names:
+            suffix = "" if single else f"-{k}"
+            parts.append(f'<a href="#checks{suffix}">{_e(report.run.name)}</a>: '
+                         f'{_e(", ".join(dict.fromkeys(names)))}')
+    return f'<p class="verdict small" id="overall-failing">failed: {" · ".join(parts)}</p>' if parts else ""
 
 
 def _report_data(reports: list[RunReport], overall: str) -> str:

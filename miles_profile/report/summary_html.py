@@ -37,7 +37,7 @@ def _peak_html(summary: Summary, t0: float, section_id: str) -> str:
                '<div class="fact-detail">no memory samples</div></div>'
     where = (f"{peak.phase} · {iteration_text(peak.iteration)}" if peak.phase else peak.outside)
     at = f"at {peak.t - t0:.2f} s"
-    share = f"{peak.share:.0%} of {peak.total / GiB:.1f} GiB" if peak.total else "device total unknown"
+    share = f"{peak.share:.0%} of {peak.total / GiB:.1f} GiB {peak.limit}".rstrip() if peak.total else "device total unknown"
     if summary.headroom is not None:  # the headroom check's figure: one verdict, not a second computation
         h = summary.headroom
         share += (f' · <b>{h.left / GiB:.2f} GiB left</b> <span class="muted" title="{_e(h.text())}">'

@@ -59,6 +59,8 @@ def meter_rows(meter: Transitions) -> list[dict[str, str]]:
     for r in meter.by_kind.to_dict("records"):
         # a release: how fast memory was given back or taken, nothing copied (no transfer rate): no decimals
         rate = _fmt(r["rate"], ".2f" if r["link"] != NO_COPY else ".0f", GB)
+        if rate.strip("0.") == "" and r["rate"] > 0:  # a slow release is not "0 GB/s": under the shown precision
+            rate = "< 0.01" if r["link"] != NO_COPY else "< 1"
         rows.append({"phase": str(r["phase"]), "tags": str(r["tags"]), "when": "setup" if r["setup"] else "loop",
                      "count": str(r["count"]), "declared": _fmt(r["declared"], ".2f", GiB),
                      "measured": _fmt(r["measured"], ".2f", GiB), "seconds": _fmt(r["seconds"], ".3f"),

@@ -38,6 +38,11 @@ def whatif_rows(result: WhatIf) -> list[dict[str, str]]:
             for r in result.table.to_dict("records")]
 
 
+def title_text(result: WhatIf) -> str:
+    """On a run without GPUs the memory kept is the host's (an offload to disk): "on the GPU" would be wrong."""
+    return "What you could keep in host memory" if result.series.startswith("RSS") else "What you could keep on the GPU"
+
+
 def basis_text(result: WhatIf) -> str:
     total = ("device total unknown" if result.total is None else
              f"{result.total / GiB:.1f} GiB total, headroom threshold {result.threshold / GiB:.1f} GiB")
@@ -57,7 +62,7 @@ def whatif_html(run, ledger_frame: pd.DataFrame | None, suffix: str = "") -> str
         rows.append(f'<tr data-offload="{_e(r["offload"])}" data-category="{_e(r["_category"])}" '
                     f'data-fits="{_e(r["fits"])}">{cells}</tr>')
     head = "".join(f"<th>{_e(h)}</th>" for _, h in WHATIF_COLUMNS)
-    return f"""<h4>What you could keep on the GPU</h4>
+    return f"""<h4>{_e(title_text(result))}</h4>
   <p class="muted small">For each offload and each category it freed (from the ledger): the highest peak of the phases
   that ran while those bytes were away, and that peak had they stayed. {_e(basis_text(result))} Round trip: the
   offload's seconds plus those of the onload that brought the bytes back, per iteration. How it was checked against

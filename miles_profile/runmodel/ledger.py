@@ -37,6 +37,7 @@ import pandas as pd
 
 from miles_profile import names
 from miles_profile.logdir.accounts import declared_at
+from miles_profile.runmodel.series import pids, process_rows, process_samples, series_arrays
 from miles_profile.runmodel.stats import _iterations
 
 ACTIVATIONS, ALLOCATOR_CACHE, NON_PYTORCH, OTHER_PROCESSES = (
@@ -81,12 +82,15 @@ def _process_states(run, only: set[tuple[str, int]] | None = None) -> dict[tuple
     for (host, pid), ends in run.phases.groupby([run.phases["host"].fillna("").astype(str), "pid"]):
         if (host, int(pid)) in states or only is not None and (host, int(pid)) not in only:
             continue
-        rows = samples[samples["pid"] == pid]
-        if rows.empty:
+        # the run's one index of every process's rows (not a mask per process), and of those only the
+        # rows at the phase ends are copied
+        t, _ = series_arrays(run, int(pid), "t")
+        if not len(t):
             continue
-        t = rows["t"].to_numpy(float)
         at = np.searchsorted(t, np.sort(ends["end"].to_numpy(float)), "right") - 1
-        picked = rows.iloc[np.unique(at[at >= 0])].drop(columns=["phase", "pid"], errors="ignore")
+        at = np.unique(at[at >= 0])
+        positions = process_rows(run, int(pid))
+        picked = samples.iloc[at if positions is None else positions[at]].drop(columns=["phase", "pid"], errors="ignore")
         states[(host, int(pid))] = picked.set_index("t").apply(pd.to_numeric, errors="coerce").astype(float)
     return states
 
@@ -370,10 +374,10 @@ def _samples_by_process(run, only: set[tuple[str, int]] | None) -> dict[int, pd.
     samples = run.samples
     if samples.empty:
         return {}
-    if only is not None:
-        samples = samples[samples["pid"].isin([p for _, p in only])]
-    return {int(pid): _carry_nvml(frame.sort_values("t", kind="stable").reset_index(drop=True))
-            for pid, frame in samples.groupby("pid", sort=False)}
+    wanted = pids(run) if only is None else sorted({int(p) for _, p in only} & set(pids(run)))
+    # Each process's rows from the run's one index (series.process_rows: already in time order), not
+    # a groupby that copies and sorts the whole frame again.
+    return {pid: _carry_nvml(process_samples(run, pid).reset_index(drop=True)) for pid in wanted}
 
 
 def _host_peak(ctx: _Context, host: str, pid: int, window: pd.DataFrame) -> list[tuple] | None:

@@ -36,6 +36,7 @@ class Peak:
     iteration: int | None = None
     span: tuple[float, float] | None = None  # that phase's start and end (a link target)
     outside: str = ""           # without a phase: "before the first phase", "between offload_kv and train", ...
+    limit: str = ""             # what `total` is when it is not a device's own: "cgroup limit", "host memory"
 
     @property
     def share(self) -> float | None:
@@ -47,7 +48,8 @@ class Peak:
 
     def text(self) -> str:
         where = f"in {self.phase} of {iteration_text(self.iteration)}" if self.phase else self.outside
-        total = f" of {self.total / GiB:.1f} GiB ({self.share:.0%})" if self.total else ""
+        limit = f" {self.limit}" if self.limit else ""
+        total = f" of {self.total / GiB:.1f} GiB{limit} ({self.share:.0%})" if self.total else ""
         return f"peak {self.bytes / GiB:.2f} GiB{total} on {self.where} {where} ({self.series})"
 
 
@@ -84,7 +86,18 @@ def _candidates(run):
                     break
     else:
         peak = "rss_peak" if pids_with(run, "rss_peak") else "rss"
-        yield "host", "host RSS, true peak", "rss", peak, _host_total(run)
+        yield "host", "host RSS, true peak", "rss", peak, _host_limit(run)
+
+
+def _host_limit(run) -> tuple[float | None, str]:
+    """What a host process's peak is held against: the cgroup's limit where one was set and is below
+    the host's memory (the OOM killer stops the run there, not at the machine's total), else the host's."""
+    total = _host_total(run)
+    limits = run.host_samples["cgroup_limit"].to_numpy(float) if "cgroup_limit" in run.host_samples else np.array([])
+    limits = limits[np.isfinite(limits) & (limits > 0)]
+    if len(limits) and (total is None or limits.min() < total):
+        return float(limits.min()), "cgroup limit"
+    return total, "host memory" if total else ""
 
 
 def highest_peak(run) -> Peak | None:
@@ -104,8 +117,9 @@ def highest_peak(run) -> Peak | None:
     if best is None:
         return None
     value, where, label, column, pid, t, total = best
+    total, limit = total if isinstance(total, tuple) else (total, "")
     phase, iteration, span, outside = _phase_at(run, pid, t)
-    return Peak(value, where, label, column, pid, t, total, phase, iteration, span, outside)
+    return Peak(value, where, label, column, pid, t, total, phase, iteration, span, outside, limit)
 
 
 def _phase_at(run, pid: int, t: float):

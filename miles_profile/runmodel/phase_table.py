@@ -202,6 +202,20 @@ def _fill_from_summaries(run, table: pd.DataFrame, info: dict, summaries: pd.Dat
             table[f"{k}_{stat}"] = values
 
 
+def _loaded_samples(run, pid: int) -> pd.DataFrame | None:
+    """A process's samples when the run holds them in memory (the reader read them): the summaries come
+    from there instead of a second parse of its file."""
+    from miles_profile.runmodel.series import pids, pids_with, process_rows
+    sample_pids = getattr(run, "sample_pids", None)
+    if run.samples.empty or (sample_pids is not None and pid not in sample_pids) or pid not in pids(run):
+        return None
+    # only the columns this process wrote: the run's frame holds every process's (gpu3_proc beside
+    # gpu5_proc), empty for the others, and a summary has no row for a series without a value anyway
+    own = [c for c in run.samples.columns if c in ("t", "phase") or pid in pids_with(run, c)]
+    rows = process_rows(run, pid)
+    return run.samples[own] if rows is None else run.samples[own].take(rows)
+
+
 def _fill_from_samples(run, table: pd.DataFrame, info: dict) -> None:
     """Phases without any summary: the same numbers from their process's samples (version-1 logs).
     A run read from disk gets them streamed from its samples files, one pass per file and cached
@@ -210,7 +224,7 @@ def _fill_from_samples(run, table: pd.DataFrame, info: dict) -> None:
     missing = ~np.isfinite(table[[f"{k}_peak" for k in own]].to_numpy()).any(axis=1)
     if missing.any() and getattr(run, "directories", None):
         who = set(zip(table.loc[missing, "host"].tolist(), table.loc[missing, "pid"].astype(int).tolist()))
-        found = summaries_from_samples(run, who)
+        found = summaries_from_samples(run, who, loaded=lambda pid: _loaded_samples(run, pid))
         keys = pd.MultiIndex.from_arrays([found["host"], found["pid"].astype(np.int64), found["id"].astype(np.int64)])
         wanted = pd.MultiIndex.from_arrays([table.loc[missing, "host"], table.loc[missing, "pid"].astype(np.int64),
                                             table.loc[missing, "phase_id"].astype(np.int64)])

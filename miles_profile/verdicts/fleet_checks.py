@@ -21,6 +21,7 @@ import pandas as pd
 from miles_profile import names
 from miles_profile.names import instance_label
 from miles_profile.runmodel import fleet, floor_trend
+from miles_profile.words import role_text
 from miles_profile.verdicts.common import size
 from miles_profile.verdicts.resolution import resolution_of
 from miles_profile.runmodel.slopes import slopes_of
@@ -77,9 +78,17 @@ class FleetCheckResult(CheckResult):
     worst: dict[str, Any] | None = None
 
 
+def _count(n: int, words: str) -> str:
+    """"1 lane", "2 lanes", "1 GPU held ...": the first word of `words` (a plural) agrees with n."""
+    first, _, rest = words.partition(" ")
+    if n == 1:
+        first = "process" if first == "processes" else first[:-1] if first.endswith("s") else first
+    return f"{n} {first}" + (f" {rest}" if rest else "")
+
+
 def _result(name, title, explanation, findings, judged, worst, series, ok, bad) -> FleetCheckResult:
     failed = [f for f in findings if f.status == "fail"]
-    counted = ", ".join(f"{v} {k}" for k, v in judged.items() if v)
+    counted = ", ".join(_count(v, k) for k, v in judged.items() if v)
     where = f"; worst {worst['label']}" + (f" pid {worst['pid']}" if worst.get("pid") is not None else "") + \
         f": {worst['message']}" if worst else ""
     spans = [f.span for f in findings if f.span]
@@ -88,7 +97,7 @@ def _result(name, title, explanation, findings, judged, worst, series, ok, bad) 
         summary = f"{len(failed)} of {len(findings)} {bad} (judged {counted}){where}"
         status = "fail"
     else:
-        summary = f"{len(findings)} {ok} (judged {counted}){where}"
+        summary = f"{_count(len(findings), ok)} (judged {counted}){where}"
         status = "pass"
     return FleetCheckResult(name, title, status, summary, explanation, span, findings, series, judged=judged,
                             worst=worst)
@@ -301,7 +310,7 @@ def _floor_finding(first: dict, last: dict, x: np.ndarray, y: np.ndarray, fit, k
     judged = judge_floors(x, y, resolution=res, allowed=allowed,
                           min_iterations=th.floor_trend_min_iterations, step_cause=step_cause_of(kind), fit=fit)
     pid = int(last["pid"]) if key == "pid" else None
-    who = lane["label"] + (f" pid {pid} ({last['role'] or '?'} rank {last['rank']})" if pid is not None else "")
+    who = lane["label"] + (f" pid {pid} ({role_text(last['role'])} rank {last['rank']})" if pid is not None else "")
     what = "NVML used" if series == "used" else f"own memory ({series})"
     status = TOO_SMALL if judged.status == "too small to judge" else judged.status
     numbers = _where(lane, pid=pid, **judged.numbers, series=what, limit=float(allowed))
@@ -372,7 +381,7 @@ def check_serialized_peaks_per_gpu(table: pd.DataFrame, th: FleetThresholds) -> 
     result = _with_small(result, findings)
     skipped = df["lane_code"].nunique() - len(findings)
     if skipped:
-        result.summary += f"; {skipped} lanes without both footprints in separate processes not judged"
+        result.summary += f"; {_count(skipped, 'lanes')} without both footprints in separate processes not judged"
     return result
 
 

@@ -38,6 +38,7 @@ from miles_profile.names import instance_label
 from miles_profile.runmodel import fleet
 from miles_profile.runmodel.phase_table import phase_table
 from miles_profile.sizes import format_size, parse_share, parse_size
+from miles_profile.words import role_text
 
 MiB = 1024 ** 2
 MEASURE_COLUMNS = ["phase", "iteration", "exact_key", "rank_key", "subject", "gpu", "memory", "peak", "floor"]
@@ -132,9 +133,9 @@ class RegressionResult:
         bad = self.regressions
         if bad:
             phases = ", ".join(dict.fromkeys(c.where for c in bad))
-            gpus = ", ".join(dict.fromkeys(c.gpu for c in bad if c.gpu)) or "host memory only"
+            gpus = ", ".join(dict.fromkeys(c.gpu for c in bad if c.gpu))
             return (f"{len(bad)} of {len(self.compared)} values grew by more than {self.thresholds.text} "
-                    f"against {self.baseline}: phases {phases}; GPUs {gpus}")
+                    f"against {self.baseline}: phases {phases}; " + (f"GPUs {gpus}" if gpus else "host memory only"))
         if not self.compared:
             return f"nothing to compare with {self.baseline}" + (f" ({self.not_compared[0]})" if self.not_compared else "")
         worst = max(self.compared, key=lambda c: c.growth)
@@ -208,9 +209,12 @@ def _process_keys(df: pd.DataFrame) -> pd.DataFrame:
     by_rank = procs["role"] + "|" + procs["rank"].astype(str)
     procs["proc_exact"] = exact + "|" + procs.groupby(exact).cumcount().astype(str)
     procs["proc_rank"] = by_rank + "|" + procs.groupby(by_rank).cumcount().astype(str)
-    who = np.where(procs["rank"] >= 0, (procs["role"].where(procs["role"] != "", "process") + " rank " +
+    who = np.where(procs["rank"] >= 0, (procs["role"].map(role_text) + " rank " +
                                         procs["rank"].astype(str)), "pid " + procs["pid"].astype(str))
-    procs["proc_label"] = who + " on " + procs["lane_label"].astype(str)
+    # a rank's own host lane ("vm:rank0") adds nothing to "trainer rank 0" but its host
+    lane = procs["lane_label"].astype(str)
+    own_lane = lane == procs["host"].astype(str) + ":rank" + procs["rank"].astype(str)
+    procs["proc_label"] = who + " on " + np.where(own_lane, procs["host"].astype(str), lane)
     return procs[["host", "pid", "proc_exact", "proc_rank", "proc_label"]]
 
 

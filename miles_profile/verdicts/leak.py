@@ -122,10 +122,11 @@ def iteration_floors(track: Track, starts: np.ndarray, ends: np.ndarray, th: Thr
     written = track.measured_times()
     reached = written[-1] if len(written) else -np.inf
     out = np.full(len(starts), np.nan)
+    # readings in each window (s, e], by bisection of the sorted times: a mask per window read the
+    # whole series once per iteration
+    reads = np.searchsorted(written, ends, "right") - np.searchsorted(written, starts, "right")
     for k, (s, e) in enumerate(zip(starts, ends)):
-        if e > reached:
-            continue
-        if np.count_nonzero((written > s) & (written <= e)) < th.leak_min_reads:
+        if e > reached or reads[k] < th.leak_min_reads:
             continue
         out[k] = nanmin(track.value[window(track, s, e)])
     return out

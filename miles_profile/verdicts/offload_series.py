@@ -103,7 +103,17 @@ def _fields(s: OffloadSeries) -> tuple:
 def offload_series(run, pid: int, paused: bool, others: bool = True) -> list[OffloadSeries]:
     """The series to judge an offload of process `pid` on (allocated first). With `others`, a process
     that recorded none of its own (phases sent from a program without samples) is judged on the first
-    process that has them, the outside sampler (record --exec) first; otherwise none."""
+    process that has them, the outside sampler (record --exec) first; otherwise none. Kept with the run:
+    every offload of a process reads the same series (1,440 offloads re-chose and re-summed them, 60 %
+    of a 32-process run's checks)."""
+    cache = run.__dict__.setdefault("_offload_series", {})
+    key = (pid, paused, others)
+    if key not in cache:
+        cache[key] = _offload_series(run, pid, paused, others)
+    return cache[key]
+
+
+def _offload_series(run, pid: int, paused: bool, others: bool) -> list[OffloadSeries]:
     def of(p: int) -> list[OffloadSeries]:
         return _gpu_series(run, p, paused) if run.gpu_indices else _host_series(run, p)
 

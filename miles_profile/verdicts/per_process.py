@@ -14,6 +14,7 @@ from dataclasses import replace
 import numpy as np
 import pandas as pd
 
+from miles_profile.runmodel.series import pids, process_rows
 from miles_profile.runmodel.process_view import (
     judged_processes,
     phase_processes,
@@ -22,6 +23,7 @@ from miles_profile.runmodel.process_view import (
 from miles_profile.verdicts import checks as checks_mod
 from miles_profile.verdicts import fleet_checks
 from miles_profile.verdicts.types import STATUS_ORDER, worst_status
+from miles_profile.words import role_text
 
 # How close a finding came to failing, from the numbers the checks record: (value, limit) pairs where
 # more is worse, and the offload drop where less dropped is worse.
@@ -30,13 +32,14 @@ _RATIOS = (("growth", "limit"), ("spike", "limit"), ("resident", "limit"), ("ris
 
 
 def _label(meta: dict) -> str:
-    return f"{meta.get('role') or 'process'} rank {meta.get('rank', '?')} (pid {meta.get('pid')}, {meta.get('host')})"
+    return f"{role_text(meta.get('role'))} rank {meta.get('rank', '?')} (pid {meta.get('pid')}, {meta.get('host')})"
 
 
 def per_process_checks(run, thresholds: checks_mod.Thresholds | None = None) -> list[checks_mod.CheckResult]:
     judged = judged_processes(run)
     total = len(phase_processes(run))
-    rows_of = run.samples.groupby("pid").indices if len(run.samples) else {}
+    # each process's rows from the run's one index (report/series.process_rows), shared with the figures
+    rows_of = {p: np.arange(len(run.samples)) if (r := process_rows(run, p)) is None else r for p in pids(run)}
     per_check: dict[str, list] = {}
     for host, pid, meta in judged:
         sub = process_view(run, host, pid, rows_of)
@@ -83,7 +86,7 @@ def _aggregate(items: list, n_judged: int, n_total: int) -> checks_mod.CheckResu
     worst_meta, worst = min(items, key=_worst_key)
     statuses = [r.status for _, r in items]
     status = worst_status(statuses)  # one failing process fails it; too small to judge is kept as such
-    roles = pd.Series([m.get("role") or "process" for m, _ in items]).value_counts()
+    roles = pd.Series([role_text(m.get("role")) for m, _ in items]).value_counts()
     counted = ", ".join(f"{v} {k}" for k, v in roles.items())
     failing = statuses.count("fail")
     head = f"judged {n_judged} processes, {failing} fail" if failing else f"judged {n_judged} processes"

@@ -31,7 +31,7 @@ def test_baseline_gate_exits_1_naming_phases_and_gpus_and_0_when_unchanged(tmp_p
     assert all(c["growth"] == c["current"] - c["baseline"] > 0 for c in grown)
     verdict = [line for line in failed.stdout.splitlines() if "baseline" in line and "FAIL" in line]
     assert len(verdict) == 1 and "phases train; GPUs vm:gpu0" in verdict[0]
-    assert "regressed: train: GPU own (proc) peak of in_process rank 0 on vm:gpu0" in failed.stdout
+    assert "regressed: train: GPU own (proc) peak of trainer rank 0 on vm:gpu0" in failed.stdout
     html = (tmp_path / "r1.html").read_text()
     assert 'id="baseline"' in html and "table class=\"data baseline\"" in html and html.count("+10.0%") == 6  # device used, own NVML, RSS: peak and floor
 

@@ -150,3 +150,23 @@ def test_panels_asking_during_a_refresh_share_it(tmp_path):
     assert len(live.current.samples) == 12
     write_rows(samples, 100.2, 1)  # a later ask reads again
     assert live.refresh() and len(reads) == 2 and len(live.current.samples) == 13
+
+
+def test_a_process_that_stops_finishes_its_last_iteration_as_a_full_read_does(tmp_path):
+    """The recorder's stop rewrites its meta (end_time); no appended row says so. A dashboard that
+    followed the run counted one iteration fewer than the CLI until restarted (issue 35)."""
+    from miles_profile.verdicts.common import unfinished_iterations
+    run_dir = tmp_path / "run"
+    (samples, events), = start_run(run_dir).values()
+    write_process_meta(run_dir, "h-11", {"pid": 11, "role": "in_process", "start_time": 100.0})
+    for it in range(3):
+        events.write("begin", "train", {"rollout_id": it}, t=100.0 + it, id=it + 1)
+        write_rows(samples, 100.0 + it, 20, "train")
+        events.write("end", "train", {"status": "ok"}, t=100.5 + it, id=it + 1)
+    live = LiveRun(run_dir)
+    assert unfinished_iterations(live.current) == {2}  # still recording: the last iteration may go on
+    write_process_meta(run_dir, "h-11", {"pid": 11, "role": "in_process", "start_time": 100.0, "end_time": 104.0})
+    assert live.refresh() and live.version == 1
+    assert unfinished_iterations(live.current) == set() == unfinished_iterations(miles_profile.load(run_dir))
+    assert_same_as_full_read(live)
+    assert not live.refresh()
