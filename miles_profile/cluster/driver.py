@@ -1,0 +1,167 @@
+"""The driver's side of a recorded Ray job: one sampler actor per node, node logs gathered, cluster.json.
+
+Started by the runtime-env hook right after `ray.init` connects (Ray's post-init hooks). A thread then
+starts a sampler on every node that joins and, every GATHER_S, pulls the files of the nodes that can't
+write the driver's run directory. `finish` (at `ray.shutdown()` or interpreter exit, before Ray's own
+shutdown) stops the samplers and pulls what is left. A sampler that can't be reached any more is a lost
+node: its processes are named in cluster.json and the report. A `kill -9` of the driver ends the job,
+and Ray ends its actors with it: nothing of ours keeps running.
+"""
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import ray
+
+from miles_profile.cluster import node_sampler
+from miles_profile.logdir.cluster import write_cluster
+from miles_profile.logdir.layout import PROCESS_META_SUFFIX
+
+log = logging.getLogger("miles_profile")
+
+GATHER_S = 2.0        # node logs reach the driver's run this often while the job runs (the live dashboard)
+CALL_TIMEOUT_S = 30.0  # a sampler that answers nothing for this long is lost
+
+
+class ClusterRecording:
+    def __init__(self, run_dir: str | os.PathLike):
+        self.run_dir = Path(run_dir)
+        self.token = uuid.uuid4().hex
+        self.nodes: dict[str, dict[str, Any]] = {}   # node id -> its cluster.json entry
+        self.actors: dict[str, Any] = {}
+        self.unreached: dict[tuple[str, int], dict[str, Any]] = {}
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._run, name="miles_profile-ray", daemon=True)
+        self._finished = False
+
+    # -- lifecycle ------------------------------------------------------------------------------
+    def start(self) -> "ClusterRecording":
+        self._write()  # the token first: a node that sees it shares the driver's file system
+        self._add_new_nodes()
+        self._thread.start()
+        return self
+
+    def finish(self) -> None:
+        with self._lock:
+            if self._finished:
+                return
+            self._finished = True
+        self._stop.set()
+        if self._thread.is_alive() and threading.current_thread() is not self._thread:
+            self._thread.join(timeout=CALL_TIMEOUT_S)
+        if ray.is_initialized():
+            self._collect({nid: a.stop.remote() for nid, a in self.actors.items()}, final=True)
+            for actor in self.actors.values():
+                try:
+                    ray.kill(actor)
+                except Exception:  # already gone with its node
+                    pass
+        self._write(finished=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(GATHER_S):
+            try:
+                self._add_new_nodes()
+                self._collect({nid: a.pull.remote() for nid, a in self.actors.items()
+                               if self.nodes[nid]["state"] == "running"}, final=False)
+                self._write()
+            except Exception as exc:  # noqa: BLE001 - the job goes on; its logs stay on its nodes
+                if not ray.is_initialized():
+                    return
+                log.warning("miles_profile: warning: gathering Ray node logs failed: %s", exc)
+
+    # -- nodes ----------------------------------------------------------------------------------
+    def _add_new_nodes(self) -> None:
+        fresh = [n for n in ray.nodes() if n.get("Alive") and n["NodeID"] not in self.nodes]
+        for n in fresh:
+            nid = n["NodeID"]
+            self.nodes[nid] = {"node_id": nid, "ip": n.get("NodeManagerAddress"), "state": "starting", "stems": []}
+            self.actors[nid] = node_sampler.start_on(nid, str(self.run_dir), self.token)
+        refs = {nid: self.actors[nid].info.remote() for nid in (n["NodeID"] for n in fresh)}
+        for nid, ref in refs.items():
+            try:
+                self.nodes[nid].update(ray.get(ref, timeout=CALL_TIMEOUT_S), state="running")
+            except Exception as exc:  # noqa: BLE001 - e.g. miles_profile not importable on that node
+                self.nodes[nid].update(state="failed", error=_one_line(exc))
+                self.actors.pop(nid, None)
+
+    def _collect(self, refs: dict[str, Any], final: bool) -> None:
+        for nid, ref in refs.items():
+            node = self.nodes[nid]
+            try:
+                got = ray.get(ref, timeout=CALL_TIMEOUT_S)
+            except Exception as exc:  # noqa: BLE001 - its actor died with its node, or never answers
+                if node["state"] == "running":
+                    node.update(state="lost", lost_at=time.time(), error=_one_line(exc))
+                self.actors.pop(nid, None)
+                continue
+            for name, (offset, data) in got["files"].items():
+                self._store(name, offset, data)
+                if name.endswith(PROCESS_META_SUFFIX) and name[: -len(PROCESS_META_SUFFIX)] not in node["stems"]:
+                    node["stems"].append(name[: -len(PROCESS_META_SUFFIX)])
+            for item in got["unreached"]:
+                self.unreached[(nid, item["pid"])] = {"node_id": nid, **item}
+            if final:
+                node["state"] = "stopped"
+
+    def _store(self, name: str, offset: int | None, data: bytes) -> None:
+        path = self.run_dir / Path(name).name  # a bare file name: never a path out of the run
+        if offset is None:
+            tmp = path.with_name(path.name + ".tmp")
+            tmp.write_bytes(data)
+            os.replace(tmp, path)
+            return
+        with open(path, "r+b" if path.exists() else "wb") as handle:
+            handle.seek(offset)
+            handle.write(data)
+
+    def _write(self, finished: bool = False) -> None:
+        try:
+            write_cluster(self.run_dir, {
+                "token": self.token, "ray_version": ray.__version__, "driver_pid": os.getpid(),
+                "job_id": ray.get_runtime_context().get_job_id(), "finished": finished,
+                "nodes": list(self.nodes.values()), "unreached": list(self.unreached.values())})
+        except OSError as exc:
+            log.warning("miles_profile: warning: cannot write %s/cluster.json: %s", self.run_dir, exc)
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}"[:300]
+
+
+_current: ClusterRecording | None = None
+
+
+def start(run_dir: str) -> None:
+    """After `ray.init` in the driver: record the cluster into `run_dir`; finish before Ray shuts down."""
+    global _current
+    if _current is not None and not _current._finished:
+        return
+    _current = ClusterRecording(run_dir).start()
+    atexit.register(_current.finish)  # after ray's own atexit shutdown was registered: runs before it
+    _wrap_shutdown()
+
+
+def _wrap_shutdown() -> None:
+    """`ray.shutdown()` ends the job and its actors: gather the nodes' logs first."""
+    original = ray.shutdown
+    if getattr(original, "_miles_profile", False):
+        return
+
+    def shutdown(*args, **kwargs):
+        if _current is not None:
+            _current.finish()
+        return original(*args, **kwargs)
+
+    shutdown._miles_profile = True
+    shutdown.__wrapped__ = original
+    ray.shutdown = shutdown
