@@ -10,6 +10,7 @@ and Ray ends its actors with it: nothing of ours keeps running.
 from __future__ import annotations
 
 import atexit
+import json
 import logging
 import os
 import threading
@@ -22,12 +23,13 @@ import ray
 
 from miles_profile.cluster import node_sampler
 from miles_profile.logdir.cluster import write_cluster
+from miles_profile.logdir.writer import write_json
 from miles_profile.logdir.layout import PROCESS_META_SUFFIX
 
 log = logging.getLogger("miles_profile")
 
 GATHER_S = 2.0        # node logs reach the driver's run this often while the job runs (the live dashboard)
-CALL_TIMEOUT_S = 30.0  # a sampler that answers nothing for this long is lost
+CALL_TIMEOUT_S = 10.0  # a sampler that answers nothing for this long is lost (a pull takes milliseconds)
 
 
 class ClusterRecording:
@@ -37,6 +39,7 @@ class ClusterRecording:
         self.nodes: dict[str, dict[str, Any]] = {}   # node id -> its cluster.json entry
         self.actors: dict[str, Any] = {}
         self.unreached: dict[tuple[str, int], dict[str, Any]] = {}
+        self._pending: dict[str, Any] = {}  # node id -> its sampler's `info` reference, until it answers
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name="miles_profile-ray", daemon=True)
@@ -58,6 +61,7 @@ class ClusterRecording:
         if self._thread.is_alive() and threading.current_thread() is not self._thread:
             self._thread.join(timeout=CALL_TIMEOUT_S)
         if ray.is_initialized():
+            self._settle(timeout_s=CALL_TIMEOUT_S)
             self._collect({nid: a.stop.remote() for nid, a in self.actors.items()}, final=True)
             for actor in self.actors.values():
                 try:
@@ -70,6 +74,7 @@ class ClusterRecording:
         while not self._stop.wait(GATHER_S):
             try:
                 self._add_new_nodes()
+                self._settle()
                 self._collect({nid: a.pull.remote() for nid, a in self.actors.items()
                                if self.nodes[nid]["state"] == "running"}, final=False)
                 self._write()
@@ -80,17 +85,32 @@ class ClusterRecording:
 
     # -- nodes ----------------------------------------------------------------------------------
     def _add_new_nodes(self) -> None:
-        fresh = [n for n in ray.nodes() if n.get("Alive") and n["NodeID"] not in self.nodes]
-        for n in fresh:
+        """A sampler for every node that joined; never waits for one to start (a worker process takes
+        seconds to start on a busy node): `_settle` takes their answers as they come."""
+        for n in ray.nodes():
             nid = n["NodeID"]
-            self.nodes[nid] = {"node_id": nid, "ip": n.get("NodeManagerAddress"), "state": "starting", "stems": []}
+            if not n.get("Alive") or nid in self.nodes:
+                continue
+            self.nodes[nid] = {"node_id": nid, "ip": n.get("NodeManagerAddress"), "state": "starting",
+                               "asked_at": time.time(), "stems": []}
             self.actors[nid] = node_sampler.start_on(nid, str(self.run_dir), self.token)
-        refs = {nid: self.actors[nid].info.remote() for nid in (n["NodeID"] for n in fresh)}
-        for nid, ref in refs.items():
+            self._pending[nid] = self.actors[nid].info.remote()
+
+    def _settle(self, timeout_s: float = 0.0) -> None:
+        """The answers of samplers that started (their node's entry), or why one could not."""
+        if not self._pending:
+            return
+        ready, _ = ray.wait(list(self._pending.values()), num_returns=len(self._pending), timeout=timeout_s)
+        for nid, ref in list(self._pending.items()):
+            if ref not in ready:
+                continue
+            del self._pending[nid]
+            node = self.nodes[nid]
             try:
-                self.nodes[nid].update(ray.get(ref, timeout=CALL_TIMEOUT_S), state="running")
+                node.update(ray.get(ref), state="running")
+                node["ready_s"] = round(time.time() - node["asked_at"], 3)
             except Exception as exc:  # noqa: BLE001 - e.g. miles_profile not importable on that node
-                self.nodes[nid].update(state="failed", error=_one_line(exc))
+                node.update(state="failed", error=_one_line(exc))
                 self.actors.pop(nid, None)
 
     def _collect(self, refs: dict[str, Any], final: bool) -> None:
@@ -111,6 +131,20 @@ class ClusterRecording:
                 self.unreached[(nid, item["pid"])] = {"node_id": nid, **item}
             if final:
                 node["state"] = "stopped"
+                self._end_gathered(node["stems"])
+
+    def _end_gathered(self, stems: list[str]) -> None:
+        """A worker of a node with logs of its own ends a moment after the driver (Ray ends the job's
+        workers then), past the last pull: its gathered meta gets the job's end as its own, said so."""
+        now = time.time()
+        for stem in stems:
+            path = self.run_dir / f"{stem}{PROCESS_META_SUFFIX}"
+            try:
+                meta = json.loads(path.read_text())
+                if isinstance(meta, dict) and not meta.get("end_time"):
+                    write_json(path, {**meta, "end_time": now, "end_time_source": "ray_job_end"})
+            except (OSError, ValueError):
+                continue
 
     def _store(self, name: str, offset: int | None, data: bytes) -> None:
         path = self.run_dir / Path(name).name  # a bare file name: never a path out of the run
@@ -126,7 +160,7 @@ class ClusterRecording:
     def _write(self, finished: bool = False) -> None:
         try:
             write_cluster(self.run_dir, {
-                "token": self.token, "ray_version": ray.__version__, "driver_pid": os.getpid(),
+                "hook_ran": True, "connected": True, "token": self.token, "ray_version": ray.__version__, "driver_pid": os.getpid(),
                 "job_id": ray.get_runtime_context().get_job_id(), "finished": finished,
                 "nodes": list(self.nodes.values()), "unreached": list(self.unreached.values())})
         except OSError as exc:

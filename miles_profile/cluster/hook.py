@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib
 import os
 import sys
+from pathlib import Path
 from typing import Any
 
 from miles_profile import names
@@ -32,11 +33,22 @@ def runtime_env_hook(runtime_env: dict[str, Any] | None) -> dict[str, Any] | Non
         for key, value in carried.items():
             env_vars.setdefault(key, value)
         merged["env_vars"] = env_vars
+        _mark_hook_ran(carried[names.RUN_DIR_ENV])
         _after_init(lambda: _start_cluster(carried[names.RUN_DIR_ENV]))
         return merged
     except Exception as exc:  # noqa: BLE001 - the job's ray.init must never fail for us
         print(f"miles_profile: warning: Ray workers not recorded: {exc}", file=sys.stderr, flush=True)
         return runtime_env
+
+
+def _mark_hook_ran(run_dir: str) -> None:
+    """cluster.json before connecting: `record` then knows the hook ran, whether or not the cluster answers."""
+    from miles_profile.logdir.cluster import read_cluster, write_cluster
+    if read_cluster(Path(run_dir)) is None:
+        try:
+            write_cluster(Path(run_dir), {"hook_ran": True, "connected": False, "driver_pid": os.getpid(), "nodes": []})
+        except OSError:  # a driver on another machine than the run directory (ray job submit): the nodes say
+            pass
 
 
 def _next_hook(runtime_env):

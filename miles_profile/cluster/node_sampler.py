@@ -21,6 +21,8 @@ from miles_profile.cluster.env import RAY_JOB_ID_ENV, node_run_dir
 from miles_profile.identity import host_name
 from miles_profile.logdir.layout import HOST_LOCK_SUFFIX, RUN_META
 
+# Recorders flush their rows every 0.5 s (writer.py): the last pull waits that long, plus a margin.
+FLUSH_S = 0.6
 APPENDED = (".csv", ".jsonl")  # files a writer only appends to: sent from the last offset on
 
 
@@ -47,7 +49,9 @@ class NodeSampler:
         return {"files": {} if self.shared else self._changes(), "unreached": self._unreached()}
 
     def stop(self) -> dict[str, Any]:
+        """The last pull, once the job's recorders on this node flushed what they hold (every FLUSH_S)."""
         self.sampler.stop()
+        time.sleep(FLUSH_S)
         return self.pull()
 
     def _changes(self) -> dict[str, tuple[int | None, bytes]]:
@@ -94,7 +98,8 @@ class NodeSampler:
                 continue
             if f"{RAY_JOB_ID_ENV}={self.job_id}".encode() not in environ:
                 continue
-            if any(item.startswith(f"{names.RUN_DIR_ENV}=".encode()) for item in environ):
+            prefix = f"{names.RUN_DIR_ENV}=".encode()
+            if any(item.startswith(prefix) and len(item) > len(prefix) for item in environ):
                 continue
             try:
                 title = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")[0].decode(errors="replace")

@@ -4,13 +4,14 @@ Written by the job's driver (miles_profile/cluster/driver.py) and read by the re
 `Run.warnings` what the run lacks because of Ray: a node lost mid-run (its processes named), a node
 whose logs were never gathered, workers that ran without the run directory, a node without a sampler.
 
-    {"format_version": 1, "token": "...", "ray_version": "2.60.0", "job_id": "02000000", "driver_pid": N,
+    {"format_version": 1, "hook_ran": true, "connected": true, "token": "...", "ray_version": "2.60.0", "job_id": "02000000", "driver_pid": N,
      "finished": true,
      "nodes": [{"node_id", "host", "machine", "sampler_pid", "node_dir", "shared", "start_s",
                 "state": "running" | "stopped" | "lost" | "failed", "lost_at", "error", "stems": [...]}],
      "unreached": [{"node_id", "pid", "title"}]}
 
-Where a Ray driver ran in the recorded command but the hook never ran in it (so none of its workers
+The hook writes `{"hook_ran": true, "connected": false, "driver_pid": N, "nodes": []}` before `ray.init`
+connects (a driver that never reaches its cluster leaves just that). Where a Ray driver ran in the recorded command but the hook never ran in it (so none of its workers
 could be recorded), `record --exec` writes `{"format_version": 1, "hook_ran": false, "drivers": [pid]}`.
 """
 from __future__ import annotations
@@ -54,6 +55,9 @@ def cluster_warnings(run_dir: Path, processes: list[dict[str, Any]]) -> list[str
         return warnings
     if doc.get("hook_ran") is False:
         warnings.append(hook_missing_text(doc.get("drivers") or []))
+    elif doc.get("connected") is False:
+        warnings.append(f"the Ray driver (pid {doc.get('driver_pid', '?')}) never connected to its cluster: "
+                        f"no worker of the job was recorded")
     by_stem = {p.get("stem"): p for p in processes}
     for n in doc.get("nodes", []):
         state = n.get("state")
