@@ -116,6 +116,15 @@ def start_cluster(env: dict[str, str], node2_env: dict[str, str] | None = None, 
     return cluster
 
 
+def add_node(cluster: Cluster, resources: str, env: dict[str, str], num_cpus: int = 1) -> Path:
+    """One more node (`ray start --address`) with `env` added; stopped with the cluster. Its temp dir."""
+    temp_dir = Path(tempfile.mkdtemp(prefix="rx"))
+    cluster.temp_dirs.append(temp_dir)
+    _start([f"--address={cluster.address}", *node_args(temp_dir, resources, num_cpus)], dict(cluster.env, **env))
+    wait_nodes(cluster, len(cluster.temp_dirs))
+    return temp_dir
+
+
 def wait_nodes(cluster: Cluster, count: int, timeout_s: float = 60.0) -> None:
     """Until the cluster has `count` alive nodes (a node's raylet registers a moment after `ray start`)."""
     probe = ("import ray, sys; ray.init(address=sys.argv[1], logging_level='ERROR');"

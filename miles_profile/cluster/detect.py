@@ -43,7 +43,7 @@ class RayDriverWatch:
                 if self._checked.get(proc.pid, 0) >= LOOKS:
                     continue
                 self._checked[proc.pid] = self._checked.get(proc.pid, 0) + 1
-                if maps_ray(proc.pid):
+                if python_like(proc.pid) and maps_ray(proc.pid):
                     self.drivers.append(proc.pid)
                     return
 
@@ -54,3 +54,14 @@ def maps_ray(pid: int) -> bool:
             return any(RAY_CORE in line for line in handle)
     except OSError:
         return False
+
+
+def python_like(pid: int) -> bool:
+    """A Python interpreter (a script's shebang puts it first) or the `ray` CLI: the only processes whose
+    maps are read (a torch process maps thousands of regions)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as handle:
+            first = handle.read(4096).split(b"\0", 1)[0].rsplit(b"/", 1)[-1]
+    except OSError:
+        return False
+    return first.startswith(b"python") or first in (b"ray", b"uv")

@@ -13,6 +13,7 @@ import atexit
 import json
 import logging
 import os
+import re
 import threading
 import time
 import uuid
@@ -44,6 +45,7 @@ class ClusterRecording:
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name="miles_profile-ray", daemon=True)
         self._finished = False
+        self.started_at = time.time()
 
     # -- lifecycle ------------------------------------------------------------------------------
     def start(self) -> "ClusterRecording":
@@ -62,6 +64,7 @@ class ClusterRecording:
             self._thread.join(timeout=CALL_TIMEOUT_S)
         if ray.is_initialized():
             self._settle(timeout_s=CALL_TIMEOUT_S)
+            self._note_ray_kills()
             self._collect({nid: a.stop.remote() for nid, a in self.actors.items()}, final=True)
             for actor in self.actors.values():
                 try:
@@ -133,6 +136,19 @@ class ClusterRecording:
                 node["state"] = "stopped"
                 self._end_gathered(node["stems"])
 
+    def _note_ray_kills(self) -> None:
+        """Workers of our nodes that Ray's memory monitor killed during the job, as `oom` events written
+        by their node's sampler (Ray's state API, through the dashboard; without it, none are named)."""
+        by_node: dict[str, list[dict[str, Any]]] = {}
+        for kill in ray_oom_kills(self.started_at, ray.get_runtime_context().get_job_id()):
+            if kill["node_id"] in self.actors:
+                by_node.setdefault(kill.pop("node_id"), []).append(kill)
+        for nid, kills in by_node.items():
+            try:
+                ray.get(self.actors[nid].record_ray_kills.remote(kills), timeout=CALL_TIMEOUT_S)
+            except Exception as exc:  # noqa: BLE001 - its node is gone: the report names it lost
+                log.warning("miles_profile: warning: Ray's OOM kills on node %s not recorded: %s", nid[:8], exc)
+
     def _end_gathered(self, stems: list[str]) -> None:
         """A worker of a node with logs of its own ends a moment after the driver (Ray ends the job's
         workers then), past the last pull: its gathered meta gets the job's end as its own, said so."""
@@ -199,3 +215,45 @@ def _wrap_shutdown() -> None:
     shutdown._miles_profile = True
     shutdown.__wrapped__ = original
     ray.shutdown = shutdown
+
+
+_RAY_NUMBERS = re.compile(r"Memory usage (\d+)B exceeded threshold of (\d+)B")
+
+
+def ray_oom_kills(since: float, job_id: str | None = None) -> list[dict[str, Any]]:
+    """Workers Ray's memory monitor killed after `since`: [{node_id, pid, t, attrs}]. Dead actors of the
+    job carry it in their death cause as soon as their owner learns of it; task workers, in the workers
+    table once their raylet reported them. Empty without Ray's state API (ray without its dashboard)."""
+    try:
+        from ray.util.state import list_actors, list_workers
+        options = {"detail": True, "limit": 10000, "timeout": int(CALL_TIMEOUT_S), "raise_on_missing_output": False}
+        actors = list_actors(filters=[("state", "=", "DEAD")], **options)
+        workers = list_workers(filters=[("exit_type", "=", "NODE_OUT_OF_MEMORY")], **options)
+    except Exception as exc:  # noqa: BLE001 - no dashboard, or it does not answer
+        log.warning("miles_profile: warning: Ray's OOM kills not read (Ray's state API: %s)", _one_line(exc))
+        return []
+    kills: dict[int, dict[str, Any]] = {}
+    for actor in map(_as_dict, actors):
+        oom = ((actor.get("death_cause") or {}).get("oom_context") or {}) if isinstance(actor.get("death_cause"), dict) else {}
+        if oom and actor.get("pid") and (job_id is None or actor.get("job_id") == job_id):
+            end = (actor.get("end_time") or 0) / 1000.0
+            kills[int(actor["pid"])] = _kill(actor.get("node_id"), int(actor["pid"]), end or time.time(),
+                                             str(oom.get("error_message") or ""))
+    for worker in map(_as_dict, workers):
+        end = (worker.get("end_time_ms") or 0) / 1000.0
+        if worker.get("pid") and end >= since and int(worker["pid"]) not in kills:
+            kills[int(worker["pid"])] = _kill(worker.get("node_id"), int(worker["pid"]), end,
+                                              str(worker.get("exit_detail") or ""))
+    return list(kills.values())
+
+
+def _as_dict(item) -> dict[str, Any]:
+    return item if isinstance(item, dict) else vars(item)
+
+
+def _kill(node_id, pid: int, t: float, detail: str) -> dict[str, Any]:
+    found = _RAY_NUMBERS.search(detail)
+    attrs: dict[str, Any] = {"ray_detail": detail.splitlines()[0][:300] if detail else None}
+    if found:
+        attrs.update(ray_memory_used=int(found.group(1)), ray_memory_threshold=int(found.group(2)))
+    return {"node_id": node_id, "pid": pid, "t": t, "attrs": attrs}

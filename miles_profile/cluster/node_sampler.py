@@ -20,6 +20,8 @@ from miles_profile import host_sampler, names
 from miles_profile.cluster.env import RAY_JOB_ID_ENV, node_run_dir
 from miles_profile.identity import host_name
 from miles_profile.logdir.layout import HOST_LOCK_SUFFIX, RUN_META
+from miles_profile.logdir.writer import EventWriter
+from miles_profile.oom import RAY_OOM_KILL
 
 # Recorders flush their rows every 0.5 s (writer.py): the last pull waits that long, plus a margin.
 FLUSH_S = 0.6
@@ -53,6 +55,17 @@ class NodeSampler:
         self.sampler.stop()
         time.sleep(FLUSH_S)
         return self.pull()
+
+    def record_ray_kills(self, kills: list[dict[str, Any]]) -> None:
+        """Workers of this node that Ray's memory monitor killed (driver.py asks Ray's state API): one
+        `oom` event each, cause `ray_oom_kill`, beside the vanishing the host sampler may have seen."""
+        writer = EventWriter(self.node_dir, self.sampler.stem)
+        try:
+            for kill in kills:
+                writer.write(names.OOM, "killed", {"process_pid": kill["pid"], "cause": RAY_OOM_KILL,
+                                                   "detected_by": "ray", **kill.get("attrs", {})}, t=kill["t"])
+        finally:
+            writer.close()
 
     def _changes(self) -> dict[str, tuple[int | None, bytes]]:
         out: dict[str, tuple[int | None, bytes]] = {}

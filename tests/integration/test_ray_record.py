@@ -18,12 +18,14 @@ import miles_profile as mp
 from miles_profile.cluster.env import NODE_LOG_DIR_ENV
 from miles_profile.identity import HOST_ENV
 from miles_profile.logdir.cluster import read_cluster
+from miles_profile.verdicts.oom import check_oom
 from miles_profile.verdicts.per_process import per_process_checks
 from tests.conftest import python_env
-from tests.ray_cluster import start_cluster
+from tests.ray_cluster import add_node, start_cluster
 
 pytestmark = pytest.mark.slow
 JOB = Path(__file__).with_name("ray_jobs") / "two_actors.py"
+OOM_JOB = JOB.with_name("ray_oom.py")
 NODE2_HOST = "fakehost2"
 PHASES = ("generate", "train", "offload_train")
 
@@ -156,6 +158,25 @@ def test_kill_9_of_the_driver_leaves_nothing_of_ours_running(cluster, tmp_path):
     run = mp.load(run_dir)
     assert not gone(ours(run_dir, run)), "a sampler or actor outlived the driver's kill -9"
     assert any("not all gathered" in w for w in run.warnings), run.warnings
+
+
+def test_a_worker_killed_by_rays_memory_monitor_is_named_with_its_actor_phase_and_curve(cluster, tmp_path):
+    """A third node whose raylet kills workers 1.5 GiB above what this machine uses now (Ray's memory
+    monitor reads the whole machine's memory); the job's actor there grows 100 MiB per 0.1 s."""
+    vm = psutil.virtual_memory()
+    threshold = (vm.total - vm.available + 1536 * 2**20) / vm.total
+    add_node(cluster, '{"node3": 1}', {"RAY_memory_usage_threshold": f"{threshold:.4f}",
+                                       "RAY_memory_monitor_refresh_ms": "100", HOST_ENV: "fakehost3"})
+    code, out, err = finished(record(cluster, tmp_path / "logs", command=[sys.executable, str(OOM_JOB), "60"]))
+    assert code == 0 and "the hog died" in out, (out, err[-3000:])
+    run = mp.load(the_run(tmp_path / "logs"))
+    result = check_oom(run)
+    assert len(result.findings) == 1, (result.summary, err[-3000:], read_cluster(run.path))
+    finding = result.findings[0]
+    assert finding.numbers["cause"] == "ray_oom_kill" and finding.numbers["host"] == "fakehost3"
+    assert "killed by Ray's memory monitor" in finding.message and "Ray actor Hog 'hog'" in finding.message
+    assert finding.numbers["phase"] == "train" and "over Ray's threshold" in finding.message
+    assert finding.numbers["grew"][0]["growth"] > 512 * 2**20  # the curve before: its RSS climbed
 
 
 def test_a_node_lost_mid_run_names_its_processes_and_the_rest_is_reported(cluster, tmp_path):
