@@ -139,6 +139,9 @@ def torchrun_command(nproc: int, trainer_args: list[str]) -> list[str]:
 
 
 def run_trainer(args: argparse.Namespace, trainer_args: list[str]) -> int:
+    if any(a == "--launcher" and b == "ray" for a, b in zip(trainer_args, trainer_args[1:])):
+        # a Ray driver as our child: its actors join the run through the job's runtime env (docs/ray.md)
+        return run_child(args, [sys.executable, "-m", "trainer.train", *trainer_args])
     ranks = split_nproc(trainer_args)
     if ranks is not None:
         from trainer.args import parse_args

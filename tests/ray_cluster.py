@@ -100,8 +100,10 @@ def node_args(temp_dir: Path, resources: str, num_cpus: int) -> list[str]:
 def start_cluster(env: dict[str, str], node2_env: dict[str, str] | None = None, num_cpus: int = 2) -> Cluster:
     """`ray start --head` and a second node (`ray start --address`) with `node2_env` added to its
     environment (what every worker of that node inherits), each with its own temp dir."""
-    env = dict(env, RAY_USAGE_STATS_ENABLED="0")
     temp_dirs = [Path(tempfile.mkdtemp(prefix="rh")), Path(tempfile.mkdtemp(prefix="rn"))]
+    # A HOME of its own: Ray reads ~/.ray (an auth token someone generated on this machine made the
+    # second node's `ray start` fail to authenticate with the head)
+    env = dict(env, RAY_USAGE_STATS_ENABLED="0", HOME=str(temp_dirs[0]))
     port, dashboard_port = free_port(), free_port()
     cluster = Cluster(f"127.0.0.1:{port}", f"http://127.0.0.1:{dashboard_port}", temp_dirs, env)
     try:

@@ -10,7 +10,6 @@ and Ray ends its actors with it: nothing of ours keeps running.
 from __future__ import annotations
 
 import atexit
-import json
 import logging
 import os
 import re
@@ -24,7 +23,6 @@ import ray
 
 from miles_profile.cluster import node_sampler
 from miles_profile.logdir.cluster import write_cluster
-from miles_profile.logdir.writer import write_json
 from miles_profile.logdir.layout import PROCESS_META_SUFFIX
 
 log = logging.getLogger("miles_profile")
@@ -49,8 +47,8 @@ class ClusterRecording:
 
     # -- lifecycle ------------------------------------------------------------------------------
     def start(self) -> "ClusterRecording":
+        """Returns at once: `ray.init` is the job's, and the samplers start from our thread."""
         self._write()  # the token first: a node that sees it shares the driver's file system
-        self._add_new_nodes()
         self._thread.start()
         return self
 
@@ -74,6 +72,10 @@ class ClusterRecording:
         self._write(finished=True)
 
     def _run(self) -> None:
+        try:
+            self._add_new_nodes()
+        except Exception as exc:  # noqa: BLE001 - the job goes on unsampled; the report says no node was
+            log.warning("miles_profile: warning: no per-node samplers: %s", _one_line(exc))
         while not self._stop.wait(GATHER_S):
             try:
                 self._add_new_nodes()
@@ -134,7 +136,6 @@ class ClusterRecording:
                 self.unreached[(nid, item["pid"])] = {"node_id": nid, **item}
             if final:
                 node["state"] = "stopped"
-                self._end_gathered(node["stems"])
 
     def _note_ray_kills(self) -> None:
         """Workers of our nodes that Ray's memory monitor killed during the job, as `oom` events written
@@ -148,19 +149,6 @@ class ClusterRecording:
                 ray.get(self.actors[nid].record_ray_kills.remote(kills), timeout=CALL_TIMEOUT_S)
             except Exception as exc:  # noqa: BLE001 - its node is gone: the report names it lost
                 log.warning("miles_profile: warning: Ray's OOM kills on node %s not recorded: %s", nid[:8], exc)
-
-    def _end_gathered(self, stems: list[str]) -> None:
-        """A worker of a node with logs of its own ends a moment after the driver (Ray ends the job's
-        workers then), past the last pull: its gathered meta gets the job's end as its own, said so."""
-        now = time.time()
-        for stem in stems:
-            path = self.run_dir / f"{stem}{PROCESS_META_SUFFIX}"
-            try:
-                meta = json.loads(path.read_text())
-                if isinstance(meta, dict) and not meta.get("end_time"):
-                    write_json(path, {**meta, "end_time": now, "end_time_source": "ray_job_end"})
-            except (OSError, ValueError):
-                continue
 
     def _store(self, name: str, offset: int | None, data: bytes) -> None:
         path = self.run_dir / Path(name).name  # a bare file name: never a path out of the run

@@ -37,7 +37,7 @@ def _read() -> dict[str, Any] | None:
             fields["ray_actor_class"] = _actor_class(ctx)
             fields["ray_restarted"] = bool(getattr(ctx, "was_current_actor_reconstructed", False))
         fields["ray_placement_group"] = ctx.get_placement_group_id()
-        fields["ray_bundle_index"] = _bundle_index(ctx.get_assigned_resources())
+        fields["ray_bundle_index"] = _bundle_index(_raw_resources(ctx))
         fields["ray_gpu_ids"] = [str(g) for g in ctx.get_accelerator_ids().get("GPU", [])]
         return fields
     except Exception:  # a Ray that lacks one of these: the process is still recorded, without them
@@ -49,6 +49,15 @@ def _actor_class(ctx) -> str | None:
         return ctx.current_actor._ray_actor_creation_function_descriptor.class_name
     except Exception:
         return None
+
+
+def _raw_resources(ctx) -> dict[str, Any]:
+    """The worker's resources under their placement-group names (`CPU_group_0_<pg>`): the public
+    `get_assigned_resources` folds them back into `CPU`, losing the bundle."""
+    try:
+        return dict(ctx.worker.core_worker.resource_ids())
+    except Exception:
+        return {}
 
 
 def _bundle_index(resources: dict[str, Any]) -> int | None:

@@ -8,6 +8,7 @@ It also lists the job's workers on its node that run without the run directory (
 """
 from __future__ import annotations
 
+import json
 import os
 import socket
 import time
@@ -19,9 +20,9 @@ import ray
 from miles_profile import host_sampler, names
 from miles_profile.cluster.env import RAY_JOB_ID_ENV, node_run_dir
 from miles_profile.identity import host_name
-from miles_profile.logdir.layout import HOST_LOCK_SUFFIX, RUN_META
-from miles_profile.logdir.writer import EventWriter
-from miles_profile.oom import RAY_OOM_KILL
+from miles_profile.logdir.layout import HOST_LOCK_SUFFIX, PROCESS_META_SUFFIX, RUN_META
+from miles_profile.logdir.writer import EventWriter, write_json
+from miles_profile.oom import RAY_OOM_KILL, alive
 
 # Recorders flush their rows every 0.5 s (writer.py): the last pull waits that long, plus a margin.
 FLUSH_S = 0.6
@@ -52,9 +53,25 @@ class NodeSampler:
 
     def stop(self) -> dict[str, Any]:
         """The last pull, once the job's recorders on this node flushed what they hold (every FLUSH_S)."""
+        self._end_live_workers()
         self.sampler.stop()
         time.sleep(FLUSH_S)
         return self.pull()
+
+    def _end_live_workers(self) -> None:
+        """The job's recorded workers on this node still running when the driver finishes: Ray ends them
+        right after (SIGKILL when the driver's own local cluster shuts down), past the last pull and
+        before their recorder can write its end. Their metas get the job's end, said so
+        (`end_time_source`): a host sampler then sees an end, not a death. Dead ones are left as they are."""
+        now = time.time()
+        for path in self.node_dir.glob(f"{host_name()}-*{PROCESS_META_SUFFIX}"):
+            try:
+                meta = json.loads(path.read_text())
+                if (isinstance(meta, dict) and meta.get("ray_job_id") == self.job_id and not meta.get("end_time")
+                        and alive(int(meta.get("pid", 0)))):
+                    write_json(path, {**meta, "end_time": now, "end_time_source": "ray_job_end"})
+            except (OSError, ValueError, TypeError):
+                continue
 
     def record_ray_kills(self, kills: list[dict[str, Any]]) -> None:
         """Workers of this node that Ray's memory monitor killed (driver.py asks Ray's state API): one

@@ -160,6 +160,35 @@ def test_kill_9_of_the_driver_leaves_nothing_of_ours_running(cluster, tmp_path):
     assert any("not all gathered" in w for w in run.warnings), run.warnings
 
 
+TRAINER_FLAGS = ["--preset", "tiny", "--num-rollout", "2", "--offload-train", "--offload-rollout", "--use-critic"]
+
+
+def progress(text: str) -> list[str]:
+    """rank 0's `rollout k/N  reward R  loss L` lines, without the step time (and Ray's prefix)."""
+    return [line[line.index("rollout "):].rsplit("  step", 1)[0] for line in text.splitlines() if "rollout " in line
+            and " reward " in line]
+
+
+def test_the_trainer_on_ray_trains_as_under_torchrun_and_every_actor_is_recorded(cluster, tmp_path):
+    env = dict(cluster.env, RAY_ADDRESS=cluster.address)
+    code, out, err = finished(subprocess.Popen(
+        [sys.executable, "-m", "miles_profile.record", "--log-dir", str(tmp_path / "logs"), "--", "--launcher", "ray",
+         "--nproc-per-node", "2", *TRAINER_FLAGS], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    assert code == 0, err[-3000:]
+    torchrun = subprocess.run([sys.executable, "-m", "trainer.launch", "--standalone", "--nproc-per-node", "2", "-m",
+                               "trainer.train", *TRAINER_FLAGS], env=cluster.env, capture_output=True, text=True,
+                              timeout=300)
+    assert torchrun.returncode == 0, torchrun.stderr[-3000:]
+    assert progress(out + err) == progress(torchrun.stdout + torchrun.stderr) != []  # same losses, same rewards
+    run = mp.load(the_run(tmp_path / "logs"))
+    ranks = sorted((p["rank"], p.get("ray_bundle_index"), p.get("ray_actor_class")) for p in run.processes
+                   if p.get("role") == "actor")
+    assert ranks == [(0, 0, "RankActor"), (1, 1, "RankActor")]
+    assert sorted(p["rank"] for p in run.processes if p.get("role") == "engine") == [0, 1]
+    assert check_oom(run).status == "n/a" and not run.warnings, run.warnings
+    assert {"offload_train", "offload_rollout", "train", "generate"} <= set(run.phases["name"])
+
+
 def test_a_worker_killed_by_rays_memory_monitor_is_named_with_its_actor_phase_and_curve(cluster, tmp_path):
     """A third node whose raylet kills workers 1.5 GiB above what this machine uses now (Ray's memory
     monitor reads the whole machine's memory); the job's actor there grows 100 MiB per 0.1 s."""
