@@ -64,6 +64,18 @@ class Cluster:
                     pass
         return list(found.values())
 
+    def cpu_s(self) -> float:
+        """CPU seconds its processes have used so far (the daemons are not our children: pytest's own
+        accounting misses them)."""
+        total = 0.0
+        for proc in self.processes():
+            try:
+                times = proc.cpu_times()
+                total += times.user + times.system
+            except psutil.Error:
+                pass
+        return total
+
     def stop(self) -> None:
         kill(self.processes())
         for folder in self.temp_dirs:

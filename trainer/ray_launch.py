@@ -24,6 +24,12 @@ import sys
 from trainer.args import parse_args
 from trainer.errors import TrainerError
 
+class LaunchError(TrainerError):
+    """A launcher flag that is wrong: one line, exit 2, as the trainer's own flags."""
+
+    exit_code = 2
+
+
 RANK_SHARE = 0.5  # of its bundle's CPU (and GPU): the engine actor has the other half
 
 
@@ -85,7 +91,7 @@ def split_launcher_args(argv: list[str]) -> tuple[int, list[str]]:
             value = argv[i + 1]
             if arg != "--launcher":
                 if not value.isdigit() or int(value) < 1:
-                    raise TrainerError(f"--nproc-per-node must be a positive integer, got {value!r}", exit_code=2)
+                    raise LaunchError(f"--nproc-per-node must be a positive integer, got {value!r}")
                 nproc = int(value)
             i += 2
             continue
@@ -112,7 +118,7 @@ def without_nproc(argv: list[str]) -> list[str]:
 def main(argv: list[str]) -> int:
     try:
         nproc, rest = split_launcher_args(argv)
-    except TrainerError as exc:
+    except LaunchError as exc:
         print(f"trainer: error: {exc}", file=sys.stderr)
         return exc.exit_code
     cfg = parse_args(rest, world_size=nproc)  # a flag error exits 2 here, before Ray starts

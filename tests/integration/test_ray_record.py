@@ -37,6 +37,7 @@ def cluster(tmp_path_factory):
     found = start_cluster(python_env(), {HOST_ENV: NODE2_HOST, NODE_LOG_DIR_ENV: str(node2_logs)})
     found.node2_logs = node2_logs
     yield found
+    print(f"\nthe Ray cluster's own processes used {found.cpu_s():.1f} CPU-s", file=sys.stderr)  # pytest -s shows it
     found.stop()
     assert not found.processes(), "the cluster's processes outlived their kill"
 
