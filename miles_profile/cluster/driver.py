@@ -22,12 +22,16 @@ from typing import Any
 import ray
 
 from miles_profile.cluster import node_sampler
+from miles_profile import names
 from miles_profile.logdir.cluster import write_cluster
+from miles_profile.logdir.writer import EventWriter
+from miles_profile.oom import RAY_OOM_KILL
 from miles_profile.logdir.layout import PROCESS_META_SUFFIX
 
 log = logging.getLogger("miles_profile")
 
 GATHER_S = 2.0        # node logs reach the driver's run this often while the job runs (the live dashboard)
+KILL_LAG_S = 5.0       # how long a vanished worker waits for Ray's tables to say whether Ray killed it
 CALL_TIMEOUT_S = 10.0  # a sampler that answers nothing for this long is lost (a pull takes milliseconds)
 
 
@@ -124,9 +128,7 @@ class ClusterRecording:
             try:
                 got = ray.get(ref, timeout=CALL_TIMEOUT_S)
             except Exception as exc:  # noqa: BLE001 - its actor died with its node, or never answers
-                if node["state"] == "running":
-                    node.update(state="lost", lost_at=time.time(), error=_one_line(exc))
-                self.actors.pop(nid, None)
+                self._sampler_gone(nid, exc)
                 continue
             for name, (offset, data) in got["files"].items():
                 self._store(name, offset, data)
@@ -140,15 +142,51 @@ class ClusterRecording:
     def _note_ray_kills(self) -> None:
         """Workers of our nodes that Ray's memory monitor killed during the job, as `oom` events written
         by their node's sampler (Ray's state API, through the dashboard; without it, none are named)."""
-        by_node: dict[str, list[dict[str, Any]]] = {}
-        for kill in ray_oom_kills(self.started_at, ray.get_runtime_context().get_job_id()):
-            if kill["node_id"] in self.actors:
-                by_node.setdefault(kill.pop("node_id"), []).append(kill)
-        for nid, kills in by_node.items():
+        gone: set[int] = set()  # the job's recorded workers that died: Ray's verdict on them may lag
+        unknown = False         # a node whose sampler is gone can't say which of its workers died
+        for nid, actor in list(self.actors.items()):
             try:
-                ray.get(self.actors[nid].record_ray_kills.remote(kills), timeout=CALL_TIMEOUT_S)
-            except Exception as exc:  # noqa: BLE001 - its node is gone: the report names it lost
-                log.warning("miles_profile: warning: Ray's OOM kills on node %s not recorded: %s", nid[:8], exc)
+                gone.update(ray.get(actor.vanished.remote(), timeout=CALL_TIMEOUT_S))
+            except Exception as exc:  # noqa: BLE001 - Ray's memory monitor may have killed the sampler too
+                self._sampler_gone(nid, exc)
+                unknown = True
+        job_id = ray.get_runtime_context().get_job_id()
+        deadline = time.monotonic() + KILL_LAG_S
+        kills = ray_oom_kills(self.started_at, job_id)
+        while (gone - {k["pid"] for k in kills} or unknown and not kills) and time.monotonic() < deadline:
+            time.sleep(0.5)  # an actor's death reaches Ray's tables a moment after its caller's error
+            kills = ray_oom_kills(self.started_at, job_id)
+        ours = {n.get("sampler_pid") for n in self.nodes.values()}  # our own sampler's kill: its node's state says it
+        by_node: dict[str, list[dict[str, Any]]] = {}
+        for kill in kills:
+            if kill["node_id"] in self.nodes and kill["pid"] not in ours:
+                by_node.setdefault(kill.pop("node_id"), []).append(kill)
+        for nid, found in by_node.items():
+            try:
+                ray.get(self.actors[nid].record_ray_kills.remote(found), timeout=CALL_TIMEOUT_S)
+            except Exception:  # noqa: BLE001 - its sampler is gone: written here, in its name
+                self._write_kills_for(self.nodes[nid], found)
+
+    def _sampler_gone(self, nid: str, exc: BaseException) -> None:
+        """A sampler that died: killed by Ray's memory monitor (its node lives on), else its node is lost."""
+        node = self.nodes[nid]
+        self.actors.pop(nid, None)
+        if node["state"] in ("running", "starting"):
+            oom = "OutOfMemoryError" in type(exc).__name__ or "low on memory" in str(exc)
+            node.update(state="sampler_killed" if oom else "lost", lost_at=time.time(), error=_one_line(exc))
+
+    def _write_kills_for(self, node: dict[str, Any], kills: list[dict[str, Any]]) -> None:
+        """Ray's kills on a node whose sampler is gone, as the events of that sampler (its stem, host, pid)."""
+        if not node.get("sampler_pid") or not node.get("host"):
+            return
+        writer = EventWriter(self.run_dir, f"{node['host']}-{node['sampler_pid']}", pid=node["sampler_pid"],
+                             host=node["host"])
+        try:
+            for kill in kills:
+                writer.write(names.OOM, "killed", {"process_pid": kill["pid"], "cause": RAY_OOM_KILL,
+                                                   "detected_by": "ray", **kill.get("attrs", {})}, t=kill["t"])
+        finally:
+            writer.close()
 
     def _store(self, name: str, offset: int | None, data: bytes) -> None:
         path = self.run_dir / Path(name).name  # a bare file name: never a path out of the run

@@ -58,20 +58,34 @@ class NodeSampler:
         time.sleep(FLUSH_S)
         return self.pull()
 
+    def vanished(self) -> list[int]:
+        """Pids of the job's recorded workers on this node that are gone without an end: killed."""
+        return [int(meta["pid"]) for meta in self._job_metas() if not meta.get("end_time") and not alive(int(meta["pid"]))]
+
+    def _job_metas(self) -> list[dict[str, Any]]:
+        found = []
+        for path in self.node_dir.glob(f"{host_name()}-*{PROCESS_META_SUFFIX}"):
+            try:
+                meta = json.loads(path.read_text())
+            except (OSError, ValueError):
+                continue
+            if isinstance(meta, dict) and meta.get("ray_job_id") == self.job_id and isinstance(meta.get("pid"), int):
+                found.append({**meta, "_path": str(path)})
+        return found
+
     def _end_live_workers(self) -> None:
         """The job's recorded workers on this node still running when the driver finishes: Ray ends them
         right after (SIGKILL when the driver's own local cluster shuts down), past the last pull and
         before their recorder can write its end. Their metas get the job's end, said so
         (`end_time_source`): a host sampler then sees an end, not a death. Dead ones are left as they are."""
         now = time.time()
-        for path in self.node_dir.glob(f"{host_name()}-*{PROCESS_META_SUFFIX}"):
-            try:
-                meta = json.loads(path.read_text())
-                if (isinstance(meta, dict) and meta.get("ray_job_id") == self.job_id and not meta.get("end_time")
-                        and alive(int(meta.get("pid", 0)))):
+        for meta in self._job_metas():
+            path = Path(meta.pop("_path"))
+            if not meta.get("end_time") and alive(meta["pid"]):
+                try:
                     write_json(path, {**meta, "end_time": now, "end_time_source": "ray_job_end"})
-            except (OSError, ValueError, TypeError):
-                continue
+                except OSError:
+                    continue
 
     def record_ray_kills(self, kills: list[dict[str, Any]]) -> None:
         """Workers of this node that Ray's memory monitor killed (driver.py asks Ray's state API): one

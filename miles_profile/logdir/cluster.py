@@ -7,7 +7,7 @@ whose logs were never gathered, workers that ran without the run directory, a no
     {"format_version": 1, "hook_ran": true, "connected": true, "token": "...", "ray_version": "2.60.0", "job_id": "02000000", "driver_pid": N,
      "finished": true,
      "nodes": [{"node_id", "host", "machine", "sampler_pid", "node_dir", "shared", "start_s",
-                "state": "running" | "stopped" | "lost" | "failed", "lost_at", "error", "stems": [...]}],
+                "state": "running" | "stopped" | "lost" | "sampler_killed" | "failed", "lost_at", "error", "stems": [...]}],
      "unreached": [{"node_id", "pid", "title"}]}
 
 The hook writes `{"hook_ran": true, "connected": false, "driver_pid": N, "nodes": []}` before `ray.init`
@@ -66,6 +66,9 @@ def cluster_warnings(run_dir: Path, processes: list[dict[str, Any]]) -> list[str
             who = ", ".join(stems) if stems else "no recorded process seen"
             warnings.append(f"{_node(n)} was lost at {_clock(n.get('lost_at'))}: its processes ({who}) are "
                             f"recorded only up to their last gathered rows; the other nodes are complete")
+        elif state == "sampler_killed":
+            warnings.append(f"{_node(n)}: Ray's memory monitor killed our sampler there at {_clock(n.get('lost_at'))} "
+                            f"(with the job's workers); the node's host memory and logs end there")
         elif state == "failed":
             warnings.append(f"{_node(n)}: no sampler started ({n.get('error', '?')}); its host memory is missing")
         elif state == "running" and not n.get("shared"):
