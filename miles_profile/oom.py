@@ -39,6 +39,8 @@ MEMORY_EVENTS_ENV = "MILES_PROFILE_MEMORY_EVENTS"
 ATTRIBUTE_S = 2.0
 # Causes an `oom` event names (attrs["cause"]).
 OOM_KILL, SIGKILL, VANISHED = "oom_kill", "sigkill", "vanished"
+# A Ray worker that Ray's memory monitor killed (its own OOM killer, before the kernel's): cluster/driver.py.
+RAY_OOM_KILL = "ray_oom_kill"
 
 
 def find_counter(root: str | Path = "/sys/fs/cgroup", proc_cgroup: str | Path = "/proc/self/cgroup") -> Path | None:

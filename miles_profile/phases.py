@@ -12,6 +12,7 @@ import sys
 from typing import Any
 
 from miles_profile import names, recorder
+from miles_profile.cluster.env import node_run_dir
 from miles_profile.errors import MilesProfileError
 from miles_profile.probes.heap import heap_in_use
 
@@ -25,7 +26,8 @@ def _recorder() -> "recorder.Recorder | None":
     if rec is None and _env_run_dir:
         run_dir, _env_run_dir = _env_run_dir, None  # try once
         try:
-            rec = recorder.Recorder(run_dir=run_dir, interval_ms=_join_interval_ms).start()
+            # A Ray worker on a node with logs of its own writes there (cluster/env.py).
+            rec = recorder.Recorder(run_dir=node_run_dir(run_dir), interval_ms=_join_interval_ms).start()
         except (MilesProfileError, OSError) as exc:  # the job runs on, unrecorded
             recorder.log.warning("miles_profile: warning: not recording this process (pid %d): %s", os.getpid(), exc)
             rec = None

@@ -12,6 +12,7 @@ mid-run (the log is gone, and we say so).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import signal
 import subprocess
@@ -20,11 +21,14 @@ import sys
 import psutil
 
 from miles_profile import host_sampler, names, oom, stacks
+from miles_profile.cluster import launch as ray_launch
+from miles_profile.cluster.detect import RayDriverWatch
 from miles_profile.errors import MilesProfileError
 from miles_profile.identity import RUN_ID_ENV, host_name
 from miles_profile.integrations import autotag
 from miles_profile.integrations.tagged_by import integrations_of, read_process_metas, tagging_text
 from miles_profile.lifetime import child_dies_with_us
+from miles_profile.logdir.cluster import hook_missing_text, read_cluster, write_cluster
 from miles_profile.logdir.layout import PHASE_SELECTION_KEY, is_run_dir
 from miles_profile.phase_select import parse_phases
 from miles_profile.recorder import (
@@ -178,6 +182,9 @@ def refuse_a_command(trainer_args: list[str]) -> None:
 
 def run_trainer(args: argparse.Namespace, trainer_args: list[str]) -> int:
     refuse_a_command(trainer_args)
+    if any(a == "--launcher" and b == "ray" for a, b in zip(trainer_args, trainer_args[1:])):
+        # a Ray driver as our child: its actors join the run through the job's runtime env (docs/ray.md)
+        return run_child(args, [sys.executable, "-m", "trainer.train", *trainer_args], auto_tag=False)
     ranks = split_nproc(trainer_args)
     if ranks is not None:
         from trainer.args import parse_args
@@ -272,6 +279,10 @@ def run_child(args: argparse.Namespace, command: list[str], auto_tag: bool = Tru
     env = dict(os.environ, **({names.RUN_DIR_ENV: str(run_dir)} if run_dir else {}))
     if run_dir:
         env = autotag.child_env(env, enabled=auto_tag)
+    if run_dir:  # a Ray job carries the run to its workers through its runtime env (cluster/, docs/ray.md)
+        env = ray_launch.with_hook(env)
+        if ray_launch.is_job_submit(command):
+            command = ray_launch.submit_command(command, env)
     watched = (*FORWARDED, signal.SIGCHLD)
     host = None
     if run_dir:
@@ -310,8 +321,11 @@ def run_child(args: argparse.Namespace, command: list[str], auto_tag: bool = Tru
         recorder = None if run_dir is None else start_or_warn(Recorder(
             run_dir=run_dir, interval_ms=args.interval_ms, watch_dirs=args.watch_dir, child_pid=child.pid,
             command=command, disable=args.disable_probe))
+        ray_watch = None if recorder is None else RayDriverWatch(child.pid).start()
         try:
             code = wait_forwarding(child)
+            if ray_watch is not None:
+                tell_unreached_ray(recorder.run_dir, ray_watch.stop())
             if recorder is not None:
                 # How the command ended decides what a vanished descendant was (verdicts/oom.py).
                 if is_run_dir(recorder.run_dir):  # deleted mid-run: stop_and_tell says so, once
@@ -331,6 +345,15 @@ def run_child(args: argparse.Namespace, command: list[str], auto_tag: bool = Tru
         signal.pthread_sigmask(signal.SIG_UNBLOCK, watched)
     code = 128 - code if code < 0 else code
     return code if logged else with_log_lost(code)
+
+
+def tell_unreached_ray(run_dir, drivers: list[int]) -> None:
+    """A Ray driver ran but our hook never did: its workers' phases are lost; say so here and in the run."""
+    if not drivers or read_cluster(run_dir) is not None:
+        return
+    print(f"miles_profile: warning: {hook_missing_text(drivers)}", file=sys.stderr, flush=True)
+    with contextlib.suppress(OSError):
+        write_cluster(run_dir, {"hook_ran": False, "drivers": drivers, "nodes": []})
 
 
 def record_death(recorder: Recorder, pid: int, code: int, command: list[str], counter: oom.OomCounter,

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from miles_profile import host_sampler, names, stacks as stack_history
+from miles_profile.cluster.identity import ray_identity
 from miles_profile.errors import MilesProfileError
 from miles_profile.identity import RUN_ID_ENV, cuda_identity, host_name, process_identity
 from miles_profile.logdir.layout import new_run_dir, process_stem
@@ -177,6 +178,8 @@ class Recorder:
         self._identity = process_identity("exec_parent" if child_pid else "in_process")
         if child_pid:  # the reader relies on this role to tag rows sampled from outside
             self._identity["role"] = "exec_parent"
+        else:  # a Ray worker says which node, job, actor and bundle it is (cluster/identity.py)
+            self._identity.update(ray_identity() or {})
         self._run_id = run_id
         self._host_sampling = host_sampling  # take part in the election of the host sampler
         self._host: host_sampler.HostSampler | None = None
@@ -199,8 +202,10 @@ class Recorder:
         if self._host_sampling:
             # record (the outside sampler) and local rank 0 try first (not an engine process that
             # inherited its rank's LOCAL_RANK); see host_sampler.py.
+            # A Ray worker stands by: its node's sampler actor (cluster/node_sampler.py) samples the host.
             prefer = self._child_pid is not None or (self._identity["local_rank"] == 0
-                                                     and self._identity["role"] != "engine")
+                                                     and self._identity["role"] != "engine"
+                                                     and "ray_node_id" not in self._identity)
             self._host = host_sampler.join(run_dir, prefer=prefer)
         probes, probe_meta = self._open_probes()
         columns = Sampler.columns_of(probes)

@@ -88,6 +88,11 @@ def build_parser() -> argparse.ArgumentParser:
     _add_rollout_arguments(parser.add_argument_group("rollout"))
     _add_train_arguments(parser.add_argument_group("train"))
     _add_offload_arguments(parser.add_argument_group("offload and colocation"))
+    launch = parser.add_argument_group("launch")
+    launch.add_argument("--launcher", choices=["torchrun", "ray"], default="torchrun",
+                        help="ray: the ranks and their rollout engines as Ray actors in a placement group, two per "
+                             "bundle with half its resources each (take --nproc-per-node N too; RAY_ADDRESS names a "
+                             "cluster, else a local one starts); torchrun: as started (default: %(default)s)")
     return parser
 
 

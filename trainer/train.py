@@ -17,7 +17,8 @@ from pathlib import Path
 
 if __name__ == "__main__" and "--plan" not in sys.argv[1:]:  # a typo or --help answered before torch loads
     from trainer.args import check_flags
-    check_flags(sys.argv[1:])
+    from trainer.ray_launch import without_nproc
+    check_flags(without_nproc(sys.argv[1:]))  # --nproc-per-node goes with --launcher ray only
 
 import torch  # noqa: E402
 
@@ -287,6 +288,9 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if "--plan" in argv:
         return plan_cli.main(argv)
+    if "ray" in argv and any(a == "--launcher" and b == "ray" for a, b in zip(argv, argv[1:])):
+        from trainer import ray_launch  # ranks, engines as Ray actors (docs/ray.md)
+        return ray_launch.main(argv)
     cfg = parse_args(argv)  # exits 2 with one line on bad flags
     if dist.launched_by_torchrun():
         os.environ.setdefault(ROLE_ENV, "actor")  # before the first phase starts this rank's recorder

@@ -22,6 +22,7 @@ import pyarrow.csv as pacsv
 from miles_profile import names
 from miles_profile.command_exit import stop_signal
 from miles_profile.logdir import completeness
+from miles_profile.logdir.cluster import cluster_warnings
 from miles_profile.logdir.merge import alias_event_pids, copied_stems, pid_aliases
 from miles_profile.errors import MilesProfileError
 from miles_profile.logdir.events import EventProblems, parse_event_lines
@@ -221,6 +222,8 @@ def load_run(*paths: str | Path, sample_pids=None) -> Run:
     completeness.warn_unended([d for d, _ in dirs], processes, warnings)
     completeness.warn_missing_ranks(processes, warnings)
     completeness.warn_clock_skew(dirs, warnings)
+    for folder, _ in dirs:  # a Ray job's lost nodes and unreached workers (logdir/cluster.py)
+        warnings += cluster_warnings(folder, processes)
     phases = phases_from_events(events, samples)
     outside = [p["pid"] for p in processes if p.get("role") == "exec_parent"]
     if outside and len(samples):

@@ -191,12 +191,15 @@ class SampleWriter:
 class EventWriter:
     """JSON lines `{t, kind, name, pid, id, parent, attrs}`, written at once: events are rare."""
 
-    def __init__(self, run_dir: Path, stem: str, faults: WriteFaults | None = None):
+    def __init__(self, run_dir: Path, stem: str, faults: WriteFaults | None = None, *,
+                 pid: int | None = None, host: str | None = None):
+        """`pid`, `host`: whose events these are, when another process writes them (a Ray driver
+        writing for a node's sampler that Ray killed: cluster/driver.py)."""
         self.path = run_dir / f"{stem}{EVENTS_SUFFIX}"
         self._file = _AppendFile(self.path)
         self._lock = threading.Lock()
-        self._pid = os.getpid()
-        self._host = host_name()  # pids repeat across hosts: (host, pid, id) names a phase
+        self._pid = os.getpid() if pid is None else pid
+        self._host = host or host_name()  # pids repeat across hosts: (host, pid, id) names a phase
         self.faults = faults or WriteFaults()
 
     def write(self, kind: str, name: str, attrs: dict[str, Any] | None = None, *,

@@ -29,8 +29,10 @@ EXPLANATION = ("a process of the run was killed (the kernel's OOM killer, or SIG
 WINDOW_S = 10.0   # "what grew in the last N seconds before it died"
 STOP_WINDOW_S = 5.0  # a process that vanished this close to a command stopped by a signal ended with it
 TOP = 5           # series listed per death, the largest growths first
-_RANK = {"oom_kill": 0, "sigkill": 1, "vanished": 2}
-_HOW = {"oom_kill": "killed by the OOM killer", "sigkill": "killed by SIGKILL",
+# Ray's memory monitor kills (SIGKILL) before the kernel would: it outranks what the host sampler saw.
+_RANK = {"ray_oom_kill": -1, "oom_kill": 0, "sigkill": 1, "vanished": 2}
+_HOW = {"ray_oom_kill": "killed by Ray's memory monitor (Ray's OOM killer)", "oom_kill": "killed by the OOM killer",
+        "sigkill": "killed by SIGKILL",
         "vanished": "vanished without ending its recording (SIGKILL, an OOM kill or a crash)"}
 
 
@@ -81,7 +83,8 @@ def deaths_of(run) -> list[dict]:
         better = _RANK.get(event.get("cause"), 3) < _RANK.get(have.get("cause"), 3)
         combined = {**event, **have} if not better else {**have, **event}
         combined.update(t=min(have["t"], event["t"]), detected_by=have["detected_by"] + [event.get("detected_by")])
-        for k in ("signal", "returncode", "command", "role", "rank", "memory_max"):  # whoever knows it
+        for k in ("signal", "returncode", "command", "role", "rank", "memory_max",  # whoever knows it
+                  "ray_memory_used", "ray_memory_threshold"):
             combined[k] = have.get(k) if have.get(k) is not None else event.get(k)
         merged[key] = combined
     oom_hosts = {h for (h, _), d in merged.items() if d.get("cause") == "oom_kill"}
@@ -173,7 +176,17 @@ def _who(run, death: dict) -> str:
         return f"pid {pid} (the command{f' `{command}`' if command else ''})"
     role = death.get("role")
     rank = f" rank {death['rank']}" if death.get("rank") is not None and role in (names.ROLE_ACTOR, "engine") else ""
-    return f"pid {pid} ({role}{rank})" if role else f"pid {pid}"
+    return (f"pid {pid} ({role}{rank})" if role else f"pid {pid}") + _ray_actor(run, death)
+
+
+def _ray_actor(run, death: dict) -> str:
+    """`, Ray actor Trainer 'name' on host` for a recorded Ray worker (its meta's ray_* fields), else ''."""
+    meta = next((p for p in run.processes if p.get("pid") == death.get("process_pid")
+                 and str(p.get("host")) == death.get("host")), {})
+    if not meta.get("ray_actor_class"):
+        return ""
+    name = f" {meta['ray_actor_name']!r}" if meta.get("ray_actor_name") else ""
+    return f", Ray actor {meta['ray_actor_class']}{name} on {death.get('host')}"
 
 
 def finding_of(run, death: dict) -> Finding:
@@ -184,7 +197,9 @@ def finding_of(run, death: dict) -> Finding:
     where = f"in {phase[0]} of {'setup' if phase[1] < 0 else f'iteration {phase[1]}'} ({t - phase[2]:.1f} s into it)" \
         if phase else "before any phase"
     growth = ", ".join(f"{g['what']} +{format_size(g['growth'])}" for g in grew[:3]) or "nothing recorded grew"
-    message = (f"{_who(run, death)} {_HOW.get(death.get('cause'), 'died')} {where}; in the last {WINDOW_S:.0f} s: "
+    ray_numbers = (f" (node memory {format_size(death['ray_memory_used'])} over Ray's threshold "
+                   f"{format_size(death['ray_memory_threshold'])})" if death.get("ray_memory_threshold") else "")
+    message = (f"{_who(run, death)} {_HOW.get(death.get('cause'), 'died')}{ray_numbers} {where}; in the last {WINDOW_S:.0f} s: "
                f"{growth}; cgroup limit {format_size(limit) if limit else 'none (unlimited)'}")
     numbers = {"pid": pid, "host": death["host"], "cause": death.get("cause"), "t": t,
                "signal": death.get("signal"), "returncode": death.get("returncode"), "memory_max": limit,

@@ -38,7 +38,7 @@ def _with_cgroup_limit(tmp_path, limit: int):
 
 def test_a_host_peak_is_compared_with_the_cgroup_limit_that_applied(tmp_path):
     from miles_profile.logdir.reader import load_run
-    from miles_profile.report.peak import highest_peak
+    from miles_profile.runmodel.peak import highest_peak
     peak = highest_peak(load_run(_with_cgroup_limit(tmp_path, 1 << 30)))
     assert peak.total == 1 << 30 and peak.limit == "cgroup limit"
     assert f"of 1.0 GiB cgroup limit ({peak.bytes / (1 << 30):.0%})" in peak.text()
@@ -68,8 +68,8 @@ def test_threshold_sizes_take_units_and_shares_a_percent(tmp_path):
 
 def test_a_cpu_runs_report_speaks_of_host_memory_and_no_zero_rates():
     from miles_profile.logdir.reader import load_run
-    from miles_profile.report.ledger import ledger
-    from miles_profile.report.transitions import meter_of
+    from miles_profile.runmodel.ledger import ledger
+    from miles_profile.runmodel.transitions import meter_of
     from miles_profile.report.transitions_html import meter_rows
     from miles_profile.report.whatif_html import whatif_html
     run = load_run(REPO / "sample_logs" / "cpu")
@@ -85,9 +85,9 @@ def test_the_timeline_names_the_peaks_iteration_as_the_summary_does():
     it had the most phases and was taken as the main process; the timeline then counted its phases
     into "iteration 65" where the summary says 2, and the comparison's train cells were empty."""
     from miles_profile.logdir.reader import load_run
-    from miles_profile.report.peak import highest_peak
-    from miles_profile.report.series import main_pid
-    from miles_profile.report.timeline_marks import phase_at
+    from miles_profile.runmodel.peak import highest_peak
+    from miles_profile.runmodel.series import main_pid
+    from miles_profile.runmodel.timeline_marks import phase_at
     run = load_run(REPO / "sample_logs" / "h200" / "9-dist-engine-server")
     actor = next(p["pid"] for p in run.processes if p.get("role") == "actor")
     assert main_pid(run) == actor
