@@ -36,6 +36,7 @@ class NodeSampler:
         self.node_dir = node_run_dir(run_dir)
         self.shared = self.node_dir == self.run_dir and _holds_token(self.run_dir, token)
         self.sampler = host_sampler.HostSampler(self.node_dir, prefer=True).start()
+        self.metrics = _serve_metrics(self.node_dir)
         self._sent: dict[str, tuple[int, int]] = {}
         self._offsets: dict[str, int] = {}
         self.job_id = os.environ.get(RAY_JOB_ID_ENV, "")
@@ -55,6 +56,8 @@ class NodeSampler:
         """The last pull, once the job's recorders on this node flushed what they hold (every FLUSH_S)."""
         self._end_live_workers()
         self.sampler.stop()
+        if self.metrics is not None:
+            self.metrics.stop()
         time.sleep(FLUSH_S)
         return self.pull()
 
@@ -151,6 +154,15 @@ class NodeSampler:
                 title = "?"
             found.append({"pid": int(entry), "title": title})
         return found
+
+
+def _serve_metrics(node_dir: Path):
+    """This node's /metrics when `record --metrics-port` asked for one (docs/prometheus.md); the port in use
+    (the head node, where record serves it) or prometheus-client missing is one warning there, never an error."""
+    if not os.environ.get(names.METRICS_PORT_ENV):
+        return None
+    from miles_profile.metrics.server import serve_from_env  # only when a port was asked for
+    return serve_from_env(node_dir)
 
 
 def _holds_token(run_dir: Path, token: str) -> bool:

@@ -13,10 +13,10 @@ from typing import Iterator
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
 
 from miles_profile.metrics.readings import HostReading
-from miles_profile.oom import OOM_KILL, SIGKILL, VANISHED
+from miles_profile.oom import OOM_KILL, RAY_OOM_KILL, SIGKILL, VANISHED
 
 # Every known cause is exported from 0, so `increase()` sees the first kill; others (a Ray cause) join as seen.
-KILL_CAUSES = (OOM_KILL, SIGKILL, VANISHED)
+KILL_CAUSES = (OOM_KILL, SIGKILL, VANISHED, RAY_OOM_KILL)
 
 P = "miles_profile_"
 PROCESS = ["hostname", "rank", "role"]

@@ -11,6 +11,7 @@ import os
 import threading
 from typing import Any
 
+from miles_profile import names
 from miles_profile.identity import host_name
 from miles_profile.metrics.host_state import HostState
 
@@ -18,7 +19,7 @@ log = logging.getLogger("miles_profile")
 
 # `record --metrics-port` hands its port to the job's processes here, so that a per-node sampler the job
 # starts on another host (Ray's node actor) serves that node on the same port: `serve_from_env`.
-METRICS_PORT_ENV = "MILES_PROFILE_METRICS_PORT"
+METRICS_PORT_ENV = names.METRICS_PORT_ENV
 
 
 class MetricsServer:
