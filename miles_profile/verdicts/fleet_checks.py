@@ -24,7 +24,7 @@ from miles_profile.report import fleet, floor_trend
 from miles_profile.verdicts.common import size
 from miles_profile.verdicts.resolution import resolution_of
 from miles_profile.verdicts.trend import judge_floors, slopes_of, step_cause_of
-from miles_profile.verdicts.types import TOO_SMALL, CheckResult, Finding, gib
+from miles_profile.verdicts.types import JUDGED, TOO_SMALL, WARN, CheckResult, Finding, gib
 
 GiB = 1024 ** 3
 MiB = 1024 ** 2
@@ -83,9 +83,13 @@ def _result(name, title, explanation, findings, judged, worst, series, ok, bad) 
         f": {worst['message']}" if worst else ""
     spans = [f.span for f in findings if f.span]
     span = (min(s[0] for s in spans), max(s[1] for s in spans)) if spans else None
+    warned = [f for f in findings if f.status == WARN]
     if failed:
         summary = f"{len(failed)} of {len(findings)} {bad} (judged {counted}){where}"
         status = "fail"
+    elif warned:
+        summary = f"{len(warned)} of {len(findings)} unsure (judged {counted}); first: {warned[0].message}"
+        status = WARN
     else:
         summary = f"{len(findings)} {ok} (judged {counted}){where}"
         status = "pass"
@@ -266,13 +270,13 @@ def check_floor_trend_leak(table: pd.DataFrame, th: FleetThresholds) -> FleetChe
             if worst is None or score > worst["score"]:
                 worst = dict(finding.numbers, score=float(score), phase=finding.phase, iteration=finding.iteration,
                              message=_measured(finding.numbers))
-    if not any(f.status in ("pass", "fail", TOO_SMALL) for f in findings):
+    if not any(f.status in (*JUDGED, TOO_SMALL) for f in findings):
         why = findings[0].message if findings else "no GPU or process has a floor read throughout its iterations"
         return _na(name, title, explanation, why)
     result = _result(name, title, explanation, findings, judged, worst,
                      "NVML used per GPU; own memory per process (series read throughout each iteration)",
                      "floors without sustained growth", "floors growing steadily")
-    if not any(f.status in ("pass", "fail") for f in findings):
+    if not any(f.status in JUDGED for f in findings):
         result.status = TOO_SMALL
     steps = [f for f in findings if f.cause == "one_time_step"]
     if steps:
