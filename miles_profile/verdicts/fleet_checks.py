@@ -12,7 +12,7 @@ worst). There is one Finding per lane (or per process) judged, naming its worst 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 import numpy as np
@@ -44,6 +44,13 @@ class FleetThresholds:
     imbalance_share: float = 0.10
     imbalance_resolution_multiple: float = 2.0
     imbalance_min_peers: int = 3
+    # ... and an outlier fails only when it matters and recurs: its excess is above
+    # `imbalance_total_share` of the lane's total (the GPU's memory, or the host's) in at least
+    # `imbalance_min_iterations` iterations. An outlier that differs once, or by little against the
+    # total in several iterations, is a warning; once and by little, a pass (a process hosting the
+    # sampler, a one-time buffer). Peers' spread counts their variation over the iterations of a phase too.
+    imbalance_total_share: float = 0.02
+    imbalance_min_iterations: int = 2
     # floor_trend_leak: the leak rule of verdicts/trend.py per GPU and per process: the lower bound of
     # the Theil-Sen slope's 95 % interval times the iterations judged fails when above the largest of
     # `floor_trend_abs_bytes`, `floor_trend_share` of the lane's total and
@@ -163,6 +170,7 @@ def _with_small(result: FleetCheckResult, findings: list[Finding]) -> FleetCheck
 def _process_matrices(df: pd.DataFrame, lanes: pd.DataFrame):
     """Per role: (one dict per process, its own peak per (iteration, phase) cell, the cells)."""
     labels = dict(zip(lanes["lane"], lanes["label"]))
+    totals = dict(zip(lanes["lane"], lanes["total"])) if "total" in lanes else {}
     rows = df[df["own_peak"].notna()]
     if rows.empty:
         return
@@ -175,7 +183,7 @@ def _process_matrices(df: pd.DataFrame, lanes: pd.DataFrame):
         first = part.drop_duplicates("pid").set_index("pid").loc[pids]
         who = [dict(lane=r.lane, label=labels.get(r.lane, r.lane), host=r.host, gpu_uuid=r.gpu_uuid, pid=int(p),
                     rank=int(r.rank), role=role, ranks=str(r.rank), source=f"own memory ({r.own_series})",
-                    resolution=resolution_of(r.own_series or "rss"))
+                    resolution=resolution_of(r.own_series or "rss"), total=totals.get(r.lane, np.nan))
                for p, r in zip(pids, first.itertuples())]
         used = np.isfinite(values).any(axis=0)
         yield who, values[:, used], columns[used].reset_index(drop=True)
@@ -192,27 +200,69 @@ def _imbalance(values: np.ndarray, columns: pd.DataFrame, who: list[dict], th: F
     cols = columns[judged_cols].reset_index(drop=True)
     with np.errstate(all="ignore"):
         median = np.nanmedian(values, axis=0)
-        spread = _spread(values, median)
+        spread = np.fmax(_spread(values, median), _spread_over_iterations(values, median, cols))
         excess = values - median
         outlier = excess > np.fmax(th.imbalance_spread_z * spread, th.imbalance_share * median)
         floor = th.imbalance_resolution_multiple * np.array([w["resolution"] for w in who], dtype=float)[:, None]
         fails = outlier & (excess > floor)
         small = outlier & ~fails
+        totals = np.array([w.get("total", np.nan) for w in who], dtype=float)
+        matters_floor = np.where(np.isfinite(totals) & (totals > 0), th.imbalance_total_share * totals, 0.0)[:, None]
+        matters = fails & (excess > matters_floor)
+    iterations = cols["iteration"].to_numpy()
     findings, worst = [], None
     for r, w in enumerate(who):
         row = excess[r]
         if not np.isfinite(row).any():
             continue
         # the cell shown: the largest excess among the failing cells, else among the too small, else overall
-        shown = fails[r] if fails[r].any() else small[r]
+        shown = matters[r] if matters[r].any() else (fails[r] if fails[r].any() else small[r])
         c = int(np.nanargmax(np.where(shown, row, -np.inf))) if shown.any() else int(np.nanargmax(row))
+        recur = (len(set(iterations[matters[r]])), len(set(iterations[fails[r]])))
         finding = _imbalance_finding(w, cols.iloc[c], values[r, c], median[c], spread[c], int(peers[c]),
-                                     int(fails[r].sum()), bool(small[r].any()), floor[r, 0], peers_name)
+                                     int(fails[r].sum()), bool(small[r].any()), floor[r, 0], peers_name,
+                                     recur, float(matters_floor[r, 0]), th.imbalance_min_iterations)
+        if finding.status == "fail" and _grows(row, iterations, fails[r]):
+            finding = replace(finding, status=WARN, cause="sustained_growth",
+                              message=finding.message.replace("an outlier among its peers", "") +
+                              "its excess grows with the iterations: a leak of this process, "
+                              "judged by leak and floor_trend_leak, not an imbalance")
         findings.append(finding)
         if worst is None or row[c] > worst["excess"]:
             worst = dict(finding.numbers, phase=finding.phase, iteration=finding.iteration,
                          message=f"{cols.iloc[c]['label']} {gib(row[c])} over the median of {peers_name}")
     return findings, worst
+
+
+def _grows(excess: np.ndarray, iterations: np.ndarray, over: np.ndarray) -> bool:
+    """The excess rises with the iterations (rank correlation above 0.8) from a first iteration where it
+    was under a third of its last: the process's floor climbs, a leak for the leak checks to name."""
+    ok = np.isfinite(excess) & (iterations >= 0)
+    if ok.sum() < 4 or not over.any():
+        return False
+    it, ex = iterations[ok], excess[ok]
+    first, last = ex[it == it.min()].max(), ex[it == it.max()].max()
+    if not last > 3 * max(first, 0.0):
+        return False
+    from scipy.stats import spearmanr
+    rho = spearmanr(it, ex).statistic
+    return bool(np.isfinite(rho) and rho > 0.8)
+
+
+def _spread_over_iterations(values: np.ndarray, median: np.ndarray, cols: pd.DataFrame) -> np.ndarray:
+    """Per cell, how much the peers' own peaks of that phase move over its iterations: the median over
+    peers of each one's median absolute deviation across the phase's cells (scaled), so a phase whose
+    peaks move by 0.1 GiB between iterations does not call a 0.1 GiB difference an outlier."""
+    out = np.zeros(values.shape[1])
+    for _, idx in cols.groupby("phase", sort=False).indices.items():
+        if len(idx) < 3:
+            continue
+        part = values[:, idx]
+        own = np.nanmedian(part, axis=1, keepdims=True)
+        mad = 1.4826 * np.nanmedian(np.abs(part - own), axis=1)
+        if np.isfinite(mad).any():
+            out[idx] = np.nanmedian(mad)
+    return out
 
 
 def _spread(values: np.ndarray, median: np.ndarray) -> np.ndarray:
@@ -222,21 +272,34 @@ def _spread(values: np.ndarray, median: np.ndarray) -> np.ndarray:
 
 
 def _imbalance_finding(w: dict, col, value: float, median: float, spread: float, peers: int, cells_over: int,
-                       small: bool, floor: float, peers_name: str) -> Finding:
+                       small: bool, floor: float, peers_name: str, recur: tuple[int, int] = (0, 0),
+                       matters_floor: float = 0.0, min_iterations: int = 2) -> Finding:
     excess = value - median
     name = w["label"] + (f" pid {w['pid']}" if "pid" in w else "") + f" (ranks {w['ranks'] or '?'})"
+    mattering, over = recur  # iterations over the total's share, and iterations over the peers at all
     status = "fail" if cells_over else (TOO_SMALL if small else "pass")
+    if status == "fail":  # an outlier: it fails only where it matters against the total and recurs
+        status = "fail" if mattering >= min_iterations else (WARN if mattering or over >= min_iterations else "pass")
     message = (f"{name}: {col['label']} peak {gib(value)}, median of {peers} {peers_name} {gib(median)} "
                f"({excess / median:+.1%}, peers' spread ±{size(spread)})")
     if status == "fail":
-        message += f"; {cells_over} cells over: an outlier among its peers"
+        message += (f"; over its peers by more than {gib(matters_floor)} of the total in {mattering} iterations: "
+                    f"an outlier among its peers")
+    elif status == WARN:
+        message += ("; over its peers in one iteration only" if over < min_iterations else
+                    f"; over its peers in {over} iterations, but by less than {gib(matters_floor)} of the total")
+        message += ": unsure, not an imbalance yet"
+    elif cells_over:
+        message += f"; over its peers once, by less than {gib(matters_floor)} of the total: not an imbalance"
     elif status == TOO_SMALL:
         message = (f"{name}: too small to judge ({col['label']}: {gib(excess)} above the median of {peers} "
                    f"{peers_name}, below {gib(floor)}, twice the resolution {gib(w['resolution'])} of {w['source']})")
     numbers = _where(w, pid=w.get("pid"), excess=float(excess), median=float(median), spread=float(spread),
-                     cells_over=cells_over, series=w["source"])
+                     cells_over=cells_over, series=w["source"], iterations_over=over,
+                     iterations_mattering=mattering, matters_above=matters_floor)
+    cause = {"fail": "rank_outlier", WARN: "differs_once"}.get(status)
     return Finding(status, message, (col["t0"], col["t1"]), col["phase"], int(col["iteration"]), numbers,
-                   cause="rank_outlier" if status == "fail" else None, series=w["source"],
+                   cause=cause, series=w["source"],
                    resolution=float(w["resolution"]))
 
 
