@@ -496,6 +496,22 @@ def _delegated_floors(df: pd.DataFrame, offloads: pd.DataFrame) -> pd.Series:
     return pd.Series(out, dtype=float)
 
 
+def _separate_footprints(foot: pd.DataFrame) -> pd.Series:
+    """Per lane: whether a process of another role than the training processes runs generate without
+    training (an engine server beside its actor). Two data-parallel ranks that each run the whole loop,
+    or an actor beside a reference model of the same role, share a GPU without being a colocated
+    train/rollout pair: each process's own serialized_peaks judges its footprints; their sum is not two
+    footprints (issue 30)."""
+    role = foot.drop_duplicates("pid").set_index("pid")["role"].astype(str).to_dict()
+    sets = foot.groupby(["lane_code", "phase"])["pid"].agg(lambda s: frozenset(s)).unstack("phase")
+    if names.TRAIN not in sets or names.GENERATE not in sets:
+        return pd.Series(False, index=sets.index)
+    train = sets[names.TRAIN].apply(lambda v: v if isinstance(v, frozenset) else frozenset())
+    gen = sets[names.GENERATE].apply(lambda v: v if isinstance(v, frozenset) else frozenset())
+    return pd.Series([any(role.get(p) not in {role.get(q) for q in t} for p in g - t) for t, g in zip(train, gen)],
+                     index=sets.index)
+
+
 def _serialized_judge(df: pd.DataFrame, th: FleetThresholds, full: pd.DataFrame | None = None) -> pd.DataFrame:
     """The train and generate rows of the lanes that can be judged, with `together` (their process's peak
     plus what each other process of the lane held in their window, all above the processes' bases),
@@ -511,7 +527,8 @@ def _serialized_judge(df: pd.DataFrame, th: FleetThresholds, full: pd.DataFrame 
     # one process holding both footprints: its own memory already is their sum (serialized_peaks judges it)
     one_process = (per_lane["nunique"] == 1).all(axis=1) & \
         (per_lane["min"][names.TRAIN] == per_lane["min"][names.GENERATE])
-    ok = both & ~one_process & (pids_per_lane.reindex(both.index) >= 2)
+    ok = both & ~one_process & (pids_per_lane.reindex(both.index) >= 2) & _separate_footprints(foot).reindex(
+        both.index, fill_value=False)
     # A host lane (a run without GPUs) holds both footprints by design unless the training state
     # leaves host memory (an offload_train that moves bytes, e.g. to disk): with target cpu nothing moves.
     moves = df[(df["phase"] == names.OFFLOAD_TRAIN) & (df["expected_bytes"] > 0)]["lane_code"].unique()
