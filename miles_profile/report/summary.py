@@ -160,7 +160,7 @@ class Summary:
 def summarize(run, checks: list[CheckResult], status: str, coverage: str = "") -> Summary:
     failing = [(c, _first_failure(c)) for c in checks if c.status == "fail"]
     warning = [(c, next((f for f in c.findings if f.status == "warn"), None)) for c in checks if c.status == "warn"]
-    killed = next((c.findings for c in checks if c.name == OOM_CHECK and c.status == "fail"), [])
+    killed = next((c.findings for c in checks if c.name == OOM_CHECK and c.status in ("fail", "warn")), [])
     code = command_exit(run)
     return Summary(status, highest_peak(run), _offload_kinds(checks), failing, _headroom(checks), list(killed),
                    None if killed else code, warning, coverage)  # a kill already says why the command ended

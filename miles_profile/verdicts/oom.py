@@ -2,7 +2,8 @@
 what grew in the WINDOW_S seconds before, and the cgroup's limit. Pure: reads the run's `oom` events
 (miles_profile/oom.py writes them) and the processes the reader marked `died`, never a file.
 
-    check_oom(run) -> CheckResult       # "fail" for every killed process; "n/a" when none was
+    check_oom(run) -> CheckResult       # "fail" for an OOM kill, "warn" for another SIGKILL or a vanishing;
+                                        # "n/a" when none was
     deaths_of(run) -> list[dict]        # the merged death records, one per process
 
 One process, one finding, however many saw it die: `record --exec` (its exit status: the signal) and
@@ -146,6 +147,26 @@ def grew_before(run, t: float, window_s: float = WINDOW_S) -> list[dict]:
     return sorted(out, key=lambda g: -g["growth"])[:TOP]
 
 
+LOW_ROOM_SHARE = 0.10  # memory left, as a share of the host's (or cgroup's) total, under which a kill may be OOM
+
+
+def _room_at(run, death: dict, limit: int | None) -> float | None:
+    """The smallest share of memory left on the dead process's host in the WINDOW_S before its death (the
+    host's available memory, and the cgroup's limit minus its usage where it has one); None unmeasured."""
+    host = run.host_samples
+    if not len(host) or "host_available" not in host:
+        return None
+    frame = host[(host["host"].astype(str) == str(death.get("host"))) & (host["t"] <= death["t"])
+                 & (host["t"] >= death["t"] - WINDOW_S)]
+    if frame.empty:
+        return None
+    shares = pd_num(frame["host_available"]) / pd_num(frame["host_total"])
+    if limit and "cgroup_usage" in frame:
+        shares = np.concatenate([shares, 1 - pd_num(frame["cgroup_usage"]) / float(limit)])
+    shares = shares[np.isfinite(shares)]
+    return float(shares.min()) if len(shares) else None
+
+
 def pd_num(series) -> np.ndarray:
     import pandas as pd
     return pd.to_numeric(series, errors="coerce").to_numpy(float)
@@ -192,7 +213,16 @@ def finding_of(run, death: dict) -> Finding:
                "iteration": phase[1] if phase else None, "window_s": WINDOW_S, "grew": grew,
                "detected_by": [d for d in death.get("detected_by", []) if d]}
     # No `phase` on the finding: a death ends the whole run, and no --phase selection may hide it.
-    return Finding("fail", message, span=(t - WINDOW_S, t), numbers=numbers, cause=death.get("cause"),
+    # The OOM killer (its counter moved) is a memory failure, and so is a SIGKILL or a vanishing with memory
+    # short. With plenty left (the host's and the cgroup's) and no OOM kill counted, it was not memory that
+    # killed it (a launcher's kill -9, a scheduler's preemption): shown first, but a warning.
+    room = _room_at(run, death, limit)
+    status = "fail" if death.get("cause") == "oom_kill" or room is None or room < LOW_ROOM_SHARE else "warn"
+    numbers["room_share"] = room
+    if status == "warn":
+        message += (f"; {room:.0%} of the memory was still free and no OOM kill was counted: not judged a memory "
+                    "failure")
+    return Finding(status, message, span=(t - WINDOW_S, t), numbers=numbers, cause=death.get("cause"),
                    series=grew[0]["series"] if grew else None)
 
 
@@ -235,5 +265,6 @@ def check_oom(run) -> CheckResult:
     span = (min(f.span[0] for f in findings), max(f.span[1] for f in findings))
     summary = findings[0].message if len(findings) == 1 else \
         f"{len(findings)} processes killed; first: {findings[0].message}"
-    return CheckResult(NAME, TITLE, "fail", summary, EXPLANATION, span, findings,
+    status = "fail" if any(f.status == "fail" for f in findings) else "warn"
+    return CheckResult(NAME, TITLE, status, summary, EXPLANATION, span, findings,
                        "RSS, NVML, host and cgroup memory before the death")
