@@ -222,7 +222,8 @@ def _imbalance(values: np.ndarray, columns: pd.DataFrame, who: list[dict], th: F
         finding = _imbalance_finding(w, cols.iloc[c], values[r, c], median[c], spread[c], int(peers[c]),
                                      int(fails[r].sum()), bool(small[r].any()), floor[r, 0], peers_name,
                                      recur, float(matters_floor[r, 0]), th.imbalance_min_iterations)
-        if finding.status == "fail" and _grows(row, iterations, fails[r]):
+        same = (cols["phase"] == cols.iloc[c]["phase"]).to_numpy()  # the shown phase's cells, over iterations
+        if finding.status == "fail" and _grows(row[same], iterations[same], fails[r][same]):
             finding = replace(finding, status=WARN, cause="sustained_growth",
                               message=finding.message.replace("an outlier among its peers", "") +
                               "its excess grows with the iterations: a leak of this process, "
@@ -236,13 +237,19 @@ def _imbalance(values: np.ndarray, columns: pd.DataFrame, who: list[dict], th: F
 
 def _grows(excess: np.ndarray, iterations: np.ndarray, over: np.ndarray) -> bool:
     """The excess rises with the iterations (rank correlation above 0.8) from a first iteration where it
-    was under a third of its last: the process's floor climbs, a leak for the leak checks to name."""
+    was under a third of its highest: the process's floor climbs, a leak for the leak checks to name (a
+    cleanup at the end of the run may drop it again)."""
     ok = np.isfinite(excess) & (iterations >= 0)
     if ok.sum() < 4 or not over.any():
         return False
-    it, ex = iterations[ok], excess[ok]
-    first, last = ex[it == it.min()].max(), ex[it == it.max()].max()
+    order = np.argsort(iterations[ok], kind="stable")
+    it, ex = iterations[ok][order], excess[ok][order]
+    first, last = ex[it == it.min()].max(), ex.max()
     if not last > 3 * max(first, 0.0):
+        return False
+    upto = int(np.argmax(ex)) + 1  # up to its highest: a cleanup at the end does not hide the climb
+    it, ex = it[:upto], ex[:upto]
+    if len(it) < 4:
         return False
     from scipy.stats import spearmanr
     rho = spearmanr(it, ex).statistic
