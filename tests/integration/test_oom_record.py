@@ -267,3 +267,30 @@ def test_the_report_and_the_dashboard_show_the_death_first_and_its_link_zooms_to
             assert "badge-warn" in page.locator("#summary-status").get_attribute("class")
         finally:
             page.close()
+
+
+def test_a_kill_9_of_record_itself_cuts_the_run_and_warns(tmp_path):
+    """`record` killed mid-run: nothing says the run ended; once nothing was written for STALE_S, the oom
+    check warns that the recording was cut, at which iteration (issue 30: it reported PASS, no word)."""
+    from miles_profile.verdicts.oom import STALE_S, check_oom, cut_recording
+    program = tmp_path / "loop.py"
+    program.write_text("import time, numpy as np, miles_profile as mp\n"
+                       "for it in range(500):\n"
+                       "    with mp.phase('train', rollout_id=it):\n"
+                       "        a = np.ones(4 << 20, dtype=np.uint8); time.sleep(0.05)\n")
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    record = subprocess.Popen([sys.executable, "-m", "miles_profile.record", "--log-dir", str(tmp_path / "logs"),
+                               "--exec", "--", sys.executable, str(program)], env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        time.sleep(6)
+        os.kill(record.pid, signal.SIGKILL)
+        record.wait(timeout=30)
+    finally:
+        os.killpg(record.pid, signal.SIGKILL)  # the orphaned child, in record's own session
+    run = mp.load(next((tmp_path / "logs").glob("run-*")))
+    assert cut_recording(run) is None  # written seconds ago: maybe still live
+    cut = cut_recording(run, now=float(run.samples["t"].max()) + STALE_S + 1)
+    assert cut is not None and cut.status == "warn" and "the recording was cut" in cut.message
+    assert "the last iteration recorded is" in cut.message
+    assert check_oom(run).status in ("n/a", "warn")  # never a failure for a recorder killed with memory free
