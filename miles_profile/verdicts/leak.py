@@ -20,7 +20,7 @@ from miles_profile.report.stats import phase_instances
 from miles_profile.verdicts.common import (
     Tracks, nanmax, nanmin, not_applicable, unfinished_iterations, verdict, window)
 from miles_profile.verdicts.resolution import resolution_of
-from miles_profile.verdicts.trend import judge_floors, step_cause_of
+from miles_profile.verdicts.trend import STEP_CAUSES, judge_floors, step_cause_of
 from miles_profile.verdicts.types import TOO_SMALL, CheckResult, Finding, Thresholds, gib
 
 
@@ -73,8 +73,11 @@ def _judge_track(run, track: Track, spans, instances, th: Thresholds) -> Finding
     moved = ""
     if track.name == "host" and np.isfinite(floors).sum() < th.leak_min_iterations:
         floors, moved = _without_declared_host_state(run, track.pid, floors)
+    cause = step_cause_of(kind)
+    if kind == "host" and not _has_offload(run, track.pid):  # never blame an offload round trip without one
+        cause = STEP_CAUSES["host_no_offload"]
     judged = judge_floors(spans.index.to_numpy(), floors, resolution=resolution, allowed=allowed,
-                          min_iterations=th.leak_min_iterations, step_cause=step_cause_of(kind), over=over)
+                          min_iterations=th.leak_min_iterations, step_cause=cause, over=over)
     text = judged.text + moved + (file_backed_note(run, track, spans) if track.name == "host" else "")
     if judged.cause == "one_time_step" and track.name == "host":
         text += _declared_host_state(run, track.pid, judged.numbers["step"])
@@ -119,6 +122,13 @@ def file_backed_note(run, track: Track, spans) -> str:
     if abs(b - a) < 16 * 1024 ** 2:
         return ""
     return f"; file-backed pages (rss_file, page cache the kernel reclaims, not judged) {gib(a)} → {gib(b)}"
+
+
+def _has_offload(run, pid: int) -> bool:
+    phases = run.phases
+    if phases.empty or "name" not in phases:
+        return False
+    return bool(phases[phases["pid"] == pid]["name"].astype(str).str.startswith("offload").any())
 
 
 def read_share(track: Track, instances) -> float:

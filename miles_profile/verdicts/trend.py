@@ -258,6 +258,10 @@ STEP_CAUSES = {
     "host": ("glibc keeps freed memory in its heap after an offload round trip (the freed CPU copies of "
              "tensors): set MALLOC_TRIM_THRESHOLD_ (e.g. 0) or MALLOC_ARENA_MAX=2, call "
              "ctypes.CDLL('libc.so.6').malloc_trim(0) after the onload, or run with jemalloc"),
+    # a run with no offload: glibc keeps freed memory too, but no round trip made it
+    "host_no_offload": ("glibc keeps freed memory in its heap (freed blocks below its mmap threshold stay "
+                        "resident): set MALLOC_TRIM_THRESHOLD_ (e.g. 0) or MALLOC_ARENA_MAX=2, or call "
+                        "ctypes.CDLL('libc.so.6').malloc_trim(0) after the phase that freed them"),
     "device": ("the CUDA caching allocator keeps freed blocks reserved: call torch.cuda.empty_cache() after "
                "the phase that freed them, or set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"),
     "allocated": ("tensors allocated once and kept (optimizer state created at the first step, a cache "

@@ -259,3 +259,11 @@ def test_seven_iterations_of_a_noisy_leak_still_fail(seed):
     floors = GiB + 32 * MiB * np.arange(7) + np.random.default_rng(seed).normal(0, 4 * MiB, 7)
     judged = judge_floors(np.arange(1, 8), floors, resolution=8 * MiB, allowed=81 * MiB, min_iterations=5)
     assert judged.status == "fail", judged.text
+
+
+def test_a_host_step_in_a_run_without_offloads_never_blames_an_offload_round_trip():
+    # issue 30: leak blamed "glibc ... after an offload round trip" on runs with no offload
+    result = check_leak(_run([GiB, GiB, GiB, 2 * GiB, 2 * GiB, 2 * GiB, 2 * GiB]), TH)
+    step = _host(result)
+    assert step.cause == "one_time_step", step.message
+    assert "glibc keeps freed memory" in step.message and "offload round trip" not in step.message
