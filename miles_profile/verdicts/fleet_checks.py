@@ -251,8 +251,11 @@ def _grows(excess: np.ndarray, iterations: np.ndarray, over: np.ndarray) -> bool
     it, ex = it[:upto], ex[:upto]
     if len(it) < 4:
         return False
-    from scipy.stats import spearmanr
-    rho = spearmanr(it, ex).statistic
+    # Spearman's rank correlation in numpy (the GPU machine has no scipy; ties get their order's rank)
+    ranks = [np.argsort(np.argsort(v, kind="stable"), kind="stable").astype(float) for v in (it, ex)]
+    if ranks[1].std() == 0 or ranks[0].std() == 0:
+        return False
+    rho = float(np.corrcoef(ranks[0], ranks[1])[0, 1])
     return bool(np.isfinite(rho) and rho > 0.8)
 
 
