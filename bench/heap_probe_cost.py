@@ -1,6 +1,8 @@
 """What `record --heap` costs: each heap read (glibc's mallinfo2) timed beside the process probe's read
 (/proc/self/status, every sample anyway), in the same sampler thread of a real cpu-preset trainer run,
-and the run's wall time with and without the heap probe, alternated.
+and the run's wall time with and without the heap probe, alternated. `--modes off boundaries every`
+also times the default (the heap read at phase boundaries only, what offload_drop needs on the host):
+the time spent in heap reads per run and the wall time of each mode.
 
     PYTHONPATH=. python bench/heap_probe_cost.py [--rounds 2] [trainer flags]
         (default flags: --preset cpu --num-rollout 2 and every offload, state to disk)
@@ -42,7 +44,7 @@ def _timed(cls, sink: list[float]):
     return read, timed
 
 
-def _one_run(argv: list[str], heap: bool, heap_reads: list[float], process_reads: list[float]) -> float:
+def _one_run(argv: list[str], heap, heap_reads: list[float], process_reads: list[float]) -> float:
     cfg = parse_args(argv, cuda_available=False)
     heap_read, HeapProbe.read = _timed(HeapProbe, heap_reads)
     process_read, OwnProcessProbe.read = _timed(OwnProcessProbe, process_reads)
@@ -64,8 +66,12 @@ def _quantiles(values: list[float]) -> str:
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="bench/heap_probe_cost.py")
     parser.add_argument("--rounds", type=int, default=2, help="runs with and without the heap probe, alternated")
+    parser.add_argument("--modes", nargs="+", choices=["off", "boundaries", "every"],
+                        help="compare these heap modes instead (time in heap reads and wall time per mode)")
     options, flags = parser.parse_known_args(argv)
     flags = flags or DEFAULT + [tempfile.mkdtemp(prefix="heap-bench-")]
+    if options.modes:
+        return _modes(flags, options.modes, options.rounds)
     heap_reads: list[float] = []
     process_reads: list[float] = []
     walls: dict[bool, list[float]] = {False: [], True: []}
@@ -78,6 +84,26 @@ def main(argv: list[str]) -> int:
     off, on = statistics.median(walls[False]), statistics.median(walls[True])
     print(f"trainer wall time: without {off:.2f} s, with {on:.2f} s, ratio {on / off:.3f} "
           f"(medians of {options.rounds} alternated runs)")
+    return 0
+
+
+def _modes(flags: list[str], modes: list[str], rounds: int) -> int:
+    spent: dict[str, list[float]] = {m: [] for m in modes}
+    walls: dict[str, list[float]] = {m: [] for m in modes}
+    calls: dict[str, list[int]] = {m: [] for m in modes}
+    for _ in range(rounds):
+        for mode in modes:
+            reads: list[float] = []
+            walls[mode].append(_one_run(flags, "" if mode == "off" else mode, reads, []))
+            real = [r for r in reads if r > 2e-6]  # a periodic row in boundary mode returns at once
+            spent[mode].append(sum(real))
+            calls[mode].append(len(real))
+    base = statistics.median(walls[modes[0]])
+    for mode in modes:
+        wall = statistics.median(walls[mode])
+        print(f"heap {mode:10}: wall {wall:.2f} s (x{wall / base:.3f} of {modes[0]}), heap reads "
+              f"{statistics.median(calls[mode]):.0f} taking {statistics.median(spent[mode]) * 1e3:.1f} ms per run "
+              f"({statistics.median(spent[mode]) / wall:.3%} of the wall time; medians of {rounds} alternated runs)")
     return 0
 
 

@@ -43,6 +43,9 @@ def pytest_addoption(parser):
     group.addoption("--memory-interval-ms", type=float, default=10.0, metavar="MS",
                     help="sampling interval of memory_limit tests (default: %(default)s; true peaks between "
                          "samples are kept whatever it is)")
+    group.addoption("--memory-strict", action="store_true", default=False,
+                    help="fail a memory_limit test whose verdict is WARN (ambiguous evidence) as visualize "
+                         "--strict exits 1 on it; default: a pytest warning")
 
 
 def pytest_configure(config):
@@ -142,5 +145,11 @@ def _judge(item, run_dir, limits: dict) -> None:
     for check in verdict.checks:
         if check.status == "n/a":
             item.warn(pytest.PytestWarning(check.summary))
-    if verdict.exit_code:
-        pytest.fail("; ".join(summary for _, summary in verdict.failures()), pytrace=False)
+    for name, summary in verdict.warnings():
+        if name != "coverage":  # a limit that judged nothing has said so above
+            item.warn(pytest.PytestWarning(f"WARN {name}: {summary}"))
+    strict = bool(item.config.getoption("--memory-strict", default=False))
+    if verdict.exit_code_for(strict):
+        reasons = verdict.failures() or verdict.warnings()
+        pytest.fail("; ".join(f"{'WARN ' if verdict.status == 'warn' else ''}{summary}" for _, summary in reasons),
+                    pytrace=False)

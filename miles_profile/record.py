@@ -103,10 +103,15 @@ def build_parser() -> argparse.ArgumentParser:
                         help="also sample the bytes in files under DIR (an offload dir); repeatable")
     parser.add_argument("--disable-probe", action="append", default=[], choices=OPTIONAL_PROBES,
                         help="leave out an optional source (its columns are absent); repeatable")
-    parser.add_argument("--heap", action="store_true",
-                        help="also sample glibc's heap in use in every recorded process (opt-in: each read walks "
-                             "malloc's free lists under its lock, about 0.2 ms, up to 20 ms seen); the report then "
-                             "judges the trainer's host forecast against it (docs/forecast.md)")
+    heap = parser.add_mutually_exclusive_group()
+    heap.add_argument("--heap", action="store_true",
+                      help="sample glibc's heap in use at every sample of every recorded process, not only at its "
+                           "phase boundaries (the default, for offload_drop on the host): each read walks malloc's "
+                           "free lists under its lock, about 0.2 ms, up to 20 ms seen; the report then judges the "
+                           "trainer's host forecast against it (docs/forecast.md)")
+    heap.add_argument("--no-heap", action="store_true",
+                      help="never read glibc's heap, not even at phase boundaries (host offloads are then judged "
+                           "on RSS alone: a fall passes, no fall is not judged)")
     parser.add_argument("--run-id", default=None, metavar="ID",
                         help="id shared by the run directories of one run on several hosts, so that "
                              "`visualize A B` merges them (default: $MILES_PROFILE_RUN_ID, else the new "
@@ -425,11 +430,10 @@ def main(argv: list[str] | None = None) -> int:
         return exc.exit_code
     if args.run_id:
         os.environ[RUN_ID_ENV] = args.run_id  # children that start runs of their own (other launches) agree
-    if args.heap:
-        os.environ[names.HEAP_ENV] = "1"  # every recorder of the run, in this process or a child, samples it
+    if args.heap or args.no_heap:  # every recorder of the run, in this process or a child, follows it
+        os.environ[names.HEAP_ENV] = "1" if args.heap else "0"
     if args.metrics_port is not None:  # a per-node sampler the job starts elsewhere (Ray) serves on the same port
-        from miles_profile.metrics.server import METRICS_PORT_ENV
-        os.environ[METRICS_PORT_ENV] = str(args.metrics_port)
+        os.environ[names.METRICS_PORT_ENV] = str(args.metrics_port)
     if args.stacks:  # likewise: each recording process (not the outside sampler) records its own stacks
         os.environ[stacks.STACKS_ENV] = args.stacks
         os.environ[stacks.MAX_ENTRIES_ENV] = str(args.stacks_max_entries)

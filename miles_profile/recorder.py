@@ -140,7 +140,9 @@ class Recorder:
     handed one by `record --exec`). `run_id`: the id that the directories of one run on several hosts
     share (default $MILES_PROFILE_RUN_ID, else the new directory's name). `host_sampling`: take part in
     electing this host's sampler (host_sampler.py); off, this process reads host memory and NVML itself.
-    `heap`: also sample glibc's heap in use (probes/heap.py; default: $MILES_PROFILE_HEAP is "1").
+    `heap`: True: sample glibc's heap in use at every sample (probes/heap.py); False: never; None (default):
+    $MILES_PROFILE_HEAP: "1" every sample (`record --heap`), "0" never (`record --no-heap`), else at phase
+    boundaries only (what offload_drop needs on the host, at two reads per phase).
     `stacks`: "peak" or a phase name: CUDA allocation stacks around one phase (stacks.py; default:
     $MILES_PROFILE_STACKS, as `record --stacks` sets it), at most `stacks_max_entries` history entries.
     """
@@ -149,7 +151,7 @@ class Recorder:
                  interval_ms: float = DEFAULT_INTERVAL_MS, watch_dirs: Iterable[str] = (),
                  child_pid: int | None = None, command: list[str] | None = None,
                  flush_interval_s: float = 0.5, disable: Iterable[str] = (), host_sampling: bool = True,
-                 run_id: str | None = None, run_meta: dict[str, Any] | None = None, heap: bool | None = None,
+                 run_id: str | None = None, run_meta: dict[str, Any] | None = None, heap: bool | str | None = None,
                  stacks: str | None = None, stacks_max_entries: int | None = None):
         interval_ms = check_interval_ms(interval_ms)
         self._run_meta = dict(run_meta or {})  # more run meta keys, for a run this recorder creates
@@ -164,7 +166,12 @@ class Recorder:
         if unknown:
             raise MilesProfileError(f"unknown probe {sorted(unknown)[0]!r}; optional probes: {', '.join(OPTIONAL_PROBES)}")
         self._disable = frozenset(disable)
-        self._heap = os.environ.get(names.HEAP_ENV) == "1" if heap is None else heap
+        env = os.environ.get(names.HEAP_ENV, "")
+        # "every", "boundaries" or "" (off)
+        if isinstance(heap, str):  # "every", "boundaries" or "" (bench/heap_probe_cost.py compares them)
+            self._heap = heap
+        else:
+            self._heap = ("every" if heap else "") if heap is not None else {"1": "every", "0": ""}.get(env, "boundaries")
         self.samples_heap = False  # whether the heap probe opened (phases.heap_baseline)
         self._ids = itertools.count(1)
         self._open: dict[int, str] = {}  # open phases by id, in begin order
@@ -334,11 +341,12 @@ class Recorder:
             meta.append({"name": "heap", "active": False,
                          "reason": "another process's heap can't be read from here (a recorded child reads its own)"})
         elif self._heap:
-            heap, heap_meta = open_heap()
+            heap, heap_meta = open_heap(every_sample=self._heap == "every")
             meta.append(heap_meta)
             if heap:
                 probes.append(heap)
-                self.samples_heap = True
+                # a host forecast is judged only on a heap read at every sample (boundaries miss its peaks)
+                self.samples_heap = self._heap == "every"
         probes.append(self._disk)
         meta.append(self._disk.describe())
         return probes, meta

@@ -35,6 +35,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--json", metavar="FILE", help="also write check results and per-phase statistics as JSON")
     parser.add_argument("--csv", metavar="FILE", help="also write the per-phase table (overall and per iteration)")
     parser.add_argument("--no-check", dest="check", action="store_false", help="skip the checks (exit 0)")
+    parser.add_argument("--strict", action="store_true",
+                        help="exit 1 on a WARN too (ambiguous evidence: too few iterations, one process differing "
+                             "once, a drop within noise, a run where only headroom was judged); default: exit 0")
     parser.add_argument("--threshold", action="append", default=[], metavar="NAME=VALUE",
                         help="override a check threshold, e.g. offload_min_drop_share=80%%, leak_abs_bytes=1GiB "
                              "(sizes take units, shares a percent; see docs/checks.md)")
@@ -123,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
             thresholds=thresholds, fleet_thresholds=fleet_thresholds, max_points=args.max_points,
             lanes=args.lanes, phases=args.phase, baseline=args.baseline,
             baseline_thresholds=RegressionThresholds.parse(args.baseline_threshold),
-            baseline_by_iteration=args.baseline_by == "iteration")
+            baseline_by_iteration=args.baseline_by == "iteration", strict=args.strict)
         return visualize(options, echo=_echo)
     except MilesProfileError as exc:
         print(f"miles_profile.visualize: error: {exc}", file=sys.stderr)

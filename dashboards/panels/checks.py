@@ -16,7 +16,7 @@ from miles_profile.report.figures import run_start
 from miles_profile.verdicts.engine import judge
 from miles_profile.verdicts.types import STATUS_ORDER, TOO_SMALL, CheckResult
 
-_VERDICT_CLASS = {"pass": "badge-pass", "fail": "badge-fail", TOO_SMALL: "badge-small"}
+_VERDICT_CLASS = {"pass": "badge-pass", "fail": "badge-fail", "warn": "badge-warn", TOO_SMALL: "badge-small"}
 
 
 def layout() -> html.Section:

@@ -15,7 +15,7 @@ from miles_profile.runmodel.peak import iteration_text
 from miles_profile.runmodel.series import GiB
 from miles_profile.report.summary import Summary, summarize
 
-_CLASS = {"pass": "badge-pass", "fail": "badge-fail", "too small to judge": "badge-small"}
+_CLASS = {"pass": "badge-pass", "fail": "badge-fail", "warn": "badge-warn", "too small to judge": "badge-small"}
 
 
 def layout() -> html.Section:
@@ -27,7 +27,8 @@ def layout() -> html.Section:
 
 
 def compute(run, verdict) -> tuple[Summary, float]:
-    return summarize(run, verdict.checks, verdict.status), run_start(run)
+    coverage = verdict.coverage if verdict.checked and verdict.checks else ""
+    return summarize(run, verdict.checks, verdict.status, coverage), run_start(run)
 
 
 def _link(index: int, text: str) -> html.Button:
@@ -89,6 +90,15 @@ def _failing(summary: Summary, spans: list) -> html.Div | None:
     return html.Div([html.Div("Failing checks", className="summary-label"), html.Ol(items)], className="summary-failing")
 
 
+def _warning(summary: Summary) -> html.Div | None:
+    """Checks whose evidence is ambiguous (WARN), as the HTML report lists them."""
+    if not summary.warning:
+        return None
+    items = [html.Li(f"{c.name}: {f.message if f else c.summary}", **{"data-check": c.name}) for c, f in summary.warning]
+    return html.Div([html.Div("Unsure (WARN: exit 0, 1 with --strict)", className="summary-label"), html.Ol(items)],
+                    id="summary-warning", className="summary-warning")
+
+
 def _killed(summary: Summary, spans: list) -> html.Div | None:
     """Killed processes first (verdicts/oom.py), each a link to the seconds before its death."""
     if not summary.killed:
@@ -114,8 +124,9 @@ def render(summary: Summary, t0: float) -> tuple[list, list]:
     killed = _killed(summary, spans) or _command_failed(summary)
     badge = html.Span(summary.status.upper(), id="summary-status", **{"data-status": summary.status},
                       className=f"badge summary-badge {_CLASS.get(summary.status, 'badge-na')}")
+    coverage = html.Span(summary.coverage, id="summary-coverage", className="summary-coverage")
     facts = html.Div([_peak(summary, t0, spans), _offloads(summary, spans)], className="summary-row")
-    return [killed, badge, facts, _failing(summary, spans)], spans
+    return [killed, badge, coverage, facts, _failing(summary, spans), _warning(summary)], spans
 
 
 def register(app, state) -> None:

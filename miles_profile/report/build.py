@@ -52,6 +52,7 @@ class VisualizeOptions:
     baseline: str | None = None  # --baseline: a run to compare peaks and floors with (regression.py)
     baseline_thresholds: object | None = None  # regression.RegressionThresholds; None: 5% and 256 MiB
     baseline_by_iteration: bool = False  # compare per (iteration, phase) instead of per phase name
+    strict: bool = False  # --strict: a WARN exits 1 as a FAIL does
 
 
 def _progress(total: int, desc: str):
@@ -154,6 +155,8 @@ def _verdict_lines(reports) -> list[str]:
         if not_applicable:
             names = ", ".join(r.name for r in not_applicable)
             lines.append(f"  {STATUS_LABEL['n/a']:5} {names} (cannot apply to this run; why: the report or --json)")
+        if verdict.checks:
+            lines.append(f"  {STATUS_LABEL[verdict.status]:5} {'overall':{width}}  {verdict.coverage}")
         for gate in verdict.gates:
             lines.append(f"{gate.current} against the baseline {gate.baseline}:")
             lines += gate.lines()
@@ -212,9 +215,11 @@ def visualize(options: VisualizeOptions, echo: Callable[[str], None] = print) ->
             echo(f"{report.run.name}: {line}")
     if failed:  # exit 2 even though the HTML exists: a CI step reading the missing file must not go on
         raise MilesProfileError(f"{'; '.join(failed)} (the report {output} was written)")
-    code = exit_code_of(verdicts)
-    echo(f"verdict: {STATUS_LABEL[overall_of(verdicts)]} (exit code {code}: checks and gates of "
-         f"{len(verdicts)} run{'s' if len(verdicts) > 1 else ''})")
+    code = exit_code_of(verdicts, options.strict)
+    overall = overall_of(verdicts)
+    why = "" if overall != "warn" else (" under --strict" if options.strict else "; --strict exits 1 on a WARN")
+    echo(f"verdict: {STATUS_LABEL[overall]} (exit code {code}: checks and gates of "
+         f"{len(verdicts)} run{'s' if len(verdicts) > 1 else ''}{why})")
     return code
 
 

@@ -148,6 +148,7 @@ def write_json(reports, path: str | Path) -> Path:
         if run["gates"]:
             run["baseline"] = run["gates"][0]
         runs.append(run)
-    data = {"status": overall_of(verdicts), "exit_code": exit_code_of(verdicts), "runs": runs}
+    data = {"status": overall_of(verdicts), "exit_code": exit_code_of(verdicts),
+            "exit_code_strict": exit_code_of(verdicts, strict=True), "runs": runs}
     Path(path).write_text(json.dumps(data, indent=1))
     return Path(path)

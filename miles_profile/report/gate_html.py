@@ -5,7 +5,7 @@ import html
 
 from miles_profile.sizes import format_size
 
-_BADGE = {"pass": ("pass", "PASS"), "fail": ("fail", "FAIL"), "n/a": ("na", "N/A")}
+_BADGE = {"pass": ("pass", "PASS"), "fail": ("fail", "FAIL"), "warn": ("warn", "WARN"), "n/a": ("na", "N/A")}
 ROW_LIMIT = 50
 
 

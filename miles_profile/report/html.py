@@ -26,7 +26,7 @@ import plotly.graph_objects as go
 from plotly.offline import get_plotlyjs
 
 from miles_profile.verdicts import checks as checks_mod
-from miles_profile.verdicts.engine import RunVerdict, judge, overall_of
+from miles_profile.verdicts.engine import RunVerdict, exit_code_for, judge, overall_of
 from miles_profile.verdicts.types import TOO_SMALL
 from miles_profile.report.figures import run_start, timeline_figure
 from miles_profile.report.run_fold import FOLD_SCRIPT, fold_close, fold_open
@@ -60,7 +60,8 @@ class RunReport:
     @cached_property
     def summary(self) -> Summary:
         """The first screen (report/summary.py), from this verdict: the HTML, the CLI and --json render it."""
-        return summarize(self.run, self.verdict.checks, self.verdict.status)
+        v = self.verdict
+        return summarize(self.run, v.checks, v.status, v.coverage if v.checked and v.checks else "")
 
 
 def build_run_report(run, *, thresholds: checks_mod.Thresholds | None = None, check: bool = True,
@@ -162,7 +163,7 @@ def _color(name: str) -> str:
 
 
 # One badge per status, the same words as the CLI's (engine.STATUS_LABEL) but "too small" spelled out.
-_BADGE = {"pass": ("pass", "PASS"), "fail": ("fail", "FAIL"), "n/a": ("na", "n/a"),
+_BADGE = {"pass": ("pass", "PASS"), "fail": ("fail", "FAIL"), "warn": ("warn", "WARN"), "n/a": ("na", "n/a"),
           TOO_SMALL: ("small", "TOO SMALL")}
 
 
@@ -281,8 +282,8 @@ table.checks{width:100%} table.checks td:nth-child(3){width:38%}
 table.data td.num{text-align:right;font-variant-numeric:tabular-nums;font-family:ui-monospace,Menlo,monospace;font-size:12px}
 td.peak{font-weight:600}
 .badge{display:inline-block;padding:1px 8px;border-radius:10px;font-size:12px;font-weight:700;color:#fff;vertical-align:middle}
-.badge.pass{background:#2e8540}.badge.fail{background:#c62828}.badge.na{background:#8a93a3}.badge.small{background:#b07d12}
-tr.check-fail{background:#fff4f4} .fail-text{color:#b71c1c} .pass-text{color:#2e7d32} .na-text{color:#6b7385} .small-text{color:#8a6100}
+.badge.pass{background:#2e8540}.badge.fail{background:#c62828}.badge.na{background:#8a93a3}.badge.small{background:#b07d12}.badge.warn{background:#e65100}
+tr.check-fail{background:#fff4f4} .fail-text{color:#b71c1c} .pass-text{color:#2e7d32} .na-text{color:#6b7385} .small-text{color:#8a6100} tr.check-warn{background:#fff8ec} .warn-text{color:#bf4300}
 .swatch{display:inline-block;width:10px;height:10px;border-radius:2px;margin-right:6px}
 .figure{background:#fff;border:1px solid #dde1e7;padding:4px}
 .warn{background:#fff8e1;border:1px solid #f3d27a;padding:8px 12px;margin:10px 0}
@@ -315,7 +316,8 @@ def render_html(reports: list[RunReport], *, comparison: str | None = None, note
 <h1>{_e(title)}</h1>
 <div class="muted small">memory report written {generated} by python -m miles_profile.visualize · GiB = 1024³ bytes</div>
 <p class="verdict">Overall: <span class="badge {cls}" id="overall" data-status="{_e(overall)}">{text}</span>
-<span class="muted small" id="overall-exit">exit code {1 if overall == "fail" else 0}</span></p>
+<span class="muted small" id="overall-exit">exit code {exit_code_for(overall)}{" (1 with --strict)" if overall == "warn" else ""}</span>
+<span class="muted small" id="overall-coverage">{_e("; ".join(r.verdict.coverage for r in reports if r.verdict.checks))}</span></p>
 {_failing_html(reports, single)}{note_html}{nav}{extra}{comparison_html}{body}
 <script type="application/json" id="report-data">{_report_data(reports, overall)}</script>
 <script>{SUMMARY_SCRIPT}</script>
@@ -339,7 +341,7 @@ def _failing_html(reports: list[RunReport], single: bool) -> str:
 
 def _report_data(reports: list[RunReport], overall: str) -> str:
     data = {"runs": [r.run.name for r in reports], "overall": overall,
-            "exit_code": 1 if overall == "fail" else 0, "statuses": [r.verdict.status for r in reports]}
+            "exit_code": exit_code_for(overall), "exit_code_strict": exit_code_for(overall, True), "statuses": [r.verdict.status for r in reports]}
     fleets = [r.fleet for r in reports if r.fleet is not None]
     if fleets:
         from miles_profile.report.fleet_report import report_data

@@ -15,7 +15,7 @@ import numpy as np
 from miles_profile import names
 from miles_profile.command_exit import command_exit, signal_name, stop_signal
 from miles_profile.runmodel.peak import Peak, highest_peak, iteration_text
-from miles_profile.report.run_tagging import judged_text, tagging_of
+from miles_profile.report.run_tagging import tagging_of
 from miles_profile.runmodel.series import GiB
 from miles_profile.verdicts.types import TOO_SMALL, CheckResult, Finding
 
@@ -91,7 +91,8 @@ class Summary:
     headroom: Headroom | None = None
     killed: list[Finding] = field(default_factory=list)  # the oom check's findings, one per killed process
     command_exit: int | None = None  # `record --exec`'s command, when it failed and no kill explains it
-    judged: str = ""                 # `2 of 8 checks judged: headroom, leak by time` (report/run_tagging.py)
+    warning: list[tuple[CheckResult, Finding | None]] = field(default_factory=list)  # checks that warn
+    coverage: str = ""  # what was judged: "2 of 8 checks judged: headroom, leak" (RunVerdict.coverage)
     tagged_by: str | None = None     # which integration tagged the steps, and what it could not see
 
     def exit_text(self) -> str | None:
@@ -111,8 +112,8 @@ class Summary:
         if self.exit_text():
             out.append(f"COMMAND FAILED: {self.exit_text()}")
         out.append(f"verdict: {self.status.upper()}")
-        if self.judged:  # its own line: the verdict line's form is the verdict engine's (issue 30's WARN)
-            out.append(self.judged)
+        if self.coverage:
+            out.append(f"judged: {self.coverage}")
         if self.tagged_by:
             out.append(self.tagged_by)
         out.append(self.peak.text() if self.peak else "peak: no memory samples")
@@ -124,6 +125,8 @@ class Summary:
             out.append("offloads: none in this run")
         for check, finding in self.failing if failing else ():
             out.append(f"FAIL {check.name}: {finding.message if finding else check.summary}")
+        for check, finding in self.warning if failing else ():
+            out.append(f"WARN {check.name}: {finding.message if finding else check.summary}")
         return out
 
     def to_dict(self) -> dict:
@@ -152,16 +155,20 @@ class Summary:
                          "cause": f.cause if f else None,
                          "span": list((f.span if f and f.span else c.span) or []) or None}
                         for c, f in self.failing],
+            "warning": [{"check": c.name, "title": c.title, "message": f.message if f else c.summary,
+                         "cause": f.cause if f else None} for c, f in self.warning],
+            "coverage": self.coverage,
         }
 
 
-def summarize(run, checks: list[CheckResult], status: str) -> Summary:
+def summarize(run, checks: list[CheckResult], status: str, coverage: str = "") -> Summary:
     failing = [(c, _first_failure(c)) for c in checks if c.status == "fail"]
-    killed = next((c.findings for c in checks if c.name == OOM_CHECK and c.status == "fail"), [])
+    warning = [(c, next((f for f in c.findings if f.status == "warn"), None)) for c in checks if c.status == "warn"]
+    killed = next((c.findings for c in checks if c.name == OOM_CHECK and c.status in ("fail", "warn")), [])
     code = command_exit(run)
     return Summary(status, highest_peak(run), _offload_kinds(checks), failing, _headroom(checks), list(killed),
-                   None if killed else code,  # a kill already says why the command ended
-                   judged_text(checks), tagging_of(run))
+                   None if killed else code, warning, coverage,  # a kill already says why the command ended
+                   tagging_of(run))
 
 
 def killed_dict(f: Finding) -> dict:
@@ -176,7 +183,7 @@ def killed_dict(f: Finding) -> dict:
 def _headroom(checks: list[CheckResult]) -> Headroom | None:
     """The headroom check's finding closest to its total: the summary states it, never a figure of its own."""
     check = next((c for c in checks if c.name == HEADROOM_CHECK), None)
-    judged = [f for f in (check.findings if check else []) if f.status in ("pass", "fail")
+    judged = [f for f in (check.findings if check else []) if f.status in ("pass", "fail", "warn")
               and _number(f, ("peak",)) is not None and _number(f, ("total",))]
     if not judged:
         return None

@@ -13,8 +13,8 @@ from miles_profile.runmodel.peak import iteration_text
 from miles_profile.runmodel.series import GiB
 from miles_profile.report.summary import Summary
 
-_BADGE = {"pass": "pass", "fail": "fail", "n/a": "na", "too small to judge": "small"}
-_WORD = {"pass": "PASS", "fail": "FAIL", "n/a": "N/A", "too small to judge": "TOO SMALL TO JUDGE"}
+_BADGE = {"pass": "pass", "fail": "fail", "warn": "warn", "n/a": "na", "too small to judge": "small"}
+_WORD = {"pass": "PASS", "fail": "FAIL", "warn": "WARN", "n/a": "N/A", "too small to judge": "TOO SMALL TO JUDGE"}
 
 
 def _e(x) -> str:
@@ -81,6 +81,17 @@ def _failing_html(summary: Summary, t0: float, section_id: str) -> str:
     return f'<div class="failing"><div class="fact-label">Failing checks (click to see the window)</div><ol>{items}</ol></div>'
 
 
+def _warning_html(summary: Summary, t0: float, section_id: str) -> str:
+    """Checks whose evidence is ambiguous (WARN): after the failures, the same links."""
+    if not summary.warning:
+        return ""
+    items = "".join(f'<li data-check="{_e(c.name)}"><b>{_e(c.name)}</b>: '
+                    f'{_zoom(f.span if f and f.span else c.span, t0, section_id, f.message if f else c.summary)}</li>'
+                    for c, f in summary.warning)
+    return (f'<div class="warning"><div class="fact-label">Unsure (WARN: exit 0, 1 with --strict)</div>'
+            f'<ol>{items}</ol></div>')
+
+
 def _killed_html(summary: Summary, t0: float, section_id: str) -> str:
     """Killed processes first (verdicts/oom.py): who, how, where, what grew before, the cgroup limit."""
     if not summary.killed:
@@ -111,21 +122,22 @@ def summary_html(summary: Summary, t0: float, section_id: str) -> str:
     return (f'<div class="summary summary-{cls}" id="{_e(section_id)}-summary" data-status="{_e(summary.status)}">'
             f'{_killed_html(summary, t0, section_id)}{_command_failed_html(summary, section_id)}'
             f'<div class="summary-verdict"><span class="badge big {cls}">{_WORD.get(summary.status, summary.status)}</span>'
-            f' <span class="judged">{_e(summary.judged)}</span>'
+            f' <span class="muted small summary-coverage">{_e(summary.coverage)}</span>'
             + (f'<div class="tagged-by">{_e(summary.tagged_by)}</div>' if summary.tagged_by else '') + '</div>'
             f'<div class="facts-row">{_peak_html(summary, t0, section_id)}{_offloads_html(summary, t0, section_id)}</div>'
-            f'{_failing_html(summary, t0, section_id)}</div>')
+            f'{_failing_html(summary, t0, section_id)}{_warning_html(summary, t0, section_id)}</div>')
 
 
 SUMMARY_CSS = """
 .summary{background:#fff;border:1px solid #dde1e7;border-left:6px solid #8a93a3;padding:10px 14px;margin:8px 0 14px}
-.summary-fail{border-left-color:#c62828}.summary-pass{border-left-color:#2e8540}.summary-small{border-left-color:#b07d12}
+.summary-fail{border-left-color:#c62828}.summary-pass{border-left-color:#2e8540}.summary-small{border-left-color:#b07d12}.summary-warn{border-left-color:#e65100}
 .summary-verdict{margin-bottom:6px}.badge.big{font-size:15px;padding:3px 12px}
 .facts-row{display:flex;gap:18px;flex-wrap:wrap;align-items:flex-start}
 .fact{min-width:260px}.fact-wide{flex:1}.fact-label{font-size:12px;color:#6b7385;text-transform:uppercase;letter-spacing:.03em}
 .fact-value{font-size:26px;font-weight:700;font-variant-numeric:tabular-nums}.fact-detail{font-size:13px}
 table.offloads{width:auto;min-width:480px;font-size:13px} table.offloads td.num{text-align:right;font-variant-numeric:tabular-nums}
 .failing ol{margin:4px 0 0 18px;padding:0} .failing li{margin:2px 0;color:#b71c1c}
+.warning ol{margin:4px 0 0 18px;padding:0} .warning li{margin:2px 0;color:#bf4300} .badge.warn{background:#e65100}
 .killed{background:#fdecea;border:1px solid #c62828;padding:6px 10px;margin-bottom:8px}
 .killed ol{margin:4px 0 0 18px;padding:0} .killed>ol>li{margin:2px 0;color:#b71c1c;font-weight:600}
 .killed ul{font-weight:400;color:#333}

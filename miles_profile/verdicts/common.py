@@ -10,7 +10,7 @@ from miles_profile import names
 from miles_profile.runmodel.series import DRIVER_KINDS, Track, device_track, host_track
 from miles_profile.runmodel.stats import phase_instances
 from miles_profile.verdicts.resolution import resolution_of
-from miles_profile.verdicts.types import TOO_SMALL, CheckResult, Finding
+from miles_profile.verdicts.types import JUDGED, TOO_SMALL, WARN, CheckResult, Finding
 
 MiB = 1024 ** 2
 
@@ -22,10 +22,12 @@ def span_of(findings: list[Finding]) -> tuple[float, float] | None:
 
 def verdict(name: str, title: str, explanation: str, findings: list[Finding], series: str,
             ok: str, bad: str) -> CheckResult:
-    """A check's result from its findings: one failure fails it; else a pass passes it; else findings
-    too small to judge make it "too small to judge"; else n/a. Its resolution is the coarsest judged."""
+    """A check's result from its findings: one failure fails it; else one warning (ambiguous evidence)
+    warns; else a pass passes it; else findings too small to judge make it "too small to judge"; else
+    n/a. Its resolution is the coarsest judged."""
     failed = [f for f in findings if f.status == "fail"]
-    judged = [f for f in findings if f.status in ("pass", "fail")]
+    warned = [f for f in findings if f.status == WARN]
+    judged = [f for f in findings if f.status in JUDGED]
     small = [f for f in findings if f.status == TOO_SMALL]
     resolutions = [f.resolution for f in findings if f.resolution is not None]
     resolution = max(resolutions) if resolutions else None
@@ -43,6 +45,8 @@ def verdict(name: str, title: str, explanation: str, findings: list[Finding], se
         return result("n/a", summary, span_of(findings))
     if failed:
         return result("fail", f"{len(failed)} of {len(judged)} {bad}; first: {failed[0].message}", span_of(failed))
+    if warned:
+        return result(WARN, f"{len(warned)} of {len(judged)} unsure; first: {warned[0].message}", span_of(warned))
     summary = judged[0].message if len(judged) == 1 else f"{len(judged)} {ok}"
     if small:
         summary += f"; {len(small)} too small to judge"

@@ -5,12 +5,14 @@ and checks table, --json, the dashboard's checks panel, the pytest marker).
     judge(run, *, thresholds=None, fleet_thresholds=None, selection=None, baseline=None,
           baseline_thresholds=None, baseline_by_iteration=False, fleet=None, check=True) -> RunVerdict
     judge_test_limits(run, gpu=None, host=None, phase=None) -> RunVerdict     # the pytest marker's
-    RunVerdict.status / .exit_code / .to_dict()
-    overall_of(verdicts) -> Status; exit_code_of(verdicts) -> int             # several runs
-    STATUS_LABEL[status] -> "PASS" | "FAIL" | "N/A" | "SMALL"                 # one word per status on screen
+    RunVerdict.status / .exit_code / .exit_code_for(strict) / .coverage / .to_dict()
+    overall_of(verdicts) -> Status; exit_code_of(verdicts, strict=False) -> int   # several runs
+    STATUS_LABEL[status] -> "PASS" | "FAIL" | "WARN" | "N/A" | "SMALL"           # one word per status on screen
 
 The rule every view shares: a RunVerdict's status is the worst of its checks' and gates' statuses
-(fail > pass > too small to judge > n/a), and its exit code is 1 exactly when that status is "fail".
+(fail > warn > pass > too small to judge > n/a), and its exit code is 1 when that status is "fail" (and,
+under --strict, "warn"). A run where no check but headroom judged anything is "warn", never a bare pass
+or n/a: its coverage line says what was judged ("1 of 8 checks judged: headroom").
 
 Gates never silently pass: a --phase selection that matches none of the run's phases, and a baseline
 that shares no compared value with the run, raise MilesProfileError (exit 2) instead of judging nothing.
@@ -23,9 +25,18 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from miles_profile.phase_select import PhaseSelection
-from miles_profile.verdicts.types import TOO_SMALL, CheckResult, Status, worst_status
+from miles_profile.verdicts.leak_by_time import JUDGED_BY as JUDGED_BY_TIME
+from miles_profile.verdicts.types import JUDGED, TOO_SMALL, WARN, CheckResult, Status, worst_status
 
-STATUS_LABEL: dict[str, str] = {"pass": "PASS", "fail": "FAIL", "n/a": "N/A", TOO_SMALL: "SMALL"}
+STATUS_LABEL: dict[str, str] = {"pass": "PASS", "fail": "FAIL", WARN: "WARN", "n/a": "N/A", TOO_SMALL: "SMALL"}
+# Checks that judge on every run with memory in it (headroom) or only when something died (oom): alone,
+# they say nothing about offloads, peaks or leaks, so a run judged by them alone is a warning.
+ALWAYS_JUDGED = frozenset({"headroom", "oom"})
+
+
+def exit_code_for(status: str, strict: bool = False) -> int:
+    """1 for a failure, and under --strict for a warning; else 0."""
+    return 1 if status == "fail" or (strict and status == WARN) else 0
 
 
 @dataclass
@@ -40,20 +51,51 @@ class RunVerdict:
     checked: bool = True
 
     @property
+    def judged(self) -> list[str]:
+        """Names of the checks that judged something (pass, fail or warn), in the checks' order."""
+        return [c.name for c in self.checks if c.status in JUDGED]
+
+    @property
+    def judged_nothing(self) -> bool:
+        """Checks ran, and none but headroom/oom judged anything, and no gate compared anything."""
+        return (self.checked and bool(self.checks) and not set(self.judged) - ALWAYS_JUDGED
+                and not any(g.status in JUDGED for g in self.gates))
+
+    @property
+    def coverage(self) -> str:
+        """What was judged, for the overall line: "2 of 8 checks judged: headroom, leak"."""
+        judged = [_judged_name(c) for c in self.checks if c.status in JUDGED]
+        text = f"{len(judged)} of {len(self.checks)} checks judged" + (f": {', '.join(judged)}" if judged else "")
+        return text + ("; nothing but headroom judged: not a pass" if self.judged_nothing else "")
+
+    @property
     def status(self) -> Status:
-        return worst_status([c.status for c in self.checks] + [g.status for g in self.gates])
+        status = worst_status([c.status for c in self.checks] + [g.status for g in self.gates])
+        if status != "fail" and self.judged_nothing:
+            return WARN
+        return status
 
     @property
     def exit_code(self) -> int:
-        return 1 if self.status == "fail" else 0
+        return exit_code_for(self.status)
+
+    def exit_code_for(self, strict: bool = False) -> int:
+        return exit_code_for(self.status, strict)
 
     def failures(self) -> list[tuple[str, str]]:
         """(name, summary) of every failed check and gate, checks first."""
         return ([(c.name, c.summary) for c in self.checks if c.status == "fail"] +
                 [("baseline", g.summary) for g in self.gates if g.status == "fail"])
 
+    def warnings(self) -> list[tuple[str, str]]:
+        """(name, summary) of every check and gate that warns, and the run's own warning if it judged nothing."""
+        own = [("coverage", self.coverage)] if self.judged_nothing else []
+        return ([(c.name, c.summary) for c in self.checks if c.status == WARN] +
+                [("baseline", g.summary) for g in self.gates if g.status == WARN] + own)
+
     def to_dict(self) -> dict:
         return {"name": self.run_name, "path": self.run_path, "status": self.status, "exit_code": self.exit_code,
+                "exit_code_strict": self.exit_code_for(True), "coverage": self.coverage, "judged": self.judged,
                 "checked": self.checked, "checks": [jsonable(asdict(c)) for c in self.checks],
                 "gates": [gate_dict(g) for g in self.gates], "notes": list(self.notes)}
 
@@ -62,8 +104,8 @@ def overall_of(verdicts: list[RunVerdict]) -> Status:
     return worst_status(v.status for v in verdicts)
 
 
-def exit_code_of(verdicts: list[RunVerdict]) -> int:
-    return 1 if overall_of(verdicts) == "fail" else 0
+def exit_code_of(verdicts: list[RunVerdict], strict: bool = False) -> int:
+    return exit_code_for(overall_of(verdicts), strict)
 
 
 def gate_dict(gate) -> dict:
@@ -154,3 +196,9 @@ def jsonable(value):
     if isinstance(value, (str, int, bool)) or value is None:
         return value
     return str(value)
+
+
+def _judged_name(check: CheckResult) -> str:
+    """`leak by time` where the leak was judged over windows of time (an untagged run), else the check's name."""
+    by_time = any((f.numbers or {}).get("judged_by") == JUDGED_BY_TIME for f in check.findings)
+    return f"{check.name} by time" if by_time else check.name

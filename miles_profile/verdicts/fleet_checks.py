@@ -12,7 +12,7 @@ worst). There is one Finding per lane (or per process) judged, naming its worst 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 import numpy as np
@@ -26,7 +26,7 @@ from miles_profile.verdicts.common import size
 from miles_profile.verdicts.resolution import resolution_of
 from miles_profile.runmodel.slopes import slopes_of
 from miles_profile.verdicts.trend import judge_floors, step_cause_of
-from miles_profile.verdicts.types import TOO_SMALL, CheckResult, Finding, gib
+from miles_profile.verdicts.types import JUDGED, TOO_SMALL, WARN, CheckResult, Finding, gib
 
 GiB = 1024 ** 3
 MiB = 1024 ** 2
@@ -46,6 +46,13 @@ class FleetThresholds:
     imbalance_share: float = 0.10
     imbalance_resolution_multiple: float = 2.0
     imbalance_min_peers: int = 3
+    # ... and an outlier fails only when it matters and recurs: its excess is above
+    # `imbalance_total_share` of the lane's total (the GPU's memory, or the host's) in at least
+    # `imbalance_min_iterations` iterations. An outlier that differs once, or by little against the
+    # total in several iterations, is a warning; once and by little, a pass (a process hosting the
+    # sampler, a one-time buffer). Peers' spread counts their variation over the iterations of a phase too.
+    imbalance_total_share: float = 0.02
+    imbalance_min_iterations: int = 2
     # floor_trend_leak: the leak rule of verdicts/trend.py per GPU and per process: the lower bound of
     # the Theil-Sen slope's 95 % interval times the iterations judged fails when above the largest of
     # `floor_trend_abs_bytes`, `floor_trend_share` of the lane's total and
@@ -93,9 +100,13 @@ def _result(name, title, explanation, findings, judged, worst, series, ok, bad) 
         f": {worst['message']}" if worst else ""
     spans = [f.span for f in findings if f.span]
     span = (min(s[0] for s in spans), max(s[1] for s in spans)) if spans else None
+    warned = [f for f in findings if f.status == WARN]
     if failed:
         summary = f"{len(failed)} of {len(findings)} {bad} (judged {counted}){where}"
         status = "fail"
+    elif warned:
+        summary = f"{len(warned)} of {len(findings)} unsure (judged {counted}); first: {warned[0].message}"
+        status = WARN
     else:
         summary = f"{_count(len(findings), ok)} (judged {counted}){where}"
         status = "pass"
@@ -169,6 +180,7 @@ def _with_small(result: FleetCheckResult, findings: list[Finding]) -> FleetCheck
 def _process_matrices(df: pd.DataFrame, lanes: pd.DataFrame):
     """Per role: (one dict per process, its own peak per (iteration, phase) cell, the cells)."""
     labels = dict(zip(lanes["lane"], lanes["label"]))
+    totals = dict(zip(lanes["lane"], lanes["total"])) if "total" in lanes else {}
     rows = df[df["own_peak"].notna()]
     if rows.empty:
         return
@@ -181,7 +193,7 @@ def _process_matrices(df: pd.DataFrame, lanes: pd.DataFrame):
         first = part.drop_duplicates("pid").set_index("pid").loc[pids]
         who = [dict(lane=r.lane, label=labels.get(r.lane, r.lane), host=r.host, gpu_uuid=r.gpu_uuid, pid=int(p),
                     rank=int(r.rank), role=role, ranks=str(r.rank), source=f"own memory ({r.own_series})",
-                    resolution=resolution_of(r.own_series or "rss"))
+                    resolution=resolution_of(r.own_series or "rss"), total=totals.get(r.lane, np.nan))
                for p, r in zip(pids, first.itertuples())]
         used = np.isfinite(values).any(axis=0)
         yield who, values[:, used], columns[used].reset_index(drop=True)
@@ -198,27 +210,79 @@ def _imbalance(values: np.ndarray, columns: pd.DataFrame, who: list[dict], th: F
     cols = columns[judged_cols].reset_index(drop=True)
     with np.errstate(all="ignore"):
         median = np.nanmedian(values, axis=0)
-        spread = _spread(values, median)
+        spread = np.fmax(_spread(values, median), _spread_over_iterations(values, median, cols))
         excess = values - median
         outlier = excess > np.fmax(th.imbalance_spread_z * spread, th.imbalance_share * median)
         floor = th.imbalance_resolution_multiple * np.array([w["resolution"] for w in who], dtype=float)[:, None]
         fails = outlier & (excess > floor)
         small = outlier & ~fails
+        totals = np.array([w.get("total", np.nan) for w in who], dtype=float)
+        matters_floor = np.where(np.isfinite(totals) & (totals > 0), th.imbalance_total_share * totals, 0.0)[:, None]
+        matters = fails & (excess > matters_floor)
+    iterations = cols["iteration"].to_numpy()
     findings, worst = [], None
     for r, w in enumerate(who):
         row = excess[r]
         if not np.isfinite(row).any():
             continue
         # the cell shown: the largest excess among the failing cells, else among the too small, else overall
-        shown = fails[r] if fails[r].any() else small[r]
+        shown = matters[r] if matters[r].any() else (fails[r] if fails[r].any() else small[r])
         c = int(np.nanargmax(np.where(shown, row, -np.inf))) if shown.any() else int(np.nanargmax(row))
+        recur = (len(set(iterations[matters[r]])), len(set(iterations[fails[r]])))
         finding = _imbalance_finding(w, cols.iloc[c], values[r, c], median[c], spread[c], int(peers[c]),
-                                     int(fails[r].sum()), bool(small[r].any()), floor[r, 0], peers_name)
+                                     int(fails[r].sum()), bool(small[r].any()), floor[r, 0], peers_name,
+                                     recur, float(matters_floor[r, 0]), th.imbalance_min_iterations)
+        same = (cols["phase"] == cols.iloc[c]["phase"]).to_numpy()  # the shown phase's cells, over iterations
+        if finding.status == "fail" and _grows(row[same], iterations[same], fails[r][same]):
+            finding = replace(finding, status=WARN, cause="sustained_growth",
+                              message=finding.message.replace("an outlier among its peers", "") +
+                              "its excess grows with the iterations: a leak of this process, "
+                              "judged by leak and floor_trend_leak, not an imbalance")
         findings.append(finding)
         if worst is None or row[c] > worst["excess"]:
             worst = dict(finding.numbers, phase=finding.phase, iteration=finding.iteration,
                          message=f"{cols.iloc[c]['label']} {gib(row[c])} over the median of {peers_name}")
     return findings, worst
+
+
+def _grows(excess: np.ndarray, iterations: np.ndarray, over: np.ndarray) -> bool:
+    """The excess rises with the iterations (rank correlation above 0.8) from a first iteration where it
+    was under a third of its highest: the process's floor climbs, a leak for the leak checks to name (a
+    cleanup at the end of the run may drop it again)."""
+    ok = np.isfinite(excess) & (iterations >= 0)
+    if ok.sum() < 4 or not over.any():
+        return False
+    order = np.argsort(iterations[ok], kind="stable")
+    it, ex = iterations[ok][order], excess[ok][order]
+    first, last = ex[it == it.min()].max(), ex.max()
+    if not last > 3 * max(first, 0.0):
+        return False
+    upto = int(np.argmax(ex)) + 1  # up to its highest: a cleanup at the end does not hide the climb
+    it, ex = it[:upto], ex[:upto]
+    if len(it) < 4:
+        return False
+    # Spearman's rank correlation in numpy (the GPU machine has no scipy; ties get their order's rank)
+    ranks = [np.argsort(np.argsort(v, kind="stable"), kind="stable").astype(float) for v in (it, ex)]
+    if ranks[1].std() == 0 or ranks[0].std() == 0:
+        return False
+    rho = float(np.corrcoef(ranks[0], ranks[1])[0, 1])
+    return bool(np.isfinite(rho) and rho > 0.8)
+
+
+def _spread_over_iterations(values: np.ndarray, median: np.ndarray, cols: pd.DataFrame) -> np.ndarray:
+    """Per cell, how much the peers' own peaks of that phase move over its iterations: the median over
+    peers of each one's median absolute deviation across the phase's cells (scaled), so a phase whose
+    peaks move by 0.1 GiB between iterations does not call a 0.1 GiB difference an outlier."""
+    out = np.zeros(values.shape[1])
+    for _, idx in cols.groupby("phase", sort=False).indices.items():
+        if len(idx) < 3:
+            continue
+        part = values[:, idx]
+        own = np.nanmedian(part, axis=1, keepdims=True)
+        mad = 1.4826 * np.nanmedian(np.abs(part - own), axis=1)
+        if np.isfinite(mad).any():
+            out[idx] = np.nanmedian(mad)
+    return out
 
 
 def _spread(values: np.ndarray, median: np.ndarray) -> np.ndarray:
@@ -228,21 +292,34 @@ def _spread(values: np.ndarray, median: np.ndarray) -> np.ndarray:
 
 
 def _imbalance_finding(w: dict, col, value: float, median: float, spread: float, peers: int, cells_over: int,
-                       small: bool, floor: float, peers_name: str) -> Finding:
+                       small: bool, floor: float, peers_name: str, recur: tuple[int, int] = (0, 0),
+                       matters_floor: float = 0.0, min_iterations: int = 2) -> Finding:
     excess = value - median
     name = w["label"] + (f" pid {w['pid']}" if "pid" in w else "") + f" (ranks {w['ranks'] or '?'})"
+    mattering, over = recur  # iterations over the total's share, and iterations over the peers at all
     status = "fail" if cells_over else (TOO_SMALL if small else "pass")
+    if status == "fail":  # an outlier: it fails only where it matters against the total and recurs
+        status = "fail" if mattering >= min_iterations else (WARN if mattering or over >= min_iterations else "pass")
     message = (f"{name}: {col['label']} peak {gib(value)}, median of {peers} {peers_name} {gib(median)} "
                f"({excess / median:+.1%}, peers' spread ±{size(spread)})")
     if status == "fail":
-        message += f"; {cells_over} cells over: an outlier among its peers"
+        message += (f"; over its peers by more than {gib(matters_floor)} of the total in {mattering} iterations: "
+                    f"an outlier among its peers")
+    elif status == WARN:
+        message += ("; over its peers in one iteration only" if over < min_iterations else
+                    f"; over its peers in {over} iterations, but by less than {gib(matters_floor)} of the total")
+        message += ": unsure, not an imbalance yet"
+    elif cells_over:
+        message += f"; over its peers once, by less than {gib(matters_floor)} of the total: not an imbalance"
     elif status == TOO_SMALL:
         message = (f"{name}: too small to judge ({col['label']}: {gib(excess)} above the median of {peers} "
                    f"{peers_name}, below {gib(floor)}, twice the resolution {gib(w['resolution'])} of {w['source']})")
     numbers = _where(w, pid=w.get("pid"), excess=float(excess), median=float(median), spread=float(spread),
-                     cells_over=cells_over, series=w["source"])
+                     cells_over=cells_over, series=w["source"], iterations_over=over,
+                     iterations_mattering=mattering, matters_above=matters_floor)
+    cause = {"fail": "rank_outlier", WARN: "differs_once"}.get(status)
     return Finding(status, message, (col["t0"], col["t1"]), col["phase"], int(col["iteration"]), numbers,
-                   cause="rank_outlier" if status == "fail" else None, series=w["source"],
+                   cause=cause, series=w["source"],
                    resolution=float(w["resolution"]))
 
 
@@ -276,13 +353,13 @@ def check_floor_trend_leak(table: pd.DataFrame, th: FleetThresholds) -> FleetChe
             if worst is None or score > worst["score"]:
                 worst = dict(finding.numbers, score=float(score), phase=finding.phase, iteration=finding.iteration,
                              message=_measured(finding.numbers))
-    if not any(f.status in ("pass", "fail", TOO_SMALL) for f in findings):
+    if not any(f.status in (*JUDGED, TOO_SMALL) for f in findings):
         why = findings[0].message if findings else "no GPU or process has a floor read throughout its iterations"
         return _na(name, title, explanation, why)
     result = _result(name, title, explanation, findings, judged, worst,
                      "NVML used per GPU; own memory per process (series read throughout each iteration)",
                      "floors without sustained growth", "floors growing steadily")
-    if not any(f.status in ("pass", "fail") for f in findings):
+    if not any(f.status in JUDGED for f in findings):
         result.status = TOO_SMALL
     steps = [f for f in findings if f.cause == "one_time_step"]
     if steps:
@@ -439,6 +516,22 @@ def _delegated_floors(df: pd.DataFrame, offloads: pd.DataFrame) -> pd.Series:
     return pd.Series(out, dtype=float)
 
 
+def _separate_footprints(foot: pd.DataFrame) -> pd.Series:
+    """Per lane: whether a process of another role than the training processes runs generate without
+    training (an engine server beside its actor). Two data-parallel ranks that each run the whole loop,
+    or an actor beside a reference model of the same role, share a GPU without being a colocated
+    train/rollout pair: each process's own serialized_peaks judges its footprints; their sum is not two
+    footprints (issue 30)."""
+    role = foot.drop_duplicates("pid").set_index("pid")["role"].astype(str).to_dict()
+    sets = foot.groupby(["lane_code", "phase"])["pid"].agg(lambda s: frozenset(s)).unstack("phase")
+    if names.TRAIN not in sets or names.GENERATE not in sets:
+        return pd.Series(False, index=sets.index)
+    train = sets[names.TRAIN].apply(lambda v: v if isinstance(v, frozenset) else frozenset())
+    gen = sets[names.GENERATE].apply(lambda v: v if isinstance(v, frozenset) else frozenset())
+    return pd.Series([any(role.get(p) not in {role.get(q) for q in t} for p in g - t) for t, g in zip(train, gen)],
+                     index=sets.index)
+
+
 def _serialized_judge(df: pd.DataFrame, th: FleetThresholds, full: pd.DataFrame | None = None) -> pd.DataFrame:
     """The train and generate rows of the lanes that can be judged, with `together` (their process's peak
     plus what each other process of the lane held in their window, all above the processes' bases),
@@ -454,7 +547,8 @@ def _serialized_judge(df: pd.DataFrame, th: FleetThresholds, full: pd.DataFrame 
     # one process holding both footprints: its own memory already is their sum (serialized_peaks judges it)
     one_process = (per_lane["nunique"] == 1).all(axis=1) & \
         (per_lane["min"][names.TRAIN] == per_lane["min"][names.GENERATE])
-    ok = both & ~one_process & (pids_per_lane.reindex(both.index) >= 2)
+    ok = both & ~one_process & (pids_per_lane.reindex(both.index) >= 2) & _separate_footprints(foot).reindex(
+        both.index, fill_value=False)
     # A host lane (a run without GPUs) holds both footprints by design unless the training state
     # leaves host memory (an offload_train that moves bytes, e.g. to disk): with target cpu nothing moves.
     moves = df[(df["phase"] == names.OFFLOAD_TRAIN) & (df["expected_bytes"] > 0)]["lane_code"].unique()

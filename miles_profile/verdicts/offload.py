@@ -9,7 +9,7 @@ phase of the same process -> `freed_late`; neither inside nor in the next phase 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -84,8 +84,36 @@ def check_offload_drop(run, th: Thresholds) -> CheckResult:
         return not_applicable(name, title, explanation, "no offload_* phase in this run")
     late = _late_windows(inst, max(int(th.offload_late_phases), 0))
     findings = [_offload_finding(run, k, row, late[k], th) for k, row in offloads.iterrows()]
+    findings = _swapped_references(offloads, findings)
     return verdict(name, title, explanation, findings, _series_text(run),
                    "offloads dropped what they moved", "offloads did not drop what they declared in time")
+
+
+def _swapped_references(offloads, findings: list[Finding]) -> list[Finding]:
+    """A reference swapped each iteration (the new state kept, the previous one dropped) frees the old copy
+    inside each later offload, so those pass on their drop alone while the declared bytes stay resident.
+    After an instance of an offload that kept them (still_referenced, never_freed), each later instance of
+    the same offload in the same process whose allocated level (heap on CPU) ends no lower than that one's,
+    less what it needed to drop, left its declared bytes resident too: it fails (issue 30)."""
+    out = list(findings)
+    order = sorted(range(len(out)), key=lambda k: float(offloads.iloc[k]["start"]))
+    kept: dict[tuple, tuple[float, str]] = {}
+    for k in order:
+        f, row = out[k], offloads.iloc[k]
+        after = f.numbers.get(f"{ALLOCATED}_after")
+        if after is None or not np.isfinite(after):
+            continue
+        key = (int(row["pid"]), str(row["name"]))
+        if f.status == "fail" and f.cause in ("still_referenced", "never_freed"):
+            kept.setdefault(key, (float(after), instance_label(row["name"], row["iteration"])))
+        elif f.status == "pass" and key in kept and after > kept[key][0] - f.numbers.get("needed", 0.0):
+            level, first = kept[key]
+            label = instance_label(row["name"], row["iteration"])
+            out[k] = replace(f, status="fail", cause="still_referenced", message=(
+                f"{label}: the declared bytes stayed resident: it dropped {gib(f.numbers.get('dropped_alloc', 0.0))}, "
+                f"but its allocated level ends at {gib(after)}, no lower than {first}'s {gib(level)}, which kept "
+                f"them: the previous copy was freed and the new one kept (a reference swapped each iteration)"))
+    return out
 
 
 def _series_text(run) -> str:

@@ -19,7 +19,7 @@ once, as `level`.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -88,8 +88,17 @@ def _gpu_series(run, pid: int, paused: bool) -> list[OffloadSeries]:
     return [s for s in found if s is not None]
 
 
+def _heap_at_boundaries(run, pid: int) -> bool:
+    """The process read its heap at phase boundaries only (the default without `record --heap`)."""
+    meta = next((p for p in run.processes if p.get("pid") == pid), {})
+    probe = next((p for p in meta.get("probes") or [] if isinstance(p, dict) and p.get("name") == "heap"), {})
+    return probe.get("reads") == "phase boundaries"
+
+
 def _host_series(run, pid: int) -> list[OffloadSeries]:
     heap = _series(run, pid, ALLOCATED, _own_columns(run, pid, ("heap_used",), False))
+    if heap is not None and _heap_at_boundaries(run, pid):
+        heap = replace(heap, boundary_only=True)
     rss = _series(run, pid, DRIVER, _own_columns(run, pid, ("rss",), False))
     if heap is None or rss is None:
         return [OffloadSeries(LEVEL, *_fields(s)) for s in (heap or rss,) if s is not None]

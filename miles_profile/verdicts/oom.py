@@ -2,7 +2,8 @@
 what grew in the WINDOW_S seconds before, and the cgroup's limit. Pure: reads the run's `oom` events
 (miles_profile/oom.py writes them) and the processes the reader marked `died`, never a file.
 
-    check_oom(run) -> CheckResult       # "fail" for every killed process; "n/a" when none was
+    check_oom(run) -> CheckResult       # "fail" for an OOM kill, "warn" for another SIGKILL or a vanishing;
+                                        # "n/a" when none was
     deaths_of(run) -> list[dict]        # the merged death records, one per process
 
 One process, one finding, however many saw it die: `record --exec` (its exit status: the signal) and
@@ -150,6 +151,26 @@ def grew_before(run, t: float, window_s: float = WINDOW_S) -> list[dict]:
     return sorted(out, key=lambda g: -g["growth"])[:TOP]
 
 
+LOW_ROOM_SHARE = 0.10  # memory left, as a share of the host's (or cgroup's) total, under which a kill may be OOM
+
+
+def _room_at(run, death: dict, limit: int | None) -> float | None:
+    """The smallest share of memory left on the dead process's host in the WINDOW_S before its death (the
+    host's available memory, and the cgroup's limit minus its usage where it has one); None unmeasured."""
+    host = run.host_samples
+    if not len(host) or "host_available" not in host:
+        return None
+    frame = host[(host["host"].astype(str) == str(death.get("host"))) & (host["t"] <= death["t"])
+                 & (host["t"] >= death["t"] - WINDOW_S)]
+    if frame.empty:
+        return None
+    shares = pd_num(frame["host_available"]) / pd_num(frame["host_total"])
+    if limit and "cgroup_usage" in frame:
+        shares = np.concatenate([shares, 1 - pd_num(frame["cgroup_usage"]) / float(limit)])
+    shares = shares[np.isfinite(shares)]
+    return float(shares.min()) if len(shares) else None
+
+
 def pd_num(series) -> np.ndarray:
     return pd.to_numeric(series, errors="coerce").to_numpy(float)
 
@@ -207,7 +228,21 @@ def finding_of(run, death: dict) -> Finding:
                "iteration": phase[1] if phase else None, "window_s": WINDOW_S, "grew": grew,
                "detected_by": [d for d in death.get("detected_by", []) if d]}
     # No `phase` on the finding: a death ends the whole run, and no --phase selection may hide it.
-    return Finding("fail", message, span=(t - WINDOW_S, t), numbers=numbers, cause=death.get("cause"),
+    # The OOM killer (its counter moved) is a memory failure, and so is a SIGKILL or a vanishing with memory
+    # short. With plenty left (the host's and the cgroup's) and no OOM kill counted, it was not memory that
+    # killed it (a launcher's kill -9, a scheduler's preemption): shown first, but a warning.
+    room = _room_at(run, death, limit)
+    status = "fail" if death.get("cause") == "oom_kill" or room is None or room < LOW_ROOM_SHARE else "warn"
+    numbers["room_share"] = room
+    if _is_recorder(run, death) and death.get("cause") == "vanished":
+        # `record` itself died (kill -9 of the recorder): the run is cut there, whatever was judged before
+        status = "warn" if status == "warn" or room is None else status
+        message = (f"the recording was cut: record (pid {pid}) ended without a clean stop {where} ({_cut_note(run)}); "
+                   "everything after is missing, and the checks judged what came before")
+    elif status == "warn":
+        message += (f"; {room:.0%} of the memory was still free and no OOM kill was counted: not judged a memory "
+                    "failure")
+    return Finding(status, message, span=(t - WINDOW_S, t), numbers=numbers, cause=death.get("cause"),
                    series=grew[0]["series"] if grew else None)
 
 
@@ -218,6 +253,42 @@ def stopped_by(run) -> tuple[str, float] | None:
     ends = [p.get("end_time") for p in run.processes if p.get("role") == "exec_parent"]
     end = next((float(e) for e in ends if isinstance(e, (int, float))), None)
     return None if name is None or end is None else (name, end)
+
+
+STALE_S = 120.0  # a recorder that wrote nothing for this long and never ended is dead, not live
+
+
+def cut_recording(run, now: float | None = None) -> Finding | None:
+    """`record` (exec_parent) never wrote its end_time and nothing was written for STALE_S: it was killed
+    (kill -9 of the recorder) and the run is cut there. A run being written writes every 0.5 s."""
+    import time
+    parents = [p for p in run.processes if p.get("role") == "exec_parent" and "start_time" in p]
+    if not parents or any(p.get("end_time") for p in parents):
+        return None
+    last = [float(run.samples["t"].max())] if len(run.samples) else []
+    last += [float(run.events["t"].max())] if len(run.events) else []
+    if not last or (now if now is not None else time.time()) - max(last) < STALE_S:
+        return None
+    t = max(last)
+    pid = parents[0].get("pid")
+    message = (f"the recording was cut: record (pid {pid}) never ended and nothing was written after "
+               f"{t - float(parents[0]['start_time']):.1f} s ({_cut_note(run)}): record was killed; the checks "
+               "judged only what came before")
+    return Finding("warn", message, span=(t - WINDOW_S, t), numbers={"pid": pid, "t": t}, cause="vanished")
+
+
+def _is_recorder(run, death: dict) -> bool:
+    meta = next((p for p in run.processes if p.get("pid") == death.get("process_pid")
+                 and str(p.get("host")) == str(death.get("host"))), {})
+    return meta.get("role") == "exec_parent"
+
+
+def _cut_note(run) -> str:
+    from miles_profile.runmodel.stats import phase_instances
+    inst = phase_instances(run)
+    if inst.empty or "iteration" not in inst:
+        return "no phase recorded"
+    return f"the last iteration recorded is {int(inst['iteration'].max())}"
 
 
 def check_oom(run) -> CheckResult:
@@ -236,6 +307,14 @@ def check_oom(run) -> CheckResult:
     else:
         unseen = []
     deaths = [d for d in deaths if d not in unseen]
+    # A worker that vanished with memory to spare and no kill seen (a Pool worker, a forked subprocess, an
+    # os._exit) ended; whatever the command's exit code, it is no death. `record` itself vanishing is kept.
+    ended = [d for d in deaths if d.get("cause") == "vanished" and not _is_recorder(run, d)
+             and (_room_at(run, d, _limit(run, d)) or 0.0) >= LOW_ROOM_SHARE]
+    deaths = [d for d in deaths if d not in ended]
+    cut = cut_recording(run)
+    if not deaths and cut is not None:
+        return CheckResult(NAME, TITLE, "warn", cut.message, EXPLANATION, cut.span, [cut], "the run's last records")
     if not deaths:
         if unseen and stopped is not None:
             said = (f"no process was killed: the command was stopped by {stopped[0]}, and {len(unseen)} recorded "
@@ -243,6 +322,9 @@ def check_oom(run) -> CheckResult:
         elif unseen:
             said = (f"no process was killed; {len(unseen)} recorded process(es) ended without ending their "
                     "recording while the command exited 0 (a forked worker ending with os._exit does): not deaths")
+        elif ended:
+            said = (f"no process was killed; {len(ended)} recorded process(es) ended without ending their recording, "
+                    "with no kill seen and memory to spare (a Pool worker, a subprocess, os._exit): not deaths")
         else:
             said = "no process was killed or vanished"
         return CheckResult(NAME, TITLE, "n/a", said, EXPLANATION)
@@ -250,5 +332,6 @@ def check_oom(run) -> CheckResult:
     span = (min(f.span[0] for f in findings), max(f.span[1] for f in findings))
     summary = findings[0].message if len(findings) == 1 else \
         f"{len(findings)} processes killed; first: {findings[0].message}"
-    return CheckResult(NAME, TITLE, "fail", summary, EXPLANATION, span, findings,
+    status = "fail" if any(f.status == "fail" for f in findings) else "warn"
+    return CheckResult(NAME, TITLE, status, summary, EXPLANATION, span, findings,
                        "RSS, NVML, host and cgroup memory before the death")

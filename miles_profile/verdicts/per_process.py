@@ -22,7 +22,7 @@ from miles_profile.runmodel.process_view import (
 )
 from miles_profile.verdicts import checks as checks_mod
 from miles_profile.verdicts import fleet_checks
-from miles_profile.verdicts.types import STATUS_ORDER, worst_status
+from miles_profile.verdicts.types import JUDGED, STATUS_ORDER, worst_status
 from miles_profile.words import role_text
 
 # How close a finding came to failing, from the numbers the checks record: (value, limit) pairs where
@@ -76,7 +76,7 @@ def _severity(finding: checks_mod.Finding) -> float:
 
 def _worst_key(item) -> tuple:
     result = item[1]
-    judged = [f for f in result.findings if f.status in ("pass", "fail")]
+    judged = [f for f in result.findings if f.status in JUDGED]
     return (STATUS_ORDER.get(result.status, 9), -sum(f.status == "fail" for f in judged),
             -max((_severity(f) for f in judged), default=-np.inf))
 
@@ -89,7 +89,8 @@ def _aggregate(items: list, n_judged: int, n_total: int) -> checks_mod.CheckResu
     roles = pd.Series([role_text(m.get("role")) for m, _ in items]).value_counts()
     counted = ", ".join(f"{v} {k}" for k, v in roles.items())
     failing = statuses.count("fail")
-    head = f"judged {n_judged} processes, {failing} fail" if failing else f"judged {n_judged} processes"
+    warning = statuses.count("warn")
+    head = f"judged {n_judged} processes" + "".join(f", {n} {word}" for n, word in ((failing, "fail"), (warning, "warn")) if n)
     unread = f"; {n_total - n_judged} more not judged here (samples not read: outside the lanes shown)" \
         if n_total > n_judged else ""
     if status == "n/a":

@@ -18,7 +18,7 @@ from miles_profile import names
 from miles_profile.errors import MilesProfileError
 from miles_profile.logdir.layout import PHASE_SELECTION_KEY
 from miles_profile.phase_select import PhaseSelection, parse_phases
-from miles_profile.verdicts.types import TOO_SMALL
+from miles_profile.verdicts.types import JUDGED, TOO_SMALL, WARN
 
 
 def selection_for(run, text: str | None) -> PhaseSelection | None:
@@ -64,10 +64,13 @@ def _select_findings(result, selection: PhaseSelection):
         return result
     note = f"{dropped} finding(s) in phases not selected (--phase {selection.text})"
     failed = [f for f in kept if f.status == "fail"]
-    judged = [f for f in kept if f.status in ("pass", "fail")]
+    judged = [f for f in kept if f.status in JUDGED]
+    warned = [f for f in kept if f.status == WARN]
     small = [f for f in kept if f.status == TOO_SMALL]
     if failed:
         status, summary = "fail", f"{len(failed)} of {len(judged)} failed; first: {failed[0].message}; {note}"
+    elif warned:
+        status, summary = WARN, f"{len(warned)} of {len(judged)} unsure; first: {warned[0].message}; {note}"
     elif judged:
         status, summary = "pass", f"{len(judged)} pass in the selected phases; {note}"
     elif small:

@@ -70,6 +70,10 @@ def judge_floors(iterations, floors, *, resolution: float, allowed: float, min_i
     x, y = np.asarray(iterations, dtype=float), np.asarray(floors, dtype=float)
     ok = np.isfinite(x) & np.isfinite(y)
     x, y = x[ok], y[ok]
+    if 2 <= len(x) < min_iterations:
+        short = _short_run(x, y, resolution, allowed, min_iterations, step_cause)
+        if short is not None:
+            return short
     if len(x) < min_iterations:
         return FloorVerdict("n/a", None, f"needs {min_iterations} iterations after warm-up with a floor "
                             f"measured throughout, has {len(x)}", dict(iterations=len(x)))
@@ -112,6 +116,48 @@ def judge_floors(iterations, floors, *, resolution: float, allowed: float, min_i
     return FloorVerdict("pass", None, f"{measured}; allowed {_gib(allowed)} over the run", numbers)
 
 
+# A short run's floor rising in every iteration by at least this many times the series' resolution
+# (and this share of the allowed growth) is a leak before a trend has `min_iterations` floors.
+SHORT_STEP_RESOLUTIONS = 4.0
+SHORT_STEP_ALLOWED_SHARE = 0.25
+
+
+def _short_run(x: np.ndarray, y: np.ndarray, resolution: float, allowed: float, min_iterations: int,
+               step_cause: str) -> FloorVerdict | None:
+    """Too few floors for a trend (2 to min_iterations - 1): a floor that rose in every iteration by far
+    above the resolution, more than `allowed` in all, fails with its rate from 3 floors on (0.5 GiB of
+    logits kept per iteration over 4 iterations on the H200); with 2 floors the rise may be a one-time
+    step: a warning. A rise in one iteration only, flat otherwise, is a one-time step (pass). None: flat
+    or within the allowed growth, left to the n/a rule."""
+    d = np.diff(y)
+    total = float(y[-1] - y[0])
+    if total <= allowed:
+        return None
+    step = max(SHORT_STEP_RESOLUTIONS * resolution, SHORT_STEP_ALLOWED_SHARE * allowed)
+    rate = total / float(x[-1] - x[0])
+    numbers = dict(slope=rate, slope_low=float(d.min() / np.diff(x).max()), slope_high=float(d.max()),
+                   iterations=len(x), growth=total, growth_low=float(d.min()) * (len(x) - 1),
+                   allowed=float(allowed), resolution=float(resolution), first=float(y[0]), last=float(y[-1]),
+                   floors=[float(v) for v in y])
+    measured = (f"floor {_gib(y[0])} → {_gib(y[-1])} over {len(x)} iterations after warm-up, {_mib(rate)}/iteration "
+                f"(each iteration {_mib(d.min())} to {_mib(d.max())}; resolution {_gib(resolution)})")
+    if (d >= step).all():
+        if len(x) >= 3:
+            return FloorVerdict("fail", "sustained_growth", f"sustained growth in every iteration of a short run: "
+                                f"{measured}; {_gib(total)} over the run, allowed {_gib(allowed)} (too few iterations "
+                                f"for a trend, {min_iterations} needed, but every one rose)", numbers)
+        return FloorVerdict("warn", "few_iterations", f"rose in its one judged iteration: {measured}; allowed "
+                            f"{_gib(allowed)}: a leak or a one-time step, too few iterations to tell "
+                            f"({min_iterations} needed)", numbers)
+    if (d >= step).sum() == 1 and (np.abs(np.delete(d, np.argmax(d))) < step).all():
+        numbers.update(step=float(d.max()), step_after_iteration=int(x[int(np.argmax(d))]))
+        return FloorVerdict("pass", "one_time_step", f"one-time step of {_gib(d.max())}, flat otherwise: not a "
+                            f"leak; {measured}" + (f". Likely {step_cause}" if step_cause else ""), numbers)
+    return FloorVerdict("warn", "few_iterations", f"rose {_gib(total)} over {len(x)} iterations, not in every "
+                        f"one: {measured}; allowed {_gib(allowed)}; too few iterations for a trend "
+                        f"({min_iterations} needed)", numbers)
+
+
 def _stopped(x: np.ndarray, y: np.ndarray, fit: Slope, allowed: float) -> Slope | None:
     """The later half's trend when the growth did not go on to the end: its interval lies below the whole
     run's slope, and its lower bound over the whole run stays within `allowed` (a climb after a step
@@ -151,6 +197,10 @@ STEP_CAUSES = {
     "host": ("glibc keeps freed memory in its heap after an offload round trip (the freed CPU copies of "
              "tensors): set MALLOC_TRIM_THRESHOLD_ (e.g. 0) or MALLOC_ARENA_MAX=2, call "
              "ctypes.CDLL('libc.so.6').malloc_trim(0) after the onload, or run with jemalloc"),
+    # a run with no offload: glibc keeps freed memory too, but no round trip made it
+    "host_no_offload": ("glibc keeps freed memory in its heap (freed blocks below its mmap threshold stay "
+                        "resident): set MALLOC_TRIM_THRESHOLD_ (e.g. 0) or MALLOC_ARENA_MAX=2, or call "
+                        "ctypes.CDLL('libc.so.6').malloc_trim(0) after the phase that freed them"),
     "device": ("the CUDA caching allocator keeps freed blocks reserved: call torch.cuda.empty_cache() after "
                "the phase that freed them, or set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"),
     "allocated": ("tensors allocated once and kept (optimizer state created at the first step, a cache "

@@ -10,12 +10,18 @@ import numpy as np
 from miles_profile.runmodel.peak import HEADROOM_MAX_SHARE
 from miles_profile.runmodel.series import GiB
 
-Status = Literal["pass", "fail", "n/a", "too small to judge"]
+Status = Literal["pass", "fail", "warn", "n/a", "too small to judge"]
 # A comparison whose quantity (an expected size, a margin, a growth) lies below what its series can
 # resolve (verdicts/resolution.py) is neither a pass nor a failure: it says so.
 TOO_SMALL: Status = "too small to judge"
+# Ambiguous evidence (too few iterations for a trend, one process differing once, a drop within the
+# series' noise, or a run where nothing but headroom was judged): neither a clear pass nor a clear
+# failure. It exits 0 unless --strict; every view shows it as WARN.
+WARN: Status = "warn"
+# A finding or check with one of these statuses judged something; the others did not.
+JUDGED: tuple[str, ...] = ("pass", "fail", WARN)
 # Worst first: how statuses are ordered in every view, and how a check's status follows its findings'.
-STATUS_ORDER: dict[str, int] = {"fail": 0, "pass": 1, TOO_SMALL: 2, "n/a": 3}
+STATUS_ORDER: dict[str, int] = {"fail": 0, WARN: 1, "pass": 2, TOO_SMALL: 3, "n/a": 4}
 MiB = 1024 ** 2
 
 
@@ -99,11 +105,13 @@ CAUSES = {
     "sustained_growth": "the per-iteration floor keeps rising after warm-up",
     "one_time_step": "the floor stepped up once and stayed flat: allocator or glibc retention, not a leak",
     "growth_stopped": "the floor rose, then levelled off before the run ended: bounded, not a leak",
+    "few_iterations": "the floor rose in every iteration, but over too few iterations for a trend: a warning",
     # serialized_peaks
     "both_footprints": "the training and rollout footprints were resident at once",
     "residual": "more than one footprint is resident, but less than the other footprint: a residual",
     # fleet
     "rank_outlier": "one rank's peak lies far outside its peers' spread",
+    "differs_once": "one process differed from its peers in one iteration only, or by little against the total",
     # headroom, spikes, host memory
     "near_total": "the peak is near the device (or host) total",
     "transition_spike": "memory held between two phases above both: states coexisting during the hand-over, "
@@ -135,7 +143,8 @@ def gib(n: float) -> str:
 
 
 def worst_status(statuses) -> Status:
-    """fail > pass > too small to judge > n/a: one failure fails; a pass over anything is a pass."""
+    """fail > warn > pass > too small to judge > n/a: one failure fails; one warning warns; a pass over
+    anything is a pass."""
     statuses = list(statuses)
     return min(statuses, key=lambda s: STATUS_ORDER.get(s, 9)) if statuses else "n/a"
 

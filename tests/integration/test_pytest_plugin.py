@@ -90,6 +90,10 @@ def test_gpu():
     result.assert_outcomes(passed=1, warnings=1)
     result.stdout.fnmatch_lines(["*memory_limit: gpu limit 1.000 GiB not checkable in phase train: no GPU memory "
                                  "was recorded*"])
+    # a limit that judged nothing is a WARN: --memory-strict fails it, as visualize --strict exits 1
+    strict = run_inner(inner, "--memory-strict")
+    strict.assert_outcomes(failed=1)
+    strict.stdout.fnmatch_lines(["*WARN*0 of 1 checks judged*"])
 
 
 def test_a_phase_never_opened_fails_and_a_bad_size_is_a_usage_error(inner):

@@ -1,6 +1,8 @@
 """glibc's heap in use (probes/heap.py) on real allocations, and the recorder's opt-in."""
 from __future__ import annotations
 
+import time
+
 import torch
 
 import miles_profile as mp
@@ -31,7 +33,7 @@ def test_the_probes_peak_keeps_the_read_before_so_a_drop_still_shows_the_level_e
 
 
 def test_the_recorder_samples_the_heap_only_when_asked(tmp_path, monkeypatch):
-    monkeypatch.delenv("MILES_PROFILE_HEAP", raising=False)
+    monkeypatch.setenv("MILES_PROFILE_HEAP", "0")  # what `record --no-heap` sets
     with mp.Recorder(tmp_path / "off", interval_ms=5) as off:
         assert not off.samples_heap and not mp.samples_heap()
     monkeypatch.setenv("MILES_PROFILE_HEAP", "1")  # what `record --heap` sets for every process of the run
@@ -47,3 +49,19 @@ def test_the_recorder_samples_the_heap_only_when_asked(tmp_path, monkeypatch):
     summary = run.phase_summaries.set_index("series").loc["heap_used"]
     assert summary["peak"] - baseline >= 16 * MiB
     assert {"heap_used", "heap_used_peak"} <= set(run.samples.columns)
+
+
+def test_by_default_the_heap_is_read_at_phase_boundaries_only(tmp_path, monkeypatch):
+    """No flag: offload_drop gets the heap before, at the end of and after each phase, at two reads per
+    phase; periodic rows leave it empty, and no host forecast is judged on it (samples_heap is off)."""
+    monkeypatch.delenv("MILES_PROFILE_HEAP", raising=False)
+    with mp.Recorder(tmp_path / "default", interval_ms=5) as rec:
+        assert not rec.samples_heap
+        for _ in range(3):
+            with mp.phase("train"):
+                time.sleep(0.1)
+    run = mp.load(tmp_path / "default")
+    heap = run.samples["heap_used"]
+    assert heap.notna().sum() >= 6 and heap.isna().sum() > heap.notna().sum()  # boundaries, not the 5 ms rows
+    probe = next(p for p in run.processes[0]["probes"] if p["name"] == "heap")
+    assert probe["reads"] == "phase boundaries"

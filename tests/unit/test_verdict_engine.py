@@ -51,8 +51,11 @@ def _measures(before: float, now: float, key: str = "gpu|h|GPU-1", base_key: str
 # -- the rule every view shares -------------------------------------------------------------------
 @pytest.mark.parametrize("statuses, status", [
     (["pass", "n/a", TOO_SMALL], "pass"),
-    (["n/a", TOO_SMALL], TOO_SMALL),
-    (["n/a"], "n/a"),
+    (["pass", "warn", TOO_SMALL], "warn"),
+    (["warn", "fail"], "fail"),
+    # a run where nothing (or only headroom) judged anything warns: never a bare pass or n/a
+    (["n/a", TOO_SMALL], "warn"),
+    (["n/a"], "warn"),
     ([], "n/a"),
     (["pass", "fail", TOO_SMALL], "fail"),
 ])
@@ -60,7 +63,20 @@ def test_status_is_the_worst_check_and_exit_code_is_one_iff_it_fails(statuses, s
     verdict = RunVerdict("r", [_check(f"c{k}", s) for k, s in enumerate(statuses)])
     assert verdict.status == status
     assert verdict.exit_code == (1 if status == "fail" else 0)
-    assert STATUS_LABEL[status] in ("PASS", "FAIL", "N/A", "SMALL")
+    assert verdict.exit_code_for(strict=True) == (1 if status in ("fail", "warn") else 0)
+    assert STATUS_LABEL[status] in ("PASS", "FAIL", "WARN", "N/A", "SMALL")
+
+
+def test_a_run_judged_by_headroom_alone_warns_and_says_what_was_judged():
+    verdict = RunVerdict("r", [_check("offload_drop", "n/a"), _check("leak", "n/a"), _check("headroom", "pass"),
+                               _check("oom", "n/a")])
+    assert verdict.status == "warn" and verdict.exit_code == 0 and verdict.exit_code_for(True) == 1
+    assert verdict.coverage.startswith("1 of 4 checks judged: headroom")
+    assert ("coverage", verdict.coverage) in verdict.warnings()
+    judged = RunVerdict("r", [_check("leak", "pass"), _check("headroom", "pass")])
+    assert judged.status == "pass" and judged.coverage == "2 of 2 checks judged: leak, headroom"
+    data = verdict.to_dict()
+    assert data["status"] == "warn" and data["exit_code"] == 0 and data["exit_code_strict"] == 1
 
 
 def test_a_failing_gate_fails_a_run_whose_checks_pass():
@@ -194,7 +210,9 @@ def test_memory_limits_are_verdicts_and_a_limit_checking_nothing_is_an_error():
     over = judge_test_limits(run, host="1 MiB")
     assert over.status == "fail" and over.exit_code == 1
     assert over.checks[0].name == "memory_limit_host" and "> limit 1.0 MiB" in over.checks[0].summary
-    assert judge_test_limits(run, gpu="1 GiB").status == "n/a"  # a CPU run: not checkable, never a pass
+    # a CPU run: not checkable, never a pass; a limit that judged nothing warns (exit 0, 1 under --strict)
+    assert judge_test_limits(run, gpu="1 GiB").checks[0].status == "n/a"
+    assert judge_test_limits(run, gpu="1 GiB").status == "warn"
     with pytest.raises(MilesProfileError, match="both are None"):
         judge_limits(run, gpu=None, host=None)
     with pytest.raises(MilesProfileError, match="phase= takes"):
@@ -228,4 +246,5 @@ def test_too_small_to_judge_renders_in_the_cli_html_and_json():
     assert any(line.startswith("  N/A   leak") for line in lines)
     table = _checks_html(verdict.checks, 0.0, "checks")
     assert '<span class="badge small">TOO SMALL</span>' in table and 'data-status="too small to judge"' in table
-    assert verdict.to_dict()["checks"][0]["status"] == TOO_SMALL and verdict.to_dict()["status"] == TOO_SMALL
+    assert verdict.to_dict()["checks"][0]["status"] == TOO_SMALL
+    assert verdict.to_dict()["status"] == "warn"  # nothing judged: the run warns, never a bare small or pass

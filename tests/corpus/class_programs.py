@@ -1,0 +1,68 @@
+"""Small programs, one per class of issue 30, written as users write them and none of them a held-out
+case; tests/integration/test_verdict_classes.py records each under a plain `record --exec`.
+
+    python tests/corpus/class_programs.py memmap DIR   # a np.memmap data loader: file-backed pages only
+    python tests/corpus/class_programs.py short_leak   # 4 iterations, 96 MiB of batches kept per iteration
+    python tests/corpus/class_programs.py swap_kept    # each offload keeps the new state, drops the old one
+    python tests/corpus/class_programs.py healthy      # the same loop, offloads that free what they declare
+"""
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+import miles_profile as mp
+
+MiB = 1024 ** 2
+
+
+def memmap(folder: Path, iters: int = 8, chunk: int = 48 * MiB) -> None:
+    """A nanoGPT-style loader: each iteration reads the next 48 MiB of a memory-mapped token file. The
+    pages it touched stay mapped (rss_file grows 48 MiB per iteration); its anonymous memory is flat."""
+    path = folder / "tokens.bin"
+    with open(path, "wb") as f:
+        for _ in range(iters):
+            f.write(np.random.default_rng(0).integers(0, 255, chunk, dtype=np.uint8).tobytes())
+    data = np.memmap(path, dtype=np.uint8, mode="r")
+    total = 0
+    for it in range(iters):
+        with mp.phase("train", rollout_id=it):
+            batch = data[it * chunk:(it + 1) * chunk]
+            total += int(batch[::4096].sum()) + int(np.asarray(batch).sum() % 7)  # touches every page
+            time.sleep(0.3)
+    print("checksum", total)
+
+
+def _loop(iters: int, keep_batches: bool, swap_kept: bool, state_mib: int = 128) -> None:
+    history, kept = [], None
+    for it in range(iters):
+        with mp.phase("generate", rollout_id=it):
+            batch = np.ones(96 * MiB, dtype=np.uint8)
+            time.sleep(0.25)
+        if keep_batches:
+            history.append(batch)  # "for the metrics at the end": a leak of 96 MiB per iteration
+        del batch
+        with mp.phase("train", rollout_id=it):
+            state = np.ones(state_mib * MiB, dtype=np.uint8)
+            time.sleep(0.25)
+        with mp.phase("offload_train", rollout_id=it, target="disk", expected_bytes=state_mib * MiB):
+            if swap_kept:
+                kept = state  # "kept for the next step": the new copy kept, the previous one dropped
+            del state
+            time.sleep(0.1)
+    print("done", len(history), kept is not None)
+
+
+if __name__ == "__main__":
+    mode = sys.argv[1]
+    if mode == "memmap":
+        memmap(Path(sys.argv[2]))
+    elif mode == "short_leak":
+        _loop(4, keep_batches=True, swap_kept=False)
+    elif mode == "swap_kept":
+        _loop(4, keep_batches=False, swap_kept=True)
+    else:
+        _loop(4, keep_batches=False, swap_kept=False)
