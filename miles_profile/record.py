@@ -6,8 +6,8 @@ child, sampled from outside; the child's own `phase()` calls land in the same ru
 With --exec the command behaves as if run without `record`: it shares our process group (it may
 read the terminal; Ctrl-C, Ctrl-\\, Ctrl-Z and a hangup reach it from the terminal directly), a
 signal sent to the recorder is passed on to it, its stop stops the recorder, and its exit code (128+N
-for signal N) is ours, except that a job that succeeded exits 1 when its run directory was deleted
-mid-run (the log is gone, and we say so).
+for signal N) is ours, always: a run directory deleted mid-run is said in one line, and the job's exit
+code stays the job's (a scheduler that retries on failure must not rerun a job that succeeded).
 """
 from __future__ import annotations
 
@@ -29,10 +29,6 @@ from miles_profile.recorder import (
     DEFAULT_INTERVAL_MS, DEFAULT_LOG_DIR, OPTIONAL_PROBES, Recorder, check_interval_ms, create_run,
 )
 
-
-# Our exit code when the job succeeded but its run directory was deleted mid-run (a failed job's own
-# code wins: it says more).
-LOG_LOST = 1
 
 # Signals that belong to the command: sent to the recorder by a user, they are passed on. Those about
 # the recorder's own faults, files and timers (SEGV, PIPE, XFSZ, PROF, ...) stay here; SIGKILL and
@@ -157,8 +153,8 @@ def run_trainer(args: argparse.Namespace, trainer_args: list[str]) -> int:
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else 1
     finally:
-        logged = stop_and_tell(recorder, args)
-    return int(code or 0) if logged else with_log_lost(int(code or 0))
+        stop_and_tell(recorder, args)
+    return int(code or 0)
 
 
 def run_meta(args: argparse.Namespace) -> dict:
@@ -212,11 +208,6 @@ def stop_and_tell(recorder: Recorder | None, args: argparse.Namespace) -> bool:
     return True
 
 
-def with_log_lost(code: int) -> int:
-    """The job's exit code, non-zero when it succeeded but its log is gone (LOG_LOST)."""
-    return code if code != 0 else LOG_LOST
-
-
 def run_child(args: argparse.Namespace, command: list[str]) -> int:
     try:
         run_dir = create_run(args.log_dir, sys.argv, args.interval_ms, args.run_id, run_meta(args))
@@ -263,15 +254,14 @@ def run_child(args: argparse.Namespace, command: list[str]) -> int:
                     recorder.annotate({names.COMMAND_EXIT: code})
                 record_death(recorder, child.pid, code, command, oom_counter, oom_before)
         finally:
-            logged = stop_and_tell(recorder, args)
+            stop_and_tell(recorder, args)
             if host is not None:
                 host_sampler.leave(host)
     finally:
         while signal.sigtimedwait(watched, 0) is not None:  # what came after the child ended: not for us
             pass
         signal.pthread_sigmask(signal.SIG_UNBLOCK, watched)
-    code = 128 - code if code < 0 else code
-    return code if logged else with_log_lost(code)
+    return 128 - code if code < 0 else code
 
 
 def record_death(recorder: Recorder, pid: int, code: int, command: list[str], counter: oom.OomCounter,
