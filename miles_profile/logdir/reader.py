@@ -497,7 +497,11 @@ def _read_all_events(run_dir: Path, warnings: list[str], skip: set[str] | None =
         except NotRegularFile as exc:
             warnings.append(str(exc))
             continue
-        for event in parse_event_lines(data, _pid_of(path, EVENTS_SUFFIX), problems):
+        events, duplicated = drop_duplicated_events(parse_event_lines(data, _pid_of(path, EVENTS_SUFFIX), problems))
+        if duplicated:
+            warnings.append(f"{path.name}: dropped {duplicated} duplicated event line{'s' * (duplicated != 1)} "
+                            "(a phase begun or ended twice under one id, or a line repeated; the first kept)")
+        for event in events:
             if not isinstance(event.get("host"), str):
                 event["host"] = host
             rows.append(event)
@@ -505,6 +509,24 @@ def _read_all_events(run_dir: Path, warnings: list[str], skip: set[str] | None =
     if too_long[0]:
         warnings.append(f"skipped {too_long[0]} event lines over {EVENT_LINE_MAX:,} bytes")
     return events_frame(rows)
+
+
+def drop_duplicated_events(events: list[dict]) -> tuple[list[dict], int]:
+    """One file's events without repeats, and how many were dropped. A phase id is begun and ended once
+    per process, so a second begin (or end) of an id is a copied line (`cat E E > E`, a re-sent log); any
+    other event repeated whole (same time, kind, name and attributes) is too. Every view keys phases by
+    (host, pid, id): a repeat would make that key ambiguous."""
+    seen: set = set()
+    kept = []
+    for event in events:
+        if event["kind"] in (names.BEGIN, names.END) and event.get("id") is not None:
+            key = (event["kind"], event["pid"], event["id"])
+        else:
+            key = (event["kind"], event["pid"], event["name"], event["t"], repr(event.get("attrs")))
+        if key not in seen:
+            seen.add(key)
+            kept.append(event)
+    return kept, len(events) - len(kept)
 
 
 def events_frame(rows: list[dict]) -> pd.DataFrame:
