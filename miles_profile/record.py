@@ -88,6 +88,9 @@ def build_parser() -> argparse.ArgumentParser:
                              "copies on CUDA, memcpy, disk write/read in the first --watch-dir, else --log-dir), once "
                              "per host (cached), into the run meta: the report's transition meter compares every "
                              "offload with it (docs/transitions.md)")
+    parser.add_argument("--recalibrate", action="store_true",
+                        help="--calibrate, measured again now: replaces this host's cached ceilings (a "
+                             "measurement taken while the machine was busy would otherwise be kept for good)")
     parser.add_argument("--stacks", nargs="?", const=stacks.PEAK, default=None, metavar="PHASE",
                         help="CUDA only: record PyTorch's allocation history (stack traces) around ONE phase per "
                              "process, the first PHASE, or without PHASE the phase kind that held the peak so far "
@@ -161,7 +164,7 @@ def run_meta(args: argparse.Namespace) -> dict:
     """Run meta keys from our options: the phase selection, as parsed (an unknown name exits 2 in main)."""
     selection = parse_phases(args.phase)
     meta = {PHASE_SELECTION_KEY: selection.text} if selection is not None else {}
-    if args.calibrate:
+    if args.calibrate or args.recalibrate:
         meta.update(calibration_meta(args))
     return meta
 
@@ -172,7 +175,8 @@ def calibration_meta(args: argparse.Namespace) -> dict:
     disk_dir = args.watch_dir[0] if args.watch_dir else args.log_dir
     try:
         os.makedirs(disk_dir, exist_ok=True)
-        found = calibrate.for_this_host(disk_dir)
+        found = calibrate.for_this_host(disk_dir, refresh=args.recalibrate, warn=lambda line: print(
+            f"miles_profile: warning: {line}", file=sys.stderr, flush=True))
     except (OSError, RuntimeError, ValueError, subprocess.SubprocessError) as exc:  # measured in a child
         print(f"miles_profile: warning: not calibrated: {exc}", file=sys.stderr, flush=True)
         return {}

@@ -95,3 +95,62 @@ def test_duplicated_event_lines_are_dropped_with_a_warning(recorded, tmp_path):
     assert done.returncode == intact.returncode
     assert json.loads((tmp_path / "out" / "v.json").read_text())["runs"][0]["checks"] == \
         json.loads((tmp_path / "out2" / "v.json").read_text())["runs"][0]["checks"]
+
+
+# -- item 1: record --calibrate trusts its cache --------------------------------------------------------
+def _cache_file(cache: Path) -> Path:
+    from miles_profile.identity import host_name
+    cache.mkdir(exist_ok=True)
+    return cache / f"calibration-{host_name()}.json"
+
+
+@pytest.mark.parametrize("damage", ["null-link", "huge-link", "list", "fifo", "dev-zero"])
+def test_a_damaged_calibration_cache_is_said_and_measured_again(tmp_path, damage):
+    from miles_profile import calibrate
+    from miles_profile.identity import host_name
+    from tests.faults.test_faults_files import child
+    cache = _cache_file(tmp_path / "cache")
+    good = {"version": calibrate.VERSION, "host": host_name(), "disk_dir": str(tmp_path.resolve()),
+            "links": {"host_copy": 1e10}}
+    if damage == "fifo":
+        os.mkfifo(cache)
+    elif damage == "dev-zero":
+        cache.symlink_to("/dev/zero")
+    else:
+        links = {"null-link": {"host_copy": None}, "huge-link": {"host_copy": 1e300}}.get(damage)
+        cache.write_text(json.dumps({**good, "links": links} if links else [good]))
+    result = child(f"""
+        from miles_profile import calibrate
+        lines = []
+        found = calibrate.for_this_host({str(tmp_path)!r}, cache_dir={str(cache.parent)!r}, nbytes=1024 ** 2,
+                                        warn=lines.append)
+        result = {{"cached": found["cached"], "links": found["links"], "lines": lines}}
+    """, timeout=60)  # a FIFO hung here before; /dev/zero was a MemoryError, a null link a TypeError in record
+    assert result["cached"] is False and result["links"]["host_copy"] > 0
+    assert len(result["lines"]) == 1 and f"ignoring the calibration cache {cache}" in result["lines"][0], result
+    assert json.loads(cache.read_text())["links"] == result["links"]  # replaced by the new measurement
+
+
+@pytest.mark.slow  # two real calibrations of 256 MiB (~6 s of disk writes each here)
+def test_record_with_a_null_link_in_its_cache_runs_the_job_and_recalibrate_measures_again(tmp_path):
+    from miles_profile import calibrate
+    from miles_profile.identity import host_name
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    cache = _cache_file(tmp_path / "cache")
+    cache.write_text(json.dumps({"version": calibrate.VERSION, "host": host_name(), "disk_dir": str(logs.resolve()),
+                                 "links": {"host_copy": None}}))
+    env = {calibrate.CACHE_ENV: str(cache.parent)}
+    job = [sys.executable, "-c", "print('job ran')"]
+    done = cli("-m", "miles_profile.record", "--calibrate", "--log-dir", str(logs), "--exec", "--", *job,
+               env=env, timeout=120)
+    assert done.returncode == 0 and "job ran" in done.stdout, done.stderr  # before: TypeError, rc 1, no job
+    assert "Traceback" not in done.stderr and "ignoring the calibration cache" in done.stderr, done.stderr
+    assert "link ceilings: host_copy" in done.stderr, done.stderr
+    again = cli("-m", "miles_profile.record", "--calibrate", "--log-dir", str(logs), "--exec", "--", *job, env=env)
+    assert "link ceilings (cached)" in again.stderr, again.stderr
+    measured_at = json.loads(cache.read_text())["measured_at"]
+    fresh = cli("-m", "miles_profile.record", "--recalibrate", "--log-dir", str(logs), "--exec", "--", *job,
+                env=env, timeout=120)
+    assert fresh.returncode == 0 and "link ceilings: host_copy" in fresh.stderr, fresh.stderr
+    assert json.loads(cache.read_text())["measured_at"] > measured_at
