@@ -25,6 +25,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from miles_profile.errors import MilesProfileError
+from miles_profile.logdir.files import open_regular
+from miles_profile.stacks import DEFAULT_MAX_ENTRIES
+
 MEMORY_VIZ_URL = "https://pytorch.org/memory_viz"
 # A snapshot is bounded by --stacks-max-entries; past this a file is no snapshot of ours (or needs
 # PyTorch's own tools): refused before it is read.
@@ -165,9 +169,12 @@ def peak_sites(snapshot: dict, *, limit: int = 10, max_entries: int | None = Non
     if not isinstance(snapshot, dict) or not isinstance(snapshot.get("segments", []), list):
         raise ValueError("not a PyTorch memory snapshot (no segments list)")
     traces = snapshot.get("device_traces") or []
+    bound = int(max_entries) if max_entries else DEFAULT_MAX_ENTRIES
     out = []
     for device in _devices(snapshot):
-        trace = [e for e in (traces[device] if device < len(traces) else None) or () if isinstance(e, dict)]
+        # PyTorch keeps the latest max_entries entries: a longer history is no file the recorder wrote,
+        # and only its latest `bound` entries are replayed (the work follows the entries used, not the file)
+        trace = [e for e in ((traces[device] if device < len(traces) else None) or ())[-bound:] if isinstance(e, dict)]
         live_end = _live_blocks(snapshot, device)
         start = _start_state(live_end, trace)
         _, peak, peak_at = _replay(start, trace)
@@ -198,7 +205,7 @@ def load_snapshot(path: str | os.PathLike) -> dict:
         raise ValueError(f"{path.name} is {size / 1024 ** 2:.0f} MiB, over the {MAX_SNAPSHOT_BYTES // 1024 ** 2} MiB "
                          "this report reads; open it in memory_viz")
     try:
-        with open(path, "rb") as f:
+        with open(open_regular(path), "rb") as f:  # a FIFO or a device is refused, never waited on
             data = _PlainData(f).load()
     except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError, IndexError,
             MemoryError, RecursionError) as exc:
@@ -282,7 +289,7 @@ def _phase_facts(run, keys: set[tuple[str, int, int]]) -> dict[tuple[str, int, i
 def _locate(run, name: str) -> Path | None:
     for folder in [*(getattr(run, "directories", None) or ()), run.path]:
         candidate = Path(folder) / name
-        if candidate.is_file():
+        if os.path.lexists(candidate):  # a FIFO or link there is refused when read, and said so
             return candidate
     return None
 
@@ -319,8 +326,13 @@ def _read_into(run, found: StackSnapshot, limit: int) -> None:
     try:
         stat = path.stat()
         found.devices = list(_parsed(str(path), stat.st_mtime_ns, stat.st_size, limit, found.max_entries))
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, MilesProfileError) as exc:
         found.status, found.reason = "unreadable", str(exc)
+    except (TypeError, AttributeError, KeyError, IndexError, OverflowError, RecursionError) as exc:
+        # plain data of the wrong shape (segments as ints, a trace that is a number): this snapshot
+        # loses its section, never the report
+        found.status, found.reason = "unreadable", (f"{path.name} is no memory snapshot of PyTorch's shape "
+                                                    f"({type(exc).__name__}: {exc})")[:300]
 
 
 def stacks_records(found: list[StackSnapshot]) -> list[dict[str, Any]]:

@@ -154,3 +154,37 @@ def test_record_with_a_null_link_in_its_cache_runs_the_job_and_recalibrate_measu
                 env=env, timeout=120)
     assert fresh.returncode == 0 and "link ceilings: host_copy" in fresh.stderr, fresh.stderr
     assert json.loads(cache.read_text())["measured_at"] > measured_at
+
+
+# -- item 6: stacks snapshots of the wrong shape, or longer than the recorder keeps -------------------
+@pytest.mark.parametrize("shape", ["segments-as-ints", "trace-a-number", "blocks-a-string", "fifo"])
+def test_a_snapshot_of_the_wrong_shape_loses_its_section_only(recorded, tmp_path, shape):
+    import pickle
+    from tests.faults.sweep import _add_calibration_and_stacks, snapshot
+    run = copy_of(recorded, tmp_path)
+    _add_calibration_and_stacks(run)
+    (path,) = run.glob("*.stacks.pickle")
+    snap = snapshot()
+    if shape == "segments-as-ints":
+        snap["segments"] = [1, 2]
+    elif shape == "trace-a-number":
+        snap["device_traces"] = [7.5]
+    elif shape == "blocks-a-string":
+        snap["segments"][0]["blocks"] = "abc"
+    if shape == "fifo":
+        path.unlink()
+        os.mkfifo(path)
+    else:
+        path.write_bytes(pickle.dumps(snap))
+    done = report(run, tmp_path / "out")  # before: exit 2 "could not report this log (AttributeError ...)"
+    assert done.returncode in (0, 1) and "Traceback" not in done.stderr, done.stdout + done.stderr
+    (found,) = json.loads((tmp_path / "out" / "v.json").read_text())["runs"][0]["stacks"]
+    assert found["status"] == "unreadable" and path.name in found["reason"], found
+
+
+def test_a_snapshot_longer_than_its_history_bound_replays_only_the_entries_kept(tmp_path):
+    from miles_profile.report.stacks import peak_sites
+    from tests.faults.sweep import snapshot
+    snap = snapshot(200_000)
+    (peak,) = peak_sites(snap, max_entries=1000)
+    assert peak.entries == 1000  # before: all 200,000 replayed (2M entries: 214 s and 2 GB)
