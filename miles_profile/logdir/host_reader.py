@@ -25,6 +25,7 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 
 from miles_profile.logdir.damaged_csv import quiet_invalid_rows
+from miles_profile.logdir.ranges import drop_impossible_bytes
 from miles_profile.logdir.files import NotRegularFile, read_data, read_small
 from miles_profile.logdir.layout import FORMAT_VERSION, GPU_PROCS_SUFFIX, HOST_META_SUFFIX, HOST_SAMPLES_SUFFIX
 
@@ -115,7 +116,7 @@ def _read_csv(path: Path, warnings: list[str]) -> pd.DataFrame | None:
         warnings.append(f"{path.name}: unreadable values set to absent")
     if bad:
         warnings.append(f"{path.name}: skipped {len(bad)} malformed rows")
-    return frame[np.isfinite(frame["t"].to_numpy(dtype=float))]
+    return drop_impossible_bytes(frame[np.isfinite(frame["t"].to_numpy(dtype=float))].copy(), warnings, path.name)
 
 
 def host_frames(dirs: Iterable[Path], warnings: list[str], *, samples: bool = True, procs: bool = True,

@@ -25,6 +25,7 @@ from miles_profile.logdir import completeness
 from miles_profile.logdir.merge import alias_event_pids, copied_stems, pid_aliases
 from miles_profile.errors import MilesProfileError
 from miles_profile.logdir.events import EventProblems, parse_event_lines
+from miles_profile.logdir.ranges import drop_impossible_bytes, drop_impossible_ceilings
 from miles_profile.logdir.damaged_csv import quiet_invalid_rows, read_damaged, usable_header
 from miles_profile.logdir.files import EVENT_LINE_MAX, NotRegularFile, bounded_lines, map_regular, read_small
 from miles_profile.logdir.layout import (
@@ -204,6 +205,7 @@ def load_run(*paths: str | Path, sample_pids=None) -> Run:
     if len(dirs) > 1:
         meta = {**meta, "directories": [str(d) for d, _ in dirs]}
     warnings: list[str] = []
+    meta = drop_impossible_ceilings(meta, warnings, str(run_dir / RUN_META))
     copies = copied_stems([d for d, _ in dirs], warnings)
     processes, sample_frames, event_frames = [], [], []
     for folder, _ in dirs:
@@ -460,6 +462,7 @@ def _read_all_samples(run_dir: Path, warnings: list[str], finished: set | frozen
             continue
         if frame is not None and len(frame):
             frame = _clean_times(frame, warnings, path.name)
+            frame = drop_impossible_bytes(frame, warnings, path.name)
             frame.insert(2, "pid", np.int64(pid))
             frames.append(frame)
     if not frames:

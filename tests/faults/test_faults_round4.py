@@ -188,3 +188,47 @@ def test_a_snapshot_longer_than_its_history_bound_replays_only_the_entries_kept(
     snap = snapshot(200_000)
     (peak,) = peak_sites(snap, max_entries=1000)
     assert peak.entries == 1000  # before: all 200,000 replayed (2M entries: 214 s and 2 GB)
+
+
+# -- item 7: numbers out of range ---------------------------------------------------------------------
+def _set_cell(csv: Path, line: int, column: str, value: str) -> None:
+    rows = csv.read_text().split("\n")
+    header = rows[0].split(",")
+    cells = rows[line - 1].split(",")
+    cells[header.index(column)] = value
+    rows[line - 1] = ",".join(cells)
+    csv.write_text("\n".join(rows))
+
+
+@pytest.mark.parametrize("value", ["-999624704000", str(2 ** 60)])
+def test_an_impossible_byte_cell_is_dropped_with_a_warning_naming_file_and_line(recorded, tmp_path, value):
+    run = copy_of(recorded, tmp_path)
+    samples = run / f"{stem_of(run)}.samples.csv"
+    _set_cell(samples, 12, "rss", value)
+    done = report(run, tmp_path / "out")
+    intact = report(copy_of(recorded, tmp_path / "intact"), tmp_path / "out2")
+    assert done.returncode == intact.returncode, done.stdout  # before: 2**60 bytes of RSS failed `headroom`
+    assert f"{samples.name}: dropped 1 byte value out of range" in done.stdout and "line 12, rss" in done.stdout
+    checks = lambda out: [(c["name"], c["status"]) for c in json.loads((out / "v.json").read_text())["runs"][0]["checks"]]  # noqa: E731
+    assert checks(tmp_path / "out") == checks(tmp_path / "out2")
+
+
+def test_a_calibration_link_of_10_to_the_30_is_dropped_with_a_warning(recorded, tmp_path):
+    run = copy_of(recorded, tmp_path)
+    meta = json.loads((run / "meta.json").read_text())
+    meta["calibration"] = {"version": 1, "host": "h", "disk_dir": "/tmp", "links": {"host_copy": 10 ** 30,
+                                                                                     "disk_write": 1e9}}
+    (run / "meta.json").write_text(json.dumps(meta))
+    done = report(run, tmp_path / "out")
+    assert done.returncode in (0, 1), done.stderr  # before: exit 2, "could not report this log (TypeError ...)"
+    assert "meta.json: dropped 1 calibration link" in done.stdout and "host_copy" in done.stdout, done.stdout
+
+
+def test_a_negative_phase_summary_is_set_absent_with_a_warning(recorded, tmp_path):
+    import re
+    run = copy_of(recorded, tmp_path)
+    events = run / f"{stem_of(run)}.events.jsonl"
+    events.write_text(re.sub(r'"peak":(\d+)', r'"peak":-\1', events.read_text(), count=1))
+    done = report(run, tmp_path / "out")
+    assert done.returncode in (0, 1), done.stderr
+    assert "summary.rss.peak=-" in done.stdout, done.stdout
