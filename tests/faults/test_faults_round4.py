@@ -232,3 +232,90 @@ def test_a_negative_phase_summary_is_set_absent_with_a_warning(recorded, tmp_pat
     done = report(run, tmp_path / "out")
     assert done.returncode in (0, 1), done.stderr
     assert "summary.rss.peak=-" in done.stdout, done.stdout
+
+
+# -- item 4: --rollout-engine-url answers that are no answer ------------------------------------------
+class _BadServer:
+    """A real HTTP server on a free port whose every answer is `answer(handler)`."""
+
+    def __init__(self, answer):
+        import http.server
+        import threading
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):
+                answer(self)
+
+            do_POST = do_GET
+
+            def log_message(self, *args):
+                pass
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def _send(handler, status: int, body: bytes) -> None:
+    handler.send_response(status)
+    handler.send_header("Content-Length", str(len(body)))
+    handler.end_headers()
+    handler.wfile.write(body)
+
+
+def _trickle(handler) -> None:
+    import time
+    handler.send_response(200)
+    handler.send_header("Content-Length", "1000000")
+    handler.end_headers()
+    try:
+        for _ in range(100):
+            handler.wfile.write(b" ")
+            handler.wfile.flush()
+            time.sleep(0.2)
+    except OSError:
+        pass
+
+
+ANSWERS = {
+    "garbage-bytes": (lambda h: _send(h, 200, b"\xff\xfe\x00garbage"), "that are no JSON"),
+    "bad-json": (lambda h: _send(h, 200, b'{"pid": 1,'), "that are no JSON"),
+    "a-list": (lambda h: _send(h, 200, b"[1, 2]"), "answered no JSON object"),
+    "empty-500": (lambda h: _send(h, 500, b""), "answered HTTP 500"),
+    "slow": (_trickle, "no complete answer within 1 s"),
+}
+
+
+@pytest.mark.parametrize("answer", sorted(ANSWERS))
+def test_an_engine_url_answering_garbage_slowly_or_nothing_is_one_error_naming_the_url(answer, monkeypatch):
+    import time
+
+    import torch
+
+    from trainer import engine_client, engine_http
+    from trainer.errors import EngineError
+    monkeypatch.setitem(engine_client.ANSWER_TIMEOUT_S, engine_http.SERVER_INFO, 1.0)
+    respond, says = ANSWERS[answer]
+    server = _BadServer(respond)
+    try:
+        start = time.monotonic()
+        with pytest.raises(EngineError) as info:  # before: UnicodeDecodeError, ValueError, AttributeError, 600 s
+            engine_client.RemoteEngine.connect(server.url, torch.device("cpu"))
+        assert time.monotonic() - start < 10
+    finally:
+        server.close()
+    message = str(info.value)
+    assert server.url in message and says in message, message
+
+
+@pytest.mark.parametrize("url", ["http://[::1", "http://h:port/"])
+def test_an_engine_url_that_is_no_url_is_one_line_and_exit_2(url, capsys):
+    from trainer.args import parse_args
+    with pytest.raises(SystemExit) as exc:  # before: ValueError traceback
+        parse_args(["--preset", "tiny", "--rollout-engine-url", url], cuda_available=False)
+    assert exc.value.code == 2 and "is not a valid URL" in capsys.readouterr().err
