@@ -351,9 +351,15 @@ def _report_argv(paths: list[str], out: Path) -> list[str]:
     return [*paths, "-o", str(out / "r.html"), "--json", str(out / "v.json")]
 
 
-def run_report(paths: list[str], out: Path) -> int:
-    """visualize in this (forked) process: its exit code."""
+def run_report(paths: list[str], out: Path, full: bool = True) -> int:
+    """visualize in this (forked) process: its exit code. Not `full`: the timeline figure and the HTML
+    page (plotly: two thirds of a report's time) are left out; the readers, the run model, every
+    check, the ledger, transitions, what-if and stacks (all in --json) run as in a full report."""
     from miles_profile.visualize import main
+    if not full:
+        import miles_profile.report.html as html
+        html.timeline_figure = lambda run, max_points=None: None
+        html.write_html = lambda path, reports, **kw: Path(path).write_text("(left out by the sweep)")
     return main(_report_argv(paths, out))
 
 
@@ -370,7 +376,7 @@ def run_cache(root: Path) -> int:
     return 0
 
 
-def child_main(kind: str, template: Path, work: Path, seed: int, timeout: float) -> None:
+def child_main(kind: str, template: Path, work: Path, seed: int, timeout: float, full: bool = True) -> None:
     """In the forked child: damage a copy, run its reader, exit with the reader's code."""
     out_fd = os.open(work / "stdout", os.O_WRONLY | os.O_CREAT, 0o644)
     err_fd = os.open(work / "stderr", os.O_WRONLY | os.O_CREAT, 0o644)
@@ -389,7 +395,7 @@ def child_main(kind: str, template: Path, work: Path, seed: int, timeout: float)
         if kind == "cache":
             rc = run_cache(Path(paths[0]))
         else:
-            rc = run_report(paths, out)
+            rc = run_report(paths, out, full)
     except BaseException:  # noqa: BLE001 - a traceback is what the sweep counts
         traceback.print_exc()
         rc = 99
@@ -455,7 +461,7 @@ def plan(count: int, kinds: tuple[str, ...], seed: int) -> list[tuple[str, int]]
 
 
 def sweep(count: int, kinds: tuple[str, ...], seed: int, jobs: int, timeout: float, base: Path,
-          log=print) -> dict:
+          log=print, full_every: int = 1) -> dict:
     """Run the sweep in `base`; returns {"counts": {kind: {outcome: n}}, "examples": [...], "inputs": n}."""
     templates = make_templates(base, kinds)
     baselines = {k: baseline_of(k, templates[k], base) for k in kinds}
@@ -468,14 +474,18 @@ def sweep(count: int, kinds: tuple[str, ...], seed: int, jobs: int, timeout: flo
     running: dict[int, tuple] = {}
     queue = plan(count, kinds, seed)
     started = time.monotonic()
-    done_n = 0
+    done_n = started_n = 0
+    full_n = 0
     while queue or running:
         while queue and len(running) < jobs:
             kind, s = queue.pop(0)
             work = Path(tempfile.mkdtemp(prefix=f"{kind}-", dir=base))
+            full = started_n % full_every == 0
+            started_n += 1
+            full_n += full
             pid = os.fork()
             if pid == 0:
-                child_main(kind, templates[kind], work, s, timeout)
+                child_main(kind, templates[kind], work, s, timeout, full)
             running[pid] = (kind, s, work, time.monotonic())
         pid, status = os.waitpid(-1, os.WNOHANG)
         if pid == 0:
@@ -496,7 +506,7 @@ def sweep(count: int, kinds: tuple[str, ...], seed: int, jobs: int, timeout: flo
         if done_n % 50 == 0:
             log(f"{done_n} inputs, {time.monotonic() - started:.0f} s: "
                 f"{ {k: dict(v) for k, v in counts.items()} }")
-    return {"counts": {k: dict(v) for k, v in counts.items()}, "examples": examples,
+    return {"counts": {k: dict(v) for k, v in counts.items()}, "examples": examples, "full_reports": full_n,
             "inputs": sum(sum(v.values()) for v in counts.values()), "seconds": time.monotonic() - started}
 
 
@@ -518,6 +528,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--timeout", type=float, default=90.0)
     parser.add_argument("--kinds", default=",".join(KINDS))
+    parser.add_argument("--full-every", type=int, default=1, metavar="N",
+                        help="every Nth input gets the whole report (timeline figure and HTML page); the others "
+                             "the readers, checks and --json only (default: %(default)s, every input)")
     parser.add_argument("--out", default=None, help="write the counts and the non-ok examples here (JSON)")
     args = parser.parse_args(argv)
     kinds = tuple(k for k in args.kinds.split(",") if k)
@@ -525,13 +538,13 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--kinds: one or more of {', '.join(KINDS)}")
     with tempfile.TemporaryDirectory(prefix="miles-sweep-") as base:
         result = sweep(args.count, kinds, args.seed, args.jobs, args.timeout, Path(base),
-                       log=lambda line: print(line, file=sys.stderr, flush=True))
+                       log=lambda line: print(line, file=sys.stderr, flush=True), full_every=max(1, args.full_every))
     total = collections.Counter()
     for kind, c in result["counts"].items():
         total.update(c)
         print(f"{kind:10} {sum(c.values()):5} inputs  " + "  ".join(f"{o} {c.get(o, 0)}" for o in OUTCOMES))
     print(f"{'all':10} {sum(total.values()):5} inputs  " + "  ".join(f"{o} {total.get(o, 0)}" for o in OUTCOMES)
-          + f"  ({result['seconds']:.0f} s)")
+          + f"  ({result['seconds']:.0f} s; {result['full_reports']} with the whole HTML report)")
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=1))
     bad = sum(total.get(o, 0) for o in ("traceback", "hang", "internal", "false_fail", "silent_pass"))
