@@ -428,7 +428,9 @@ def classify(work: Path, rc: int | None, baseline: dict | None) -> str:
     before = {c["name"]: c["status"] for c in baseline["runs"][0]["checks"]}
     if any(c["status"] == "fail" and before.get(c["name"]) != "fail" for c in run["checks"]):
         return "false_fail"
-    warned = bool(run.get("warnings")) or bool(run.get("notes")) or "warning:" in out
+    # a stacks snapshot that can't be read is said in its own section (status and reason, HTML and --json)
+    unreadable_stacks = any(st.get("status") in ("unreadable", "missing") for st in run.get("stacks") or ())
+    warned = bool(run.get("warnings")) or bool(run.get("notes")) or "warning:" in out or unreadable_stacks
     if report["status"] == "pass" and info["visible"] and not warned:
         return "silent_pass"
     return "ok"
@@ -513,7 +515,7 @@ def sweep(count: int, kinds: tuple[str, ...], seed: int, jobs: int, timeout: flo
 def _record_outcome(kind, seed, work, rc, baselines, counts, examples) -> None:
     outcome = classify(work, rc, baselines[kind])
     counts[kind][outcome] += 1
-    if outcome not in ("ok", "refused"):
+    if outcome != "ok":
         info = json.loads((work / "damage.json").read_text()) if (work / "damage.json").exists() else {}
         err = (work / "stderr").read_text(errors="replace")[-600:] if (work / "stderr").exists() else ""
         examples.append({"kind": kind, "seed": seed, "outcome": outcome, "damage": info.get("damage"),
