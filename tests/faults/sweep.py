@@ -29,7 +29,7 @@ Outcomes, one per input (the report's `--json` against the intact template's):
     false_fail     a check that FAILs on the damaged input and did not on the intact one
     ok             anything else: a verdict with the damage said
 Each report runs in a child forked from a parent that imported the project once (no interpreter start
-per input), under `nice`, at most --jobs at a time.
+per input), at most --jobs at a time (run the sweep under `nice -n 10` on a shared machine).
 """
 from __future__ import annotations
 
@@ -104,8 +104,25 @@ def _add_calibration_and_stacks(run: Path) -> None:
                                 "file": path.name, "path": str(path), "max_entries": 100}}) + "\n")
 
 
+def _kept_templates(base: Path, kinds: tuple[str, ...]) -> dict[str, Path] | None:
+    """The templates an earlier sweep left in `base` (--templates), or None where one is missing."""
+    found = {}
+    for kind in kinds:
+        if kind in ("one", "stacks", "two"):
+            runs = sorted((base / ("one" if kind == "stacks" else kind)).glob("run-*"))
+            found[kind] = runs[0] if runs else None
+        elif kind == "miles":
+            found[kind] = base / "miles" / "dump" if (base / "miles" / "dump").is_dir() else None
+        else:
+            found[kind] = base / kind if (base / kind).is_dir() else None
+    return None if None in found.values() else found
+
+
 def make_templates(base: Path, kinds: tuple[str, ...]) -> dict[str, Path]:
     sys.path.insert(0, str(REPO))
+    kept = _kept_templates(base, kinds)
+    if kept is not None:
+        return kept
     found = {}
     if {"one", "stacks"} & set(kinds):
         found["one"] = _record(base / "one", TRAINER)
@@ -384,7 +401,6 @@ def child_main(kind: str, template: Path, work: Path, seed: int, timeout: float,
     os.dup2(err_fd, 2)
     sys.stdout = os.fdopen(1, "w", buffering=1)
     sys.stderr = os.fdopen(2, "w", buffering=1)
-    os.nice(10)
     rc = 98
     try:
         rng = random.Random(seed)
@@ -440,6 +456,8 @@ def baseline_of(kind: str, template: Path, base: Path) -> dict | None:
     if kind == "cache":
         return None
     out = base / f"baseline-{kind}"
+    if (out / "v.json").exists():  # kept from an earlier sweep over the same templates (--templates)
+        return json.loads((out / "v.json").read_text())
     out.mkdir()
     env = dict(os.environ, PYTHONPATH=str(REPO))
     paths = [str(template)]
@@ -533,13 +551,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--full-every", type=int, default=1, metavar="N",
                         help="every Nth input gets the whole report (timeline figure and HTML page); the others "
                              "the readers, checks and --json only (default: %(default)s, every input)")
+    parser.add_argument("--templates", default=None, metavar="DIR",
+                        help="keep the recorded templates (and their intact reports) in DIR and reuse those found "
+                             "there (default: a temporary directory, removed at the end)")
     parser.add_argument("--out", default=None, help="write the counts and the non-ok examples here (JSON)")
     args = parser.parse_args(argv)
     kinds = tuple(k for k in args.kinds.split(",") if k)
     if not set(kinds) <= set(KINDS):
         parser.error(f"--kinds: one or more of {', '.join(KINDS)}")
-    with tempfile.TemporaryDirectory(prefix="miles-sweep-") as base:
-        result = sweep(args.count, kinds, args.seed, args.jobs, args.timeout, Path(base),
+    with tempfile.TemporaryDirectory(prefix="miles-sweep-") as scratch:
+        base = Path(args.templates) if args.templates else Path(scratch)
+        base.mkdir(parents=True, exist_ok=True)
+        result = sweep(args.count, kinds, args.seed, args.jobs, args.timeout, base,
                        log=lambda line: print(line, file=sys.stderr, flush=True), full_every=max(1, args.full_every))
     total = collections.Counter()
     for kind, c in result["counts"].items():
