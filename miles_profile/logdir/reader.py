@@ -214,10 +214,11 @@ def load_run(*paths: str | Path, sample_pids=None) -> Run:
         completeness.warn_missing_files(folder, found, warnings)
         processes += found
     aliases = pid_aliases(processes, warnings)
+    without_events: list[str] = []  # stems whose events file gave no event
     for folder, _ in dirs:
         finished = {p.get("stem") for p in processes if p.get("end_time")}
         sample_frames.append(_read_all_samples(folder, warnings, finished, sample_pids, copies.get(folder), aliases))
-        event_frames.append(_read_all_events(folder, warnings, copies.get(folder)))
+        event_frames.append(_read_all_events(folder, warnings, copies.get(folder), without_events))
     samples = sample_frames[0] if len(sample_frames) == 1 else _merge_samples(sample_frames)
     events = event_frames[0] if len(event_frames) == 1 else events_frame(
         [row for frame in event_frames for row in frame.to_dict("records")])
@@ -227,6 +228,8 @@ def load_run(*paths: str | Path, sample_pids=None) -> Run:
     completeness.warn_unended([d for d, _ in dirs], processes, warnings)
     completeness.warn_missing_ranks(processes, warnings)
     completeness.warn_clock_skew(dirs, warnings)
+    completeness.warn_phases_without_events(
+        samples, {s: aliases.get(s, _pid_of(Path(s + EVENTS_SUFFIX), EVENTS_SUFFIX)) for s in without_events}, warnings)
     phases = phases_from_events(events, samples)
     outside = [p["pid"] for p in processes if p.get("role") == "exec_parent"]
     if outside and len(samples):
@@ -489,7 +492,8 @@ def _clean_times(samples: pd.DataFrame, warnings: list[str], source: str) -> pd.
 
 
 # -- events and phases -------------------------------------------------------------------------
-def _read_all_events(run_dir: Path, warnings: list[str], skip: set[str] | None = None) -> pd.DataFrame:
+def _read_all_events(run_dir: Path, warnings: list[str], skip: set[str] | None = None,
+                     without_events: list[str] | None = None) -> pd.DataFrame:
     rows, problems, too_long = [], EventProblems(), [0]
     for path in sorted(run_dir.glob(f"*{EVENTS_SUFFIX}")):
         if skip and path.name[: -len(EVENTS_SUFFIX)] in skip:
@@ -501,6 +505,8 @@ def _read_all_events(run_dir: Path, warnings: list[str], skip: set[str] | None =
             warnings.append(str(exc))
             continue
         events, duplicated = drop_duplicated_events(parse_event_lines(data, _pid_of(path, EVENTS_SUFFIX), problems))
+        if not events and without_events is not None:
+            without_events.append(path.name[: -len(EVENTS_SUFFIX)])
         if duplicated:
             warnings.append(f"{path.name}: dropped {duplicated} duplicated event line{'s' * (duplicated != 1)} "
                             "(a phase begun or ended twice under one id, or a line repeated; the first kept)")

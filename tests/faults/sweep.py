@@ -284,17 +284,21 @@ def damage_input(root: Path, rng: random.Random, files: list[Path]) -> tuple[str
     """Damage one file under `root`: a name for the damage, and whether a reader can see it."""
     target = rng.choice(files)
     rel = target.relative_to(root)
+    # a file that held no data (a header only: gpu_procs.csv without NVML) or only a copy of the meta's end
+    # and losses (status.json, read only where the meta lacks them) loses nothing a report shows
+    holds_data = not target.name.endswith(".status.json") and (
+        target.suffix == ".pickle" or target.read_bytes().count(b"\n") > (1 if target.suffix == ".csv" else 0))
     if rng.random() < 0.2:
         how = rng.choice(FILE_DAMAGES)
         if how == "missing":
             target.unlink()
         else:
             _replace_file(target, how)
-        return f"{rel}:{how}", True
+        return f"{rel}:{how}", holds_data
     how = rng.choice(TEXT_DAMAGES)
     if target.suffix == ".pickle":
         how = rng.choice(("truncate", "bitflip"))
-    return f"{rel}:{how}", damage_text(target, rng, how)
+    return f"{rel}:{how}", damage_text(target, rng, how) and holds_data
 
 
 def stacks_damage(run: Path, rng: random.Random) -> tuple[str, bool]:

@@ -344,3 +344,26 @@ def test_an_engine_url_that_is_no_url_is_one_line_and_exit_2(url, capsys):
     with pytest.raises(SystemExit) as exc:  # before: ValueError traceback
         parse_args(["--preset", "tiny", "--rollout-engine-url", url], cuda_available=False)
     assert exc.value.code == 2 and "is not a valid URL" in capsys.readouterr().err
+
+
+# -- found by the sweep: destroyed host and events files were silent ---------------------------------
+@pytest.mark.parametrize("damage", ["host.csv-missing", "host.csv-empty", "host.json-missing", "events-emptied"])
+def test_a_destroyed_host_or_events_file_is_said(recorded, tmp_path, damage):
+    from miles_profile.logdir.reader import load_run
+    run = copy_of(recorded, tmp_path)
+    stem = stem_of(run)
+    if damage == "host.csv-missing":
+        (run / f"{stem}.host.csv").unlink()
+    elif damage == "host.csv-empty":
+        (run / f"{stem}.host.csv").write_bytes(b"")
+    elif damage == "host.json-missing":
+        (run / f"{stem}.host.json").unlink()
+    else:
+        (run / f"{stem}.events.jsonl").write_bytes(b"")
+    loaded = load_run(run)
+    loaded.host_samples  # noqa: B018 - host files are read on first use
+    expected = {"host.csv-missing": f"{stem}.host.json: no {stem}.host.csv beside it",
+                "host.csv-empty": f"{stem}.host.csv: empty; not read",
+                "host.json-missing": f"{stem}.host.csv: no {stem}.host.json beside it",
+                "events-emptied": "no events, while the samples name phases"}[damage]
+    assert any(expected in w for w in loaded.warnings), loaded.warnings  # before: no warning at all
