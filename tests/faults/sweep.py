@@ -481,11 +481,12 @@ def plan(count: int, kinds: tuple[str, ...], seed: int) -> list[tuple[str, int]]
     for k in kinds:
         n = max(1, round(count * share[k] / total))
         jobs += [(k, seed * 100_003 + i * 7 + KINDS.index(k)) for i in range(n)]
+    random.Random(seed).shuffle(jobs)  # kinds interleaved: a sweep stopped early still covers each
     return jobs
 
 
 def sweep(count: int, kinds: tuple[str, ...], seed: int, jobs: int, timeout: float, base: Path,
-          log=print, full_every: int = 1) -> dict:
+          log=print, full_every: int = 1, partial=None) -> dict:
     """Run the sweep in `base`; returns {"counts": {kind: {outcome: n}}, "examples": [...], "inputs": n}."""
     templates = make_templates(base, kinds)
     baselines = {k: baseline_of(k, templates[k], base) for k in kinds}
@@ -527,9 +528,12 @@ def sweep(count: int, kinds: tuple[str, ...], seed: int, jobs: int, timeout: flo
         kind, s, work, _ = running.pop(pid)
         done_n += 1
         _record_outcome(kind, s, work, os.waitstatus_to_exitcode(status), baselines, counts, examples)
-        if done_n % 50 == 0:
+        if done_n % 25 == 0:
             log(f"{done_n} inputs, {time.monotonic() - started:.0f} s: "
                 f"{ {k: dict(v) for k, v in counts.items()} }")
+            if partial is not None:  # what is counted so far, should the sweep be stopped
+                partial({"counts": {k: dict(v) for k, v in counts.items()}, "examples": examples, "partial": True,
+                         "full_reports": full_n, "inputs": done_n, "seconds": time.monotonic() - started})
     return {"counts": {k: dict(v) for k, v in counts.items()}, "examples": examples, "full_reports": full_n,
             "inputs": sum(sum(v.values()) for v in counts.values()), "seconds": time.monotonic() - started}
 
@@ -567,7 +571,8 @@ def main(argv: list[str] | None = None) -> int:
         base = Path(args.templates) if args.templates else Path(scratch)
         base.mkdir(parents=True, exist_ok=True)
         result = sweep(args.count, kinds, args.seed, args.jobs, args.timeout, base,
-                       log=lambda line: print(line, file=sys.stderr, flush=True), full_every=max(1, args.full_every))
+                       log=lambda line: print(line, file=sys.stderr, flush=True), full_every=max(1, args.full_every),
+                       partial=(lambda r: Path(args.out).write_text(json.dumps(r, indent=1))) if args.out else None)
     total = collections.Counter()
     for kind, c in result["counts"].items():
         total.update(c)
