@@ -174,7 +174,10 @@ def peak_sites(snapshot: dict, *, limit: int = 10, max_entries: int | None = Non
     for device in _devices(snapshot):
         # PyTorch keeps the latest max_entries entries: a longer history is no file the recorder wrote,
         # and only its latest `bound` entries are replayed (the work follows the entries used, not the file)
-        trace = [e for e in ((traces[device] if device < len(traces) else None) or ())[-bound:] if isinstance(e, dict)]
+        kept = ((traces[device] if device < len(traces) else None) or ())[-bound:]
+        trace = [e for e in kept if isinstance(e, dict)]
+        if len(trace) < len(kept):  # damage, not a history: said as unreadable rather than shown as "nothing"
+            raise ValueError(f"{len(kept) - len(trace)} history entries of device {device} are no allocation records")
         live_end = _live_blocks(snapshot, device)
         start = _start_state(live_end, trace)
         _, peak, peak_at = _replay(start, trace)
@@ -327,7 +330,7 @@ def _read_into(run, found: StackSnapshot, limit: int) -> None:
         stat = path.stat()
         found.devices = list(_parsed(str(path), stat.st_mtime_ns, stat.st_size, limit, found.max_entries))
     except (OSError, ValueError, MilesProfileError) as exc:
-        found.status, found.reason = "unreadable", str(exc)
+        found.status, found.reason = "unreadable", str(exc) if path.name in str(exc) else f"{path.name}: {exc}"
     except (TypeError, AttributeError, KeyError, IndexError, OverflowError, RecursionError) as exc:
         # plain data of the wrong shape (segments as ints, a trace that is a number): this snapshot
         # loses its section, never the report
