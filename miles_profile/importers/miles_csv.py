@@ -23,6 +23,7 @@ from miles_profile import names
 from miles_profile.errors import MilesProfileError
 from miles_profile.logdir.files import read_data  # NotRegularFile is a MilesProfileError
 from miles_profile.logdir.layout import FORMAT_VERSION
+from miles_profile.logdir.ranges import MAX_BYTES
 from miles_profile.logdir.reader import Run, events_frame, phase_timeline, phases_from_events
 
 REQUIRED = ("time_s", "used_gb", "available_gb", "percent", "marker")
@@ -48,6 +49,22 @@ def _read(path: Path) -> pd.DataFrame:
     return frame
 
 
+def _gb_or_absent(column: pd.Series, values: np.ndarray, path: Path, warnings: list[str]) -> np.ndarray:
+    """GB values, with those that are no amount of memory (text, NaN, inf, below 0, over 2**50 bytes)
+    set absent and said in one line naming the first (its line in the file): a 1e308 cell made the
+    host's used memory overflow, silently."""
+    given = column.notna().to_numpy() & (column.astype(str).str.strip() != "").to_numpy()
+    with np.errstate(invalid="ignore"):
+        bad = given & ~(np.isfinite(values) & (values >= 0) & (values <= MAX_BYTES / GB))
+    if bad.any():
+        at = int(np.flatnonzero(bad)[0])
+        n = int(bad.sum())
+        warnings.append(f"{path.name}: dropped {n} {column.name} value{'s' * (n != 1)} that {'are' if n != 1 else 'is'} "
+                        f"no amount of memory (first: line {at + 2}, {str(column.iloc[at])[:30]!r})")
+        values = np.where(bad, np.nan, values)
+    return values
+
+
 def load_miles_csv(path: str | Path) -> Run:
     path = Path(path)
     frame = _read(path)
@@ -55,6 +72,8 @@ def load_miles_csv(path: str | Path) -> Run:
     t = pd.to_numeric(frame["time_s"], errors="coerce").to_numpy(float)
     used = pd.to_numeric(frame["used_gb"], errors="coerce").to_numpy(float)
     available = pd.to_numeric(frame["available_gb"], errors="coerce").to_numpy(float)
+    used = _gb_or_absent(frame["used_gb"], used, path, warnings)
+    available = _gb_or_absent(frame["available_gb"], available, path, warnings)
     markers = frame["marker"].astype(str).to_numpy(object)
     good = np.isfinite(t)
     if (~good).any():

@@ -248,6 +248,12 @@ def with_samples(run: Run, pids=None) -> Run:
     frames = [_read_all_samples(folder, warnings, finished, pids, copies.get(folder), aliases)
               for folder in run.directories]
     samples = frames[0] if len(frames) == 1 else _merge_samples(frames)
+    # a lazy load read no samples: a process without events is judged against them now
+    have = set(run.events["pid"].tolist()) if len(run.events) else set()
+    found: list[str] = []
+    completeness.warn_phases_without_events(samples, {p["stem"]: p["pid"] for p in run.processes if isinstance(
+        p.get("stem"), str) and p.get("pid") not in have}, found)
+    warnings += [w for w in found if w not in run.warnings]
     outside = [p["pid"] for p in run.processes if p.get("role") == "exec_parent"]
     if outside and len(samples):
         samples = _fill_phases_from_timeline(samples, run.events, outside)

@@ -367,3 +367,13 @@ def test_a_destroyed_host_or_events_file_is_said(recorded, tmp_path, damage):
                 "host.json-missing": f"{stem}.host.csv: no {stem}.host.json beside it",
                 "events-emptied": "no events, while the samples name phases"}[damage]
     assert any(expected in w for w in loaded.warnings), loaded.warnings  # before: no warning at all
+
+
+def test_a_miles_csv_cell_that_is_no_amount_of_memory_is_dropped_with_a_warning(tmp_path):
+    from miles_profile.importers.miles_csv import load_miles_csv
+    path = tmp_path / "cpu.csv"
+    path.write_text("time_s,used_gb,available_gb,percent,marker\n0.0,10.0,50.0,20,step_0/train_start\n"
+                    "0.5,1e308,50,20,\n1.0,-3,x,20,step_0/train_end\n")
+    run = load_miles_csv(path)  # before: 1e308 GB overflowed silently (a RuntimeWarning on the terminal)
+    assert run.samples["rss"].isna().tolist() == [False, True, True]
+    assert "cpu.csv: dropped 2 used_gb values that are no amount of memory (first: line 3, '1e308')" in run.warnings
