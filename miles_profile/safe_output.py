@@ -40,7 +40,7 @@ def check_output_path(path: str | os.PathLike) -> None:
     if not stat.S_ISREG(found.st_mode):
         what = "a FIFO" if stat.S_ISFIFO(found.st_mode) else "a directory" if stat.S_ISDIR(found.st_mode) \
             else "not a regular file"
-        raise UnsafeOutput(f"refusing to write {path}: it is {what}; remove it or choose another file with -o")
+        raise UnsafeOutput(f"cannot write {path}: it is {what} (refusing to write into it); choose another file")
 
 
 def write_text_nofollow(path: str | os.PathLike, text: str) -> None:

@@ -42,7 +42,7 @@ def test_visualize_never_writes_through_a_link_or_into_a_fifo(tmp_path, kind):
         os.mkfifo(run / "report.html")
     done = cli("-m", "miles_profile.visualize", str(run), timeout=60)  # a FIFO hung here before
     line = one_line_error(done)
-    assert "refusing to write" in line and str(run / "report.html") in line, line
+    assert "refusing to write" in line and str(run / "report.html") in line, line  # one line, naming the file
     assert victim.read_text() == "precious"
     if kind == "fifo":
         return
