@@ -34,9 +34,14 @@ _STEP = re.compile(r"(?:step|rollout|iter(?:ation)?)_?(\d+)$")
 GB = 10 ** 9  # the profiler's unit (decimal), not GiB
 
 
-def _read(path: Path) -> pd.DataFrame:
+def _read(path: Path, warnings: list[str] | None = None) -> pd.DataFrame:
     try:  # the guarded open: regular files only, holes skipped, at most DATA_MAX_BYTES
         data, _ = read_data(path)
+        end = data.rfind(b"\n")
+        if data and end < len(data) - 1 and end > 0 and warnings is not None:
+            # a row cut by a crash or a copy: its numbers are the cut's, not the profiler's
+            warnings.append(f"{path.name}: dropped a truncated last line")
+            data = data[: end + 1]
         frame = pd.read_csv(io.BytesIO(data), dtype=str, keep_default_na=False, skipinitialspace=True,
                             on_bad_lines="skip", engine="python")
     except (OSError, UnicodeDecodeError, pd.errors.ParserError, pd.errors.EmptyDataError) as exc:
@@ -67,8 +72,8 @@ def _gb_or_absent(column: pd.Series, values: np.ndarray, path: Path, warnings: l
 
 def load_miles_csv(path: str | Path) -> Run:
     path = Path(path)
-    frame = _read(path)
     warnings: list[str] = []
+    frame = _read(path, warnings)
     t = pd.to_numeric(frame["time_s"], errors="coerce").to_numpy(float)
     used = pd.to_numeric(frame["used_gb"], errors="coerce").to_numpy(float)
     available = pd.to_numeric(frame["available_gb"], errors="coerce").to_numpy(float)

@@ -377,3 +377,11 @@ def test_a_miles_csv_cell_that_is_no_amount_of_memory_is_dropped_with_a_warning(
     run = load_miles_csv(path)  # before: 1e308 GB overflowed silently (a RuntimeWarning on the terminal)
     assert run.samples["rss"].isna().tolist() == [False, True, True]
     assert "cpu.csv: dropped 2 used_gb values that are no amount of memory (first: line 3, '1e308')" in run.warnings
+
+
+def test_a_miles_csv_cut_mid_row_drops_that_row_with_a_warning(tmp_path):
+    from miles_profile.importers.miles_csv import load_miles_csv
+    path = tmp_path / "cpu.csv"
+    path.write_text("time_s,used_gb,available_gb,percent,marker\n0.0,10.0,50.0,20,\n0.5,12.0,48.0,20,\n1.0,1")
+    run = load_miles_csv(path)  # before: the cut row read as used 1 GB, silently
+    assert run.samples["t"].tolist() == [0.0, 0.5] and "cpu.csv: dropped a truncated last line" in run.warnings
