@@ -385,3 +385,17 @@ def test_a_miles_csv_cut_mid_row_drops_that_row_with_a_warning(tmp_path):
     path.write_text("time_s,used_gb,available_gb,percent,marker\n0.0,10.0,50.0,20,\n0.5,12.0,48.0,20,\n1.0,1")
     run = load_miles_csv(path)  # before: the cut row read as used 1 GB, silently
     assert run.samples["t"].tolist() == [0.0, 0.5] and "cpu.csv: dropped a truncated last line" in run.warnings
+
+
+@pytest.mark.parametrize("gpus", [[""], [1.5]])
+def test_a_miles_phase_whose_gpus_are_no_indices_is_placed_on_no_gpu_with_a_warning(tmp_path, gpus):
+    from miles_profile.importers.miles_dashboard import load_miles_dashboard
+    from tests.unit.test_miles_dashboard_import import write_miles_dashboard
+    root = write_miles_dashboard(tmp_path / "dump" / "dashboard", iterations=2)
+    (part,) = sorted((root / "phases").glob("*.jsonl"))[-1:]
+    lines = part.read_text().splitlines()
+    row = json.loads(lines[-1])
+    lines[-1] = json.dumps({**row, "gpus": gpus})
+    part.write_text("\n".join(lines) + "\n")
+    run = load_miles_dashboard(root)  # before: ValueError: invalid literal for int() (the report exited 2)
+    assert any("`gpus` that are no GPU indices" in w for w in run.warnings), run.warnings
