@@ -3,6 +3,7 @@ meter (runmodel/transitions.py) holds every offload, onload and weight update ag
 
     measure(nbytes=DEFAULT_BYTES, disk_dir=None, repeats=3) -> dict    # one measurement, now
     for_this_host(disk_dir=None, refresh=False, cache_dir=None) -> dict  # cached per host, measured in a child
+                                                                         # (refresh: `record --recalibrate`)
     python -m miles_profile.calibrate [--bytes N] [--disk-dir D]       # measure(), as JSON on stdout
     ceilings_of(meta) -> dict[str, float]                              # link -> bytes/s; {} when none
 
@@ -32,6 +33,7 @@ from typing import Callable
 
 import numpy as np
 
+from miles_profile.errors import MilesProfileError
 from miles_profile.identity import host_name
 
 CALIBRATION_KEY = "calibration"
@@ -41,6 +43,8 @@ CACHE_ENV = "MILES_PROFILE_CACHE_DIR"
 LINKS = ("pinned_d2h", "pinned_h2d", "pageable_d2h", "pageable_h2d", "device_copy", "host_copy",
          "disk_write", "disk_read")
 _CHUNK = 8 * 1024**2
+CACHE_MAX_BYTES = 64 * 1024  # a calibration is under 1 KiB
+MAX_BYTES_PER_S = 1e15  # a petabyte per second: no memory link is faster; a larger ceiling is damage
 
 
 def _best(copy: Callable[[], None], repeats: int, sync: Callable[[], None] = lambda: None) -> float:
@@ -168,25 +172,71 @@ def _cache_path(cache_dir: str | Path | None) -> Path:
     return root / f"calibration-{host_name()}.json"
 
 
+def cached_problem(found: object, wanted_disk_dir: str) -> str | None:
+    """Why a cache file's content can't be used here (None: it can). Every link must be a finite
+    positive number of bytes per second; a wrong type, NaN or 1e300 is damage, not a measurement."""
+    if not isinstance(found, dict):
+        return "not a JSON object"
+    if found.get("version") != VERSION or found.get("host") != host_name() or found.get("disk_dir") != wanted_disk_dir:
+        return ""  # another version, host or disk directory: not ours, measured again without a word
+    links = found.get("links")
+    if not isinstance(links, dict) or not links:
+        return "no links"
+    for name, value in links.items():
+        if name not in LINKS:
+            return f"unknown link {str(name)[:40]!r}"
+        if type(value) not in (int, float) or not 0 < value < MAX_BYTES_PER_S:  # NaN and inf fail it too
+            return f"link {name} is {json.dumps(value)[:40]}, not a number of bytes/s"
+    return None
+
+
+def _read_cache(path: Path, wanted_disk_dir: str, warn: Callable[[str], None]) -> dict | None:
+    """The cached calibration at `path`, or None (with one `warn` line when the file is damaged). Read
+    as run files are (logdir/files.py): a FIFO or a link to /dev/zero is refused, never waited on."""
+    from miles_profile.logdir.files import read_small
+    if not os.path.lexists(path):
+        return None
+    try:
+        found = json.loads(read_small(path, limit=CACHE_MAX_BYTES))
+    except (OSError, ValueError, RecursionError, MilesProfileError) as exc:
+        warn(f"ignoring the calibration cache {path} ({str(exc)[:200] or type(exc).__name__}); measuring again")
+        return None
+    problem = cached_problem(found, wanted_disk_dir)
+    if problem:
+        warn(f"ignoring the calibration cache {path} ({problem}); measuring again")
+    return None if problem is not None else found
+
+
+def _write_cache(path: Path, result: dict) -> None:
+    """Atomically (a temporary file renamed over it: a link there is replaced, never followed)."""
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        with open(fd, "w") as f:
+            f.write(json.dumps(result, indent=1))
+        os.replace(tmp, path)
+    except OSError:  # a cache that can't be written is measured again next time
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+
+
 def for_this_host(disk_dir: str | Path | None = None, refresh: bool = False, cache_dir: str | Path | None = None,
-                  nbytes: int = DEFAULT_BYTES) -> dict:
+                  nbytes: int = DEFAULT_BYTES, warn: Callable[[str], None] = lambda line: None) -> dict:
     """This host's calibration: the cached one (per host name, and per disk directory), else measured
-    now and cached. A cache that cannot be read or written is measured again, silently: it is a cache."""
+    now and cached; `refresh` measures again (a measurement taken under load would be kept for good).
+    A cache that can't be read is measured again; a damaged one (a wrong type, a FIFO, a link to
+    /dev/zero) is said in one `warn` line first: it is a cache, the job never waits on it."""
     path = _cache_path(cache_dir)
     wanted = str(Path(disk_dir or tempfile.gettempdir()).resolve())
     if not refresh:
-        try:
-            found = json.loads(path.read_text())
-            if found.get("version") == VERSION and found.get("host") == host_name() and found.get("disk_dir") == wanted:
-                return {**found, "cached": True}
-        except (OSError, ValueError, AttributeError):
-            pass
+        found = _read_cache(path, wanted, warn)
+        if found is not None:
+            return {**found, "cached": True}
     result = measure_in_child(nbytes, disk_dir)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(result, indent=1))
-    except OSError:
-        pass
+    _write_cache(path, result)
     return {**result, "cached": False}
 
 
@@ -195,8 +245,8 @@ def ceilings_of(meta: dict | None) -> dict[str, float]:
     found = (meta or {}).get(CALIBRATION_KEY)
     if not isinstance(found, dict) or not isinstance(found.get("links"), dict):
         return {}
-    return {k: float(v) for k, v in found["links"].items()
-            if k in LINKS and isinstance(v, (int, float)) and np.isfinite(v) and v > 0}
+    return {k: float(v) for k, v in found["links"].items()  # 10**30 (an int numpy can't hold) is dropped too
+            if k in LINKS and type(v) in (int, float) and 0 < v < MAX_BYTES_PER_S}  # NaN and inf fail it too
 
 
 if __name__ == "__main__":

@@ -6,8 +6,8 @@ child, sampled from outside; the child's own `phase()` calls land in the same ru
 With --exec the command behaves as if run without `record`: it shares our process group (it may
 read the terminal; Ctrl-C, Ctrl-\\, Ctrl-Z and a hangup reach it from the terminal directly), a
 signal sent to the recorder is passed on to it, its stop stops the recorder, and its exit code (128+N
-for signal N) is ours, except that a job that succeeded exits 1 when its run directory was deleted
-mid-run (the log is gone, and we say so).
+for signal N) is ours, always: a run directory deleted mid-run is said in one line, and the job's exit
+code stays the job's (a scheduler that retries on failure must not rerun a job that succeeded).
 """
 from __future__ import annotations
 
@@ -35,10 +35,6 @@ from miles_profile.recorder import (
     DEFAULT_INTERVAL_MS, DEFAULT_LOG_DIR, OPTIONAL_PROBES, Recorder, check_interval_ms, create_run,
 )
 
-
-# Our exit code when the job succeeded but its run directory was deleted mid-run (a failed job's own
-# code wins: it says more).
-LOG_LOST = 1
 
 # Signals that belong to the command: sent to the recorder by a user, they are passed on. Those about
 # the recorder's own faults, files and timers (SEGV, PIPE, XFSZ, PROF, ...) stay here; SIGKILL and
@@ -125,6 +121,9 @@ def build_parser() -> argparse.ArgumentParser:
                              "copies on CUDA, memcpy, disk write/read in the first --watch-dir, else --log-dir), once "
                              "per host (cached), into the run meta: the report's transition meter compares every "
                              "offload with it (docs/transitions.md)")
+    parser.add_argument("--recalibrate", action="store_true",
+                        help="--calibrate, measured again now: replaces this host's cached ceilings (a "
+                             "measurement taken while the machine was busy would otherwise be kept for good)")
     parser.add_argument("--stacks", nargs="?", const=stacks.PEAK, default=None, metavar="PHASE",
                         help="CUDA only: record PyTorch's allocation history (stack traces) around ONE phase per "
                              "process, the first PHASE, or without PHASE the phase kind that held the peak so far "
@@ -213,16 +212,16 @@ def run_trainer(args: argparse.Namespace, trainer_args: list[str]) -> int:
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else 1
     finally:
-        logged = stop_and_tell(recorder, args)
+        stop_and_tell(recorder, args)
         stop_metrics(metrics)
-    return int(code or 0) if logged else with_log_lost(int(code or 0))
+    return int(code or 0)
 
 
 def run_meta(args: argparse.Namespace) -> dict:
     """Run meta keys from our options: the phase selection, as parsed (an unknown name exits 2 in main)."""
     selection = parse_phases(args.phase)
     meta = {PHASE_SELECTION_KEY: selection.text} if selection is not None else {}
-    if args.calibrate:
+    if args.calibrate or args.recalibrate:
         meta.update(calibration_meta(args))
     return meta
 
@@ -233,7 +232,8 @@ def calibration_meta(args: argparse.Namespace) -> dict:
     disk_dir = args.watch_dir[0] if args.watch_dir else args.log_dir
     try:
         os.makedirs(disk_dir, exist_ok=True)
-        found = calibrate.for_this_host(disk_dir)
+        found = calibrate.for_this_host(disk_dir, refresh=args.recalibrate, warn=lambda line: print(
+            f"miles_profile: warning: {line}", file=sys.stderr, flush=True))
     except (OSError, RuntimeError, ValueError, subprocess.SubprocessError) as exc:  # measured in a child
         print(f"miles_profile: warning: not calibrated: {exc}", file=sys.stderr, flush=True)
         return {}
@@ -267,11 +267,6 @@ def stop_and_tell(recorder: Recorder | None, args: argparse.Namespace) -> bool:
     print(f"miles_profile: log written; report it with: python -m miles_profile.visualize {args.log_dir}",
           file=sys.stderr)
     return True
-
-
-def with_log_lost(code: int) -> int:
-    """The job's exit code, non-zero when it succeeded but its log is gone (LOG_LOST)."""
-    return code if code != 0 else LOG_LOST
 
 
 def run_child(args: argparse.Namespace, command: list[str], auto_tag: bool = True) -> int:
@@ -340,7 +335,7 @@ def run_child(args: argparse.Namespace, command: list[str], auto_tag: bool = Tru
                     print(f"miles_profile: {tagging_text(integrations_of(read_process_metas(recorder.run_dir)))}",
                           file=sys.stderr, flush=True)
         finally:
-            logged = stop_and_tell(recorder, args)
+            stop_and_tell(recorder, args)
             if host is not None:
                 host_sampler.leave(host)
             stop_metrics(metrics)
@@ -348,8 +343,7 @@ def run_child(args: argparse.Namespace, command: list[str], auto_tag: bool = Tru
         while signal.sigtimedwait(watched, 0) is not None:  # what came after the child ended: not for us
             pass
         signal.pthread_sigmask(signal.SIG_UNBLOCK, watched)
-    code = 128 - code if code < 0 else code
-    return code if logged else with_log_lost(code)
+    return 128 - code if code < 0 else code
 
 
 def tell_unreached_ray(run_dir, drivers: list[int]) -> None:

@@ -284,7 +284,11 @@ def device_memory(device: str) -> int | None:
 
 
 def _engine_url_problem(args: argparse.Namespace, world_size: int) -> str | None:
-    url = urllib.parse.urlsplit(args.rollout_engine_url)
+    try:
+        url = urllib.parse.urlsplit(args.rollout_engine_url)
+        url.port  # noqa: B018 - raises ValueError for a port that is no number
+    except ValueError as exc:  # `http://[::1`: an unclosed IPv6 bracket
+        return f"--rollout-engine-url {args.rollout_engine_url!r} is not a valid URL ({exc})"
     if url.scheme not in ("http", "https") or not url.hostname:
         return f"--rollout-engine-url {args.rollout_engine_url!r} is not an http:// or https:// URL with a host"
     if args.rollout_engine == "in_process":

@@ -8,15 +8,16 @@ engine into its own weights; the staging tensor is kept alive until the reply, t
 """
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
+import urllib.parse
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Iterable, Sequence
@@ -50,6 +51,8 @@ class RemoteEngine:
                  device: torch.device):
         self.proc, self.url, self._workdir, self.device = proc, url, workdir, device
         info = self._request("GET", api.SERVER_INFO)
+        if not isinstance(info, dict):
+            raise EngineError(f"engine server at {url}: {api.SERVER_INFO} answered no JSON object")
         # Our engine server states its sizes; another SGLang-compatible server (SGLang's own /server_info
         # lists its server args instead) leaves them unknown: 0 bytes, and no expected_bytes on the phases.
         self.ours = "kv_cache_bytes" in info
@@ -114,7 +117,11 @@ class RemoteEngine:
                 "sampling_params": {"max_new_tokens": response_len, "temperature": temperature,
                                     "sampling_seed": seed}}
         replies = self._request("POST", api.GENERATE, body)
-        return torch.tensor([r["output_ids"] for r in replies], dtype=torch.long)
+        try:
+            return torch.tensor([r["output_ids"] for r in replies], dtype=torch.long)
+        except (TypeError, KeyError, ValueError, IndexError, RuntimeError) as exc:  # no list of token-id lists
+            raise EngineError(f"engine server at {self.url}: {api.GENERATE} answered no token ids "
+                              f"({type(exc).__name__}: {str(exc)[:100]})") from None
 
     def release_memory_occupation(self, tags: Sequence[str]) -> None:
         self._request("POST", api.RELEASE, {"tags": list(tags)})
@@ -124,10 +131,18 @@ class RemoteEngine:
 
     def occupied_bytes(self, tags: Sequence[str]) -> int | None:
         """Bytes a release of `tags` would free; None from a server without our /memory_occupation."""
-        return self._request("POST", api.MEMORY, {"tags": list(tags)})["occupied_bytes"] if self.ours else None
+        return self._bytes_field("occupied_bytes", tags) if self.ours else None
 
     def released_bytes(self, tags: Sequence[str]) -> int | None:
-        return self._request("POST", api.MEMORY, {"tags": list(tags)})["released_bytes"] if self.ours else None
+        return self._bytes_field("released_bytes", tags) if self.ours else None
+
+    def _bytes_field(self, key: str, tags: Sequence[str]) -> int:
+        reply = self._request("POST", api.MEMORY, {"tags": list(tags)})
+        value = reply.get(key) if isinstance(reply, dict) else None
+        if type(value) is not int or value < 0:
+            raise EngineError(f"engine server at {self.url}: {api.MEMORY} answered no byte count {key} "
+                              f"({str(value)[:40]})")
+        return value
 
     def flush_cache(self) -> None:
         self._request("POST", api.FLUSH_CACHE, {})
@@ -152,8 +167,10 @@ class RemoteEngine:
         if self.device.type == "cuda":
             torch.cuda.ipc_collect()  # frees blocks whose IPC handles the engine has closed
             torch.cuda.empty_cache()  # and returns the staging chunk: the engine onloads next
-        if not reply.get("success"):
-            raise EngineError(f"update_weights_from_tensor: {reply.get('message')}")
+        if not isinstance(reply, dict) or not reply.get("success"):
+            message = reply.get("message") if isinstance(reply, dict) else None
+            raise EngineError(f"engine server at {self.url}: update_weights_from_tensor failed: "
+                              f"{message or 'no message'}")
 
     def close(self) -> None:
         if self.proc is not None:  # a server we connected to is not ours to stop
@@ -164,23 +181,85 @@ class RemoteEngine:
     # --- HTTP ------------------------------------------------------------------------------------
 
     def _request(self, method: str, path: str, body: dict | None = None):
+        """One call, answered within the time that fits it (ANSWER_TIMEOUT_S) and at most MAX_ANSWER_BYTES;
+        anything else is an EngineError naming the URL and what was wrong (never empty)."""
         data = None if body is None else json.dumps(body).encode()
-        request = urllib.request.Request(self.url + path, data=data, method=method,
-                                         headers={"Content-Type": "application/json", **_phase_header()})
+        headers = {"Content-Type": "application/json", **_phase_header()}
         try:
-            with urllib.request.urlopen(request, timeout=REQUEST_TIMEOUT_S) as response:
-                payload = response.read()
-        except urllib.error.HTTPError as exc:
-            raise EngineError(f"engine {path}: {_message(exc.read())}") from None
-        except (urllib.error.URLError, ConnectionError, TimeoutError) as exc:
-            if self.proc is None:
-                raise EngineError(f"engine server at {self.url} not answering: {path} failed "
-                                  f"({getattr(exc, 'reason', exc)})") from None
-            code = self.proc.poll()
-            state = f"exited with code {code}" if code is not None else "not answering"
-            raise EngineError(f"engine server (pid {self.proc.pid}) {state}: {path} failed "
-                              f"({getattr(exc, 'reason', exc)})") from None
-        return json.loads(payload) if payload and path != api.FLUSH_CACHE else None  # flush: text
+            status, reason, payload = _http(self.url, method, path, data, headers)
+        except (OSError, http.client.HTTPException, ValueError) as exc:  # refused, reset, timed out, bad URL
+            raise self._failed(path, _describe(exc)) from None
+        if status >= 400:
+            raise EngineError(f"engine server at {self.url}: {path} answered HTTP {status} {reason}".rstrip()
+                              + f": {_message(payload) or '(no message)'}")
+        if not payload or path == api.FLUSH_CACHE:  # flush: text
+            return None
+        try:
+            return json.loads(payload)
+        except ValueError:  # UnicodeDecodeError too: garbage bytes
+            raise EngineError(f"engine server at {self.url}: {path} answered {len(payload):,} bytes that are no JSON "
+                              f"({payload[:60]!r})") from None
+
+    def _failed(self, path: str, why: str) -> EngineError:
+        if self.proc is None:
+            return EngineError(f"engine server at {self.url} not answering: {path} failed ({why})")
+        code = self.proc.poll()
+        state = f"exited with code {code}" if code is not None else "not answering"
+        return EngineError(f"engine server (pid {self.proc.pid}) at {self.url} {state}: {path} failed ({why})")
+
+
+# Connecting is quick or never; each call's answer takes what its work takes: a health check or a size
+# query is instant, a generation or a weight update on a large model takes minutes.
+CONNECT_TIMEOUT_S = 10.0
+ANSWER_TIMEOUT_S = {api.HEALTH: 30.0, api.SERVER_INFO: 30.0, api.MEMORY: 60.0, api.FLUSH_CACHE: 120.0}
+MAX_ANSWER_BYTES = 256 * 1024 ** 2  # a generation's token ids are megabytes; more is no answer of ours
+
+
+def _http(url: str, method: str, path: str, data: bytes | None, headers: dict) -> tuple[int, str, bytes]:
+    """(status, reason, body) of one request. The answer's whole time is bounded, not each read, so
+    a server that trickles bytes (or sends gigabytes) is cut off as one that sends nothing."""
+    parts = urllib.parse.urlsplit(url + path)
+    kind = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+    connection = kind(parts.hostname or "", parts.port, timeout=CONNECT_TIMEOUT_S)
+    answer_s = ANSWER_TIMEOUT_S.get(path, REQUEST_TIMEOUT_S)
+    try:
+        try:
+            connection.connect()
+        except TimeoutError:
+            raise TimeoutError(f"could not connect within {CONNECT_TIMEOUT_S:.0f} s") from None
+        sock = connection.sock
+        sock.settimeout(answer_s)
+        target = parts.path + (f"?{parts.query}" if parts.query else "")
+        deadline = time.monotonic() + answer_s
+        try:
+            connection.request(method, target, body=data, headers=headers)
+            response = connection.getresponse()
+            chunks, size = [], 0
+            while not response.isclosed():  # closed once the whole body is read
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError
+                sock.settimeout(left)
+                chunk = response.read1(1024 * 1024)
+                if not chunk:
+                    break
+                size += len(chunk)
+                if size > MAX_ANSWER_BYTES:
+                    raise ValueError(f"an answer over {MAX_ANSWER_BYTES // 1024 ** 2} MiB")
+                chunks.append(chunk)
+        except TimeoutError:
+            raise TimeoutError(f"no complete answer within {answer_s:.0f} s") from None
+        return response.status, response.reason or "", b"".join(chunks)
+    finally:
+        connection.close()
+
+
+def _describe(exc: BaseException) -> str:
+    """What went wrong, never an empty string (TimeoutError() and some socket errors have no text)."""
+    text = str(getattr(exc, "reason", "") or exc or "")
+    if isinstance(exc, (TimeoutError, socket.timeout)) and "within" not in text:
+        text = f"timed out{': ' + text if text and text != 'timed out' else ''}"
+    return text or type(exc).__name__
 
 
 def _phase_header() -> dict[str, str]:

@@ -23,6 +23,7 @@ from miles_profile import names
 from miles_profile.errors import MilesProfileError
 from miles_profile.logdir.files import read_data  # NotRegularFile is a MilesProfileError
 from miles_profile.logdir.layout import FORMAT_VERSION
+from miles_profile.logdir.ranges import MAX_BYTES
 from miles_profile.logdir.reader import Run, events_frame, phase_timeline, phases_from_events
 
 REQUIRED = ("time_s", "used_gb", "available_gb", "percent", "marker")
@@ -33,9 +34,14 @@ _STEP = re.compile(r"(?:step|rollout|iter(?:ation)?)_?(\d+)$")
 GB = 10 ** 9  # the profiler's unit (decimal), not GiB
 
 
-def _read(path: Path) -> pd.DataFrame:
+def _read(path: Path, warnings: list[str] | None = None) -> pd.DataFrame:
     try:  # the guarded open: regular files only, holes skipped, at most DATA_MAX_BYTES
         data, _ = read_data(path)
+        end = data.rfind(b"\n")
+        if data and end < len(data) - 1 and end > 0 and warnings is not None:
+            # a row cut by a crash or a copy: its numbers are the cut's, not the profiler's
+            warnings.append(f"{path.name}: dropped a truncated last line")
+            data = data[: end + 1]
         frame = pd.read_csv(io.BytesIO(data), dtype=str, keep_default_na=False, skipinitialspace=True,
                             on_bad_lines="skip", engine="python")
     except (OSError, UnicodeDecodeError, pd.errors.ParserError, pd.errors.EmptyDataError) as exc:
@@ -48,13 +54,31 @@ def _read(path: Path) -> pd.DataFrame:
     return frame
 
 
+def _gb_or_absent(column: pd.Series, values: np.ndarray, path: Path, warnings: list[str]) -> np.ndarray:
+    """GB values, with those that are no amount of memory (text, NaN, inf, below 0, over 2**50 bytes)
+    set absent and said in one line naming the first (its line in the file): a 1e308 cell made the
+    host's used memory overflow, silently."""
+    given = column.notna().to_numpy() & (column.astype(str).str.strip() != "").to_numpy()
+    with np.errstate(invalid="ignore"):
+        bad = given & ~(np.isfinite(values) & (values >= 0) & (values <= MAX_BYTES / GB))
+    if bad.any():
+        at = int(np.flatnonzero(bad)[0])
+        n = int(bad.sum())
+        warnings.append(f"{path.name}: dropped {n} {column.name} value{'s' * (n != 1)} that {'are' if n != 1 else 'is'} "
+                        f"no amount of memory (first: line {at + 2}, {str(column.iloc[at])[:30]!r})")
+        values = np.where(bad, np.nan, values)
+    return values
+
+
 def load_miles_csv(path: str | Path) -> Run:
     path = Path(path)
-    frame = _read(path)
     warnings: list[str] = []
+    frame = _read(path, warnings)
     t = pd.to_numeric(frame["time_s"], errors="coerce").to_numpy(float)
     used = pd.to_numeric(frame["used_gb"], errors="coerce").to_numpy(float)
     available = pd.to_numeric(frame["available_gb"], errors="coerce").to_numpy(float)
+    used = _gb_or_absent(frame["used_gb"], used, path, warnings)
+    available = _gb_or_absent(frame["available_gb"], available, path, warnings)
     markers = frame["marker"].astype(str).to_numpy(object)
     good = np.isfinite(t)
     if (~good).any():

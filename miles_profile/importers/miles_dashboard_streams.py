@@ -125,6 +125,22 @@ def proc_frame(root: Path, warnings: list[str]) -> pd.DataFrame:
     return frame.sort_values("ts", kind="stable").reset_index(drop=True)
 
 
+def _first_gpu(gpus) -> int | None:
+    """The first index of a `gpus` list (-1 for none); None where it is no GPU index ("", 1.5, "x")."""
+    if gpus is None:
+        return -1
+    if isinstance(gpus, (str, bytes)) or not hasattr(gpus, "__len__"):
+        return None
+    if not len(gpus):
+        return -1
+    first = gpus[0]
+    try:
+        index = int(first)
+    except (TypeError, ValueError, OverflowError):
+        return None
+    return index if 0 <= index < 1 << 16 and index == first else None
+
+
 def phase_frame(root: Path, warnings: list[str]) -> pd.DataFrame:
     """gpu is the first of `gpus` (-1 for none); an open marker whose closing event exists (same node,
     rank, name, t0) and exact duplicates are dropped."""
@@ -133,12 +149,16 @@ def phase_frame(root: Path, warnings: list[str]) -> pd.DataFrame:
     if (~good).any():
         warnings.append(f"phases: skipped {int((~good).sum())} intervals without name, t0, t1 or node")
     frame = frame[good]
+    gpus = [_first_gpu(g) for g in frame["gpus"]]
+    if any(g is None for g in gpus):
+        warnings.append(f"phases: {sum(g is None for g in gpus)} intervals with `gpus` that are no GPU indices; "
+                        "placed on no GPU")
     out = pd.DataFrame({
         "name": frame["name"].astype(str).to_numpy(object),
         "t0": pd.to_numeric(frame["t0"], errors="coerce").to_numpy(float),
         "t1": pd.to_numeric(frame["t1"], errors="coerce").to_numpy(float),
         "node": frame["node"].astype(str).to_numpy(object),
-        "gpu": [int(g[0]) if g is not None and len(g) else -1 for g in frame["gpus"]],
+        "gpu": [-1 if g is None else g for g in gpus],
         "rank": pd.to_numeric(frame["rank"], errors="coerce").fillna(-1).to_numpy(np.int64),
         "role": frame["role"].fillna("").astype(str).to_numpy(object),
     })

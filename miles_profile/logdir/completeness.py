@@ -177,3 +177,17 @@ def collapse_repeats(warnings: list[str]) -> list[str]:
             names = [_FILE_PREFIX.match(warnings[i])["file"] for i in members[:SHOWN]]
             out.append(f"{len(members)} files: {match['rest']} ({', '.join(names)}, ...)")
     return out
+
+
+def warn_phases_without_events(samples, without_events: dict[str, int], warnings: list[str]) -> None:
+    """A process whose events file gave no event (emptied, cut before its first line) while its samples
+    name phases: its phases, and every check of them, are missing from the report. `without_events`:
+    stem -> the pid its samples carry."""
+    if not without_events or samples is None or samples.empty or "phase" not in samples or "pid" not in samples:
+        return
+    labelled = set(samples.loc[samples["phase"].astype(str) != "", "pid"].unique().tolist())
+    lost = sorted(stem for stem, pid in without_events.items() if pid in labelled)
+    if lost:
+        warnings.append(f"{', '.join(s + '.events.jsonl' for s in lost[:5])}{', ...' if len(lost) > 5 else ''}: "
+                        "no events, while the samples name phases (the file was emptied or lost its lines); "
+                        "those phases are not judged")

@@ -20,6 +20,7 @@ from typing import Any
 # recursive walk (JSON export, HTML) far from Python's recursion limit.
 MAX_DEPTH = 32
 INT64 = 2 ** 63
+MAX_BYTES = 2 ** 50  # as logdir/ranges.py: no process, GPU or host holds a pebibyte
 _REAL = (int, float)
 
 
@@ -117,14 +118,37 @@ def _tags_ok(value: Any) -> bool:
 # The attributes the checks and statistics read, and what each must be. `None` means "not given".
 _ATTR_TYPES = {
     "rollout_id": _is_int,
-    "expected_bytes": lambda v: _is_number(v) and v >= 0,
+    "expected_bytes": lambda v: _is_number(v) and 0 <= v <= MAX_BYTES,
+    "weights_bytes": lambda v: _is_number(v) and 0 <= v <= MAX_BYTES,
     "target": lambda v: isinstance(v, str),
     "tags": _tags_ok,
     "status": lambda v: isinstance(v, str),
 }
 
 
+def _is_bytes(value: Any) -> bool:
+    return _is_int(value) and 0 <= value <= MAX_BYTES
+
+
+def _clean_summary(summary: Any, problems: EventProblems) -> None:
+    """An `end` event's per-series summary (phase_summary.py): a byte value that is no count of bytes
+    (negative, over 2**50, a float, a string) is set absent, as the series' own samples would be."""
+    series = summary.get("series") if isinstance(summary, dict) else None
+    if not isinstance(series, dict):
+        return
+    for name, stats in series.items():
+        if not isinstance(stats, dict):
+            continue
+        for key in ("peak", "floor", "first", "last"):
+            value = stats.get(key)
+            if value is not None and not _is_bytes(value):
+                stats[key] = None
+                problems.attr(f"summary.{str(name)[:20]}.{key}={json.dumps(value)[:30]}")
+
+
 def _clean_attrs(attrs: dict, problems: EventProblems) -> None:
+    if "summary" in attrs:
+        _clean_summary(attrs["summary"], problems)
     for key, ok in _ATTR_TYPES.items():
         if key not in attrs:
             continue

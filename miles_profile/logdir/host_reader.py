@@ -25,6 +25,7 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 
 from miles_profile.logdir.damaged_csv import quiet_invalid_rows
+from miles_profile.logdir.ranges import drop_impossible_bytes
 from miles_profile.logdir.files import NotRegularFile, read_data, read_small
 from miles_profile.logdir.layout import FORMAT_VERSION, GPU_PROCS_SUFFIX, HOST_META_SUFFIX, HOST_SAMPLES_SUFFIX
 
@@ -86,12 +87,14 @@ def _read_csv(path: Path, warnings: list[str]) -> pd.DataFrame | None:
         warnings.append(f"{path.name}: over {len(data):,} data bytes; only its beginning was read")
     end = data.rfind(b"\n")
     if end < 0:
+        _say(warnings, f"{path.name}: {'empty' if not data else 'no complete line'}; not read")
         return None
     if end + 1 < len(data):
         warnings.append(f"{path.name}: dropped a truncated last line")
     data = data[: end + 1]
     header = data[: data.find(b"\n")].decode(errors="replace").split(",")
     if "t" not in header:
+        _say(warnings, f"{path.name}: no t column in its header; not read")
         return None
     types = {c: pa.int64() for c in header}
     types.update(t=pa.float64(), gpu_uuid=pa.string())
@@ -115,7 +118,7 @@ def _read_csv(path: Path, warnings: list[str]) -> pd.DataFrame | None:
         warnings.append(f"{path.name}: unreadable values set to absent")
     if bad:
         warnings.append(f"{path.name}: skipped {len(bad)} malformed rows")
-    return frame[np.isfinite(frame["t"].to_numpy(dtype=float))]
+    return drop_impossible_bytes(frame[np.isfinite(frame["t"].to_numpy(dtype=float))].copy(), warnings, path.name)
 
 
 def host_frames(dirs: Iterable[Path], warnings: list[str], *, samples: bool = True, procs: bool = True,
@@ -129,6 +132,8 @@ def host_frames(dirs: Iterable[Path], warnings: list[str], *, samples: bool = Tr
         if wanted is not None and host not in wanted:
             continue
         path = Path(meta_["dir"]) / f"{stem}{HOST_SAMPLES_SUFFIX}"
+        if samples and not _exists(path):
+            _say(warnings, f"{stem}{HOST_META_SUFFIX}: no {path.name} beside it; that host's samples are not shown")
         wide = _read_csv(path, warnings) if samples and _exists(path) else None
         if wide is not None and len(wide):
             wide.insert(1, "host", host)
@@ -140,12 +145,37 @@ def host_frames(dirs: Iterable[Path], warnings: list[str], *, samples: bool = Tr
                 long.insert(1, "host", host)
                 gpus.append(long)
         proc_path = path.with_name(f"{stem}{GPU_PROCS_SUFFIX}")
+        if procs and not _exists(proc_path) and _nvml_active(meta_):
+            _say(warnings, f"{stem}{HOST_META_SUFFIX}: no {proc_path.name} beside it; that host's per-process GPU "
+                           "memory is not shown")
         frame = _read_csv(proc_path, warnings) if procs and _exists(proc_path) else None
         if frame is not None and len(frame):
             frame.insert(1, "host", host)
             proc_frames.append(frame.reindex(columns=GPU_PROC_COLUMNS))
+    if samples:
+        _warn_orphans(dirs, warnings)
     return (_concat(hosts, HOST_COLUMNS), _concat(gpus, GPU_SAMPLE_COLUMNS),
             _concat(proc_frames, GPU_PROC_COLUMNS))
+
+
+def _say(warnings: list[str], line: str) -> None:
+    if line not in warnings:  # host data is read again per view: said once
+        warnings.append(line)
+
+
+def _nvml_active(meta: dict[str, Any]) -> bool:
+    probes = meta.get("probes")
+    return isinstance(probes, list) and any(isinstance(p, dict) and p.get("name") == "nvml_host" and p.get("active") is True
+                                            for p in probes)
+
+
+def _warn_orphans(dirs: Iterable[Path], warnings: list[str]) -> None:
+    """A host samples file whose host meta is gone: its rows can't be placed, and are not shown."""
+    for run_dir in dirs:
+        for path in sorted(Path(run_dir).glob(f"*{HOST_SAMPLES_SUFFIX}")):
+            stem = path.name[: -len(HOST_SAMPLES_SUFFIX)]
+            if not _exists(path.with_name(f"{stem}{HOST_META_SUFFIX}")):
+                _say(warnings, f"{path.name}: no {stem}{HOST_META_SUFFIX} beside it; that host's samples are not shown")
 
 
 def gpu_used_arrays(dirs: Iterable[Path], warnings: list[str]) -> dict[tuple[str, str], tuple[np.ndarray, np.ndarray]]:

@@ -26,6 +26,7 @@ from miles_profile.logdir.cluster import cluster_warnings
 from miles_profile.logdir.merge import alias_event_pids, copied_stems, pid_aliases
 from miles_profile.errors import MilesProfileError
 from miles_profile.logdir.events import EventProblems, parse_event_lines
+from miles_profile.logdir.ranges import drop_impossible_bytes, drop_impossible_ceilings
 from miles_profile.logdir.damaged_csv import quiet_invalid_rows, read_damaged, usable_header
 from miles_profile.logdir.files import EVENT_LINE_MAX, NotRegularFile, bounded_lines, map_regular, read_small
 from miles_profile.logdir.layout import (
@@ -201,6 +202,7 @@ def load_run(*paths: str | Path, sample_pids=None) -> Run:
     if len(dirs) > 1:
         meta = {**meta, "directories": [str(d) for d, _ in dirs]}
     warnings: list[str] = []
+    meta = drop_impossible_ceilings(meta, warnings, str(run_dir / RUN_META))
     copies = copied_stems([d for d, _ in dirs], warnings)
     processes, sample_frames, event_frames = [], [], []
     for folder, _ in dirs:
@@ -209,10 +211,11 @@ def load_run(*paths: str | Path, sample_pids=None) -> Run:
         completeness.warn_missing_files(folder, found, warnings)
         processes += found
     aliases = pid_aliases(processes, warnings)
+    without_events: list[str] = []  # stems whose events file gave no event
     for folder, _ in dirs:
         finished = {p.get("stem") for p in processes if p.get("end_time")}
         sample_frames.append(_read_all_samples(folder, warnings, finished, sample_pids, copies.get(folder), aliases))
-        event_frames.append(_read_all_events(folder, warnings, copies.get(folder)))
+        event_frames.append(_read_all_events(folder, warnings, copies.get(folder), without_events))
     samples = sample_frames[0] if len(sample_frames) == 1 else _merge_samples(sample_frames)
     events = event_frames[0] if len(event_frames) == 1 else events_frame(
         [row for frame in event_frames for row in frame.to_dict("records")])
@@ -224,6 +227,8 @@ def load_run(*paths: str | Path, sample_pids=None) -> Run:
     completeness.warn_clock_skew(dirs, warnings)
     for folder, _ in dirs:  # a Ray job's lost nodes and unreached workers (logdir/cluster.py)
         warnings += cluster_warnings(folder, processes)
+    completeness.warn_phases_without_events(
+        samples, {s: aliases.get(s, _pid_of(Path(s + EVENTS_SUFFIX), EVENTS_SUFFIX)) for s in without_events}, warnings)
     phases = phases_from_events(events, samples)
     outside = [p["pid"] for p in processes if p.get("role") == "exec_parent"]
     if outside and len(samples):
@@ -242,6 +247,12 @@ def with_samples(run: Run, pids=None) -> Run:
     frames = [_read_all_samples(folder, warnings, finished, pids, copies.get(folder), aliases)
               for folder in run.directories]
     samples = frames[0] if len(frames) == 1 else _merge_samples(frames)
+    # a lazy load read no samples: a process without events is judged against them now
+    have = set(run.events["pid"].tolist()) if len(run.events) else set()
+    found: list[str] = []
+    completeness.warn_phases_without_events(samples, {p["stem"]: p["pid"] for p in run.processes if isinstance(
+        p.get("stem"), str) and p.get("pid") not in have}, found)
+    warnings += [w for w in found if w not in run.warnings]
     outside = [p["pid"] for p in run.processes if p.get("role") == "exec_parent"]
     if outside and len(samples):
         samples = _fill_phases_from_timeline(samples, run.events, outside)
@@ -457,6 +468,7 @@ def _read_all_samples(run_dir: Path, warnings: list[str], finished: set | frozen
             continue
         if frame is not None and len(frame):
             frame = _clean_times(frame, warnings, path.name)
+            frame = drop_impossible_bytes(frame, warnings, path.name)
             frame.insert(2, "pid", np.int64(pid))
             frames.append(frame)
     if not frames:
@@ -523,7 +535,8 @@ def _clean_times(samples: pd.DataFrame, warnings: list[str], source: str) -> pd.
 
 
 # -- events and phases -------------------------------------------------------------------------
-def _read_all_events(run_dir: Path, warnings: list[str], skip: set[str] | None = None) -> pd.DataFrame:
+def _read_all_events(run_dir: Path, warnings: list[str], skip: set[str] | None = None,
+                     without_events: list[str] | None = None) -> pd.DataFrame:
     rows, problems, too_long = [], EventProblems(), [0]
     for path in sorted(run_dir.glob(f"*{EVENTS_SUFFIX}")):
         if skip and path.name[: -len(EVENTS_SUFFIX)] in skip:
@@ -534,7 +547,13 @@ def _read_all_events(run_dir: Path, warnings: list[str], skip: set[str] | None =
         except NotRegularFile as exc:
             warnings.append(str(exc))
             continue
-        for event in parse_event_lines(data, _pid_of(path, EVENTS_SUFFIX), problems):
+        events, duplicated = drop_duplicated_events(parse_event_lines(data, _pid_of(path, EVENTS_SUFFIX), problems))
+        if not events and without_events is not None:
+            without_events.append(path.name[: -len(EVENTS_SUFFIX)])
+        if duplicated:
+            warnings.append(f"{path.name}: dropped {duplicated} duplicated event line{'s' * (duplicated != 1)} "
+                            "(a phase begun or ended twice under one id, or a line repeated; the first kept)")
+        for event in events:
             if not isinstance(event.get("host"), str):
                 event["host"] = host
             rows.append(event)
@@ -542,6 +561,24 @@ def _read_all_events(run_dir: Path, warnings: list[str], skip: set[str] | None =
     if too_long[0]:
         warnings.append(f"skipped {too_long[0]} event lines over {EVENT_LINE_MAX:,} bytes")
     return events_frame(rows)
+
+
+def drop_duplicated_events(events: list[dict]) -> tuple[list[dict], int]:
+    """One file's events without repeats, and how many were dropped. A phase id is begun and ended once
+    per process, so a second begin (or end) of an id is a copied line (`cat E E > E`, a re-sent log); any
+    other event repeated whole (same time, kind, name and attributes) is too. Every view keys phases by
+    (host, pid, id): a repeat would make that key ambiguous."""
+    seen: set = set()
+    kept = []
+    for event in events:
+        if event["kind"] in (names.BEGIN, names.END) and event.get("id") is not None:
+            key = (event["kind"], event["pid"], event["id"])
+        else:
+            key = (event["kind"], event["pid"], event["name"], event["t"], repr(event.get("attrs")))
+        if key not in seen:
+            seen.add(key)
+            kept.append(event)
+    return kept, len(events) - len(kept)
 
 
 def events_frame(rows: list[dict]) -> pd.DataFrame:

@@ -239,7 +239,10 @@ def _png_figure(report):
 
 
 def _write(path, write: Callable[[], object]) -> None:
-    """Run one writer; an OSError names the file being written (e.g. `--json /dev/full`), not another."""
+    """Run one writer; an OSError names the file being written (e.g. `--json /dev/full`), not another.
+    A link or FIFO at `path` (a log dir someone sent) is refused before anything is written."""
+    from miles_profile.safe_output import check_output_path
+    check_output_path(path)
     try:
         write()
     except OSError as exc:

@@ -37,6 +37,7 @@ from miles_profile.report.summary_html import SUMMARY_CSS, SUMMARY_SCRIPT, summa
 from miles_profile.report.transitions_html import SECTION_CSS as MOVING_CSS, transitions_html
 from miles_profile.report.stacks_html import stacks_html
 from miles_profile.runmodel.stats import phase_instances, phase_table, stat_metrics
+from miles_profile.safe_output import write_text_nofollow
 
 TABLE_ROW_LIMIT = 200
 _CONFIG = {"displaylogo": False, "responsive": True, "scrollZoom": False}
@@ -360,5 +361,5 @@ def write_html(path: str | Path, reports: list[RunReport], *, comparison: str | 
                notes: tuple[str, ...] = (), extra: str = "") -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(render_html(reports, comparison=comparison, notes=notes, extra=extra), encoding="utf-8")
+    write_text_nofollow(path, render_html(reports, comparison=comparison, notes=notes, extra=extra))
     return path

@@ -26,6 +26,9 @@ from pathlib import Path
 from typing import Any
 
 from miles_profile.runmodel.timeline_marks import with_iterations
+from miles_profile.errors import MilesProfileError
+from miles_profile.logdir.files import open_regular
+from miles_profile.stacks import DEFAULT_MAX_ENTRIES
 
 MEMORY_VIZ_URL = "https://pytorch.org/memory_viz"
 # A snapshot is bounded by --stacks-max-entries; past this a file is no snapshot of ours (or needs
@@ -167,9 +170,15 @@ def peak_sites(snapshot: dict, *, limit: int = 10, max_entries: int | None = Non
     if not isinstance(snapshot, dict) or not isinstance(snapshot.get("segments", []), list):
         raise ValueError("not a PyTorch memory snapshot (no segments list)")
     traces = snapshot.get("device_traces") or []
+    bound = int(max_entries) if max_entries else DEFAULT_MAX_ENTRIES
     out = []
     for device in _devices(snapshot):
-        trace = [e for e in (traces[device] if device < len(traces) else None) or () if isinstance(e, dict)]
+        # PyTorch keeps the latest max_entries entries: a longer history is no file the recorder wrote,
+        # and only its latest `bound` entries are replayed (the work follows the entries used, not the file)
+        kept = ((traces[device] if device < len(traces) else None) or ())[-bound:]
+        trace = [e for e in kept if isinstance(e, dict)]
+        if len(trace) < len(kept):  # damage, not a history: said as unreadable rather than shown as "nothing"
+            raise ValueError(f"{len(kept) - len(trace)} history entries of device {device} are no allocation records")
         live_end = _live_blocks(snapshot, device)
         start = _start_state(live_end, trace)
         _, peak, peak_at = _replay(start, trace)
@@ -200,7 +209,7 @@ def load_snapshot(path: str | os.PathLike) -> dict:
         raise ValueError(f"{path.name} is {size / 1024 ** 2:.0f} MiB, over the {MAX_SNAPSHOT_BYTES // 1024 ** 2} MiB "
                          "this report reads; open it in memory_viz")
     try:
-        with open(path, "rb") as f:
+        with open(open_regular(path), "rb") as f:  # a FIFO or a device is refused, never waited on
             data = _PlainData(f).load()
     except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError, IndexError,
             MemoryError, RecursionError) as exc:
@@ -283,7 +292,7 @@ def _phase_facts(run, keys: set[tuple[str, int, int]]) -> dict[tuple[str, int, i
 def _locate(run, name: str) -> Path | None:
     for folder in [*(getattr(run, "directories", None) or ()), run.path]:
         candidate = Path(folder) / name
-        if candidate.is_file():
+        if os.path.lexists(candidate):  # a FIFO or link there is refused when read, and said so
             return candidate
     return None
 
@@ -320,8 +329,13 @@ def _read_into(run, found: StackSnapshot, limit: int) -> None:
     try:
         stat = path.stat()
         found.devices = list(_parsed(str(path), stat.st_mtime_ns, stat.st_size, limit, found.max_entries))
-    except (OSError, ValueError) as exc:
-        found.status, found.reason = "unreadable", str(exc)
+    except (OSError, ValueError, MilesProfileError) as exc:
+        found.status, found.reason = "unreadable", str(exc) if path.name in str(exc) else f"{path.name}: {exc}"
+    except (TypeError, AttributeError, KeyError, IndexError, OverflowError, RecursionError) as exc:
+        # plain data of the wrong shape (segments as ints, a trace that is a number): this snapshot
+        # loses its section, never the report
+        found.status, found.reason = "unreadable", (f"{path.name} is no memory snapshot of PyTorch's shape "
+                                                    f"({type(exc).__name__}: {exc})")[:300]
 
 
 def stacks_records(found: list[StackSnapshot]) -> list[dict[str, Any]]:
