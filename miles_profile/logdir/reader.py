@@ -227,14 +227,23 @@ def load_run(*paths: str | Path, sample_pids=None) -> Run:
     completeness.warn_clock_skew(dirs, warnings)
     for folder, _ in dirs:  # a Ray job's lost nodes and unreached workers (logdir/cluster.py)
         warnings += cluster_warnings(folder, processes)
+    # only stems with samples of their own: a pid read from a name (e-7) may be another host's process 7
+    with_rows = {s for s in without_events for folder, _ in dirs if _has_rows(folder / f"{s}{SAMPLES_SUFFIX}")}
     completeness.warn_phases_without_events(
-        samples, {s: aliases.get(s, _pid_of(Path(s + EVENTS_SUFFIX), EVENTS_SUFFIX)) for s in without_events}, warnings)
+        samples, {s: aliases.get(s, _pid_of(Path(s + EVENTS_SUFFIX), EVENTS_SUFFIX)) for s in with_rows}, warnings)
     phases = phases_from_events(events, samples)
     outside = [p["pid"] for p in processes if p.get("role") == "exec_parent"]
     if outside and len(samples):
         samples = _fill_phases_from_timeline(samples, events, outside)
     return Run(run_dir, meta, processes, samples, events, phases, completeness.collapse_repeats(warnings),
                [d for d, _ in dirs], None if sample_pids is None else frozenset(sample_pids))
+
+
+def _has_rows(path: Path) -> bool:
+    try:
+        return path.stat().st_size > 0
+    except OSError:
+        return False
 
 
 def with_samples(run: Run, pids=None) -> Run:
