@@ -75,6 +75,8 @@ COMMAND_EXIT = "command_exit"
 RUN_DIR_ENV = "MILES_PROFILE_RUN_DIR"
 # `record --metrics-port` hands its port to the job's processes (a Ray node's sampler serves its node on it).
 METRICS_PORT_ENV = "MILES_PROFILE_METRICS_PORT"
+# `record --interval-ms` for the processes that join the run through MILES_PROFILE_RUN_DIR (children, Ray workers).
+INTERVAL_ENV = "MILES_PROFILE_INTERVAL_MS"
 # "1": every recorder of the run also samples glibc's heap in use (`record --heap`, probes/heap.py).
 HEAP_ENV = "MILES_PROFILE_HEAP"
 

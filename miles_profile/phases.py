@@ -17,7 +17,17 @@ from miles_profile.errors import MilesProfileError
 from miles_profile.probes.heap import heap_in_use
 
 _env_run_dir = os.environ.get(names.RUN_DIR_ENV)
-_join_interval_ms = recorder.DEFAULT_INTERVAL_MS
+
+
+def _interval_from_env() -> float:
+    """`record --interval-ms`, handed to the processes that join its run; the default when absent or bad."""
+    try:
+        return recorder.check_interval_ms(float(os.environ.get(names.INTERVAL_ENV, "")))
+    except (ValueError, MilesProfileError):
+        return recorder.DEFAULT_INTERVAL_MS
+
+
+_join_interval_ms = _interval_from_env()
 
 
 def _recorder() -> "recorder.Recorder | None":

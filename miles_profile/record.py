@@ -276,7 +276,8 @@ def run_child(args: argparse.Namespace, command: list[str], auto_tag: bool = Tru
         print(f"miles_profile: warning: not recording: {exc}; the job runs unrecorded", file=sys.stderr,
               flush=True)
         run_dir = None
-    env = dict(os.environ, **({names.RUN_DIR_ENV: str(run_dir)} if run_dir else {}))
+    env = dict(os.environ, **({names.RUN_DIR_ENV: str(run_dir), names.INTERVAL_ENV: str(args.interval_ms)}
+                              if run_dir else {}))
     if run_dir:
         env = autotag.child_env(env, enabled=auto_tag)
     if run_dir:  # a Ray job carries the run to its workers through its runtime env (cluster/, docs/ray.md)

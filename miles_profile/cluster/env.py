@@ -24,7 +24,8 @@ RAY_JOB_ID_ENV = "RAY_JOB_ID"
 # Set by the job submission in the entrypoint's environment (job_supervisor.py).
 RAY_JOB_CONFIG_ENV = "RAY_JOB_CONFIG_JSON_ENV_VAR"
 # Every variable a recorded process reads (record sets them for its child; workers get them from the job).
-CARRIED = (names.RUN_DIR_ENV, RUN_ID_ENV, names.HEAP_ENV, stacks.STACKS_ENV, stacks.MAX_ENTRIES_ENV, names.METRICS_PORT_ENV)
+CARRIED = (names.RUN_DIR_ENV, RUN_ID_ENV, names.HEAP_ENV, stacks.STACKS_ENV, stacks.MAX_ENTRIES_ENV, names.METRICS_PORT_ENV,
+           names.INTERVAL_ENV)
 
 
 def worker_env(environ: dict[str, str] | None = None) -> dict[str, str]:

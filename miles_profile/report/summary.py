@@ -144,7 +144,7 @@ class Summary:
         return {
             "killed": [killed_dict(f) for f in self.killed],
             "command_exit": self.command_exit, "command_exit_text": self.exit_text(),
-            "status": self.status, "judged": self.judged, "tagged_by": self.tagged_by, "peak": peak, "headroom": headroom,
+            "status": self.status, "judged": self.coverage, "tagged_by": self.tagged_by, "peak": peak, "headroom": headroom,
             "offloads": [{"name": k.name, "count": k.count, "failed": k.failed, "too_small": k.too_small,
                           "not_judged": k.not_judged, "declared_bytes": k.declared, "freed_bytes": k.freed,
                           "worst": None if k.worst is None else {

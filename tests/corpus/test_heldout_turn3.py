@@ -65,7 +65,7 @@ def test_gpu_heldout_log_gets_its_expected_verdict(gpu_runs, case):
     if case == "ddp/bad1":  # rank 1 only
         check = next(c for c in verdict.checks if c.name == "offload_drop")
         ranks = {f.message.split(" (pid")[0] for f in check.findings if f.status == "fail"}
-        assert ranks == {"in_process rank 1"}, ranks
+        assert ranks == {"trainer rank 1"}, ranks
     if case == "hf/leak":  # 0.5 GiB kept per iteration, 4 iterations: a fast leak with its rate
         leak = next(c for c in verdict.checks if c.name == "leak")
         device = next(f for f in leak.findings if f.status == "fail")

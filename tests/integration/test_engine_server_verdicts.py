@@ -197,7 +197,7 @@ def test_cpu_engine_server_rollout_offloads_are_judged_on_the_engine(tmp_path, c
     # the server's own release phases declare what they free (they were n/a: "no expected_bytes")
     own = [f for f in verdicts["offload_drop"].findings if f.numbers.get("pid") == engine]
     assert len(own) == 3 and all(f.status == "pass" for f in own), [f.message for f in own]
-    assert "1 in_process, 1 engine" in verdicts["leak"].summary
+    assert "1 trainer, 1 engine" in verdicts["leak"].summary
     assert visualize.main([str(run_dir), "-o", str(tmp_path / "r.html")]) == 0
 
 

@@ -64,4 +64,6 @@ def test_without_heap_the_host_forecast_is_shown_not_judged(recorded_cpu_run):
     pids, plan = stored_plan(run)
     comparison = compare(run, plan, pids)
     assert not comparison.empty and (comparison["basis"] == "rss_growth").all() and not comparison["judged"].any()
-    assert not [c for c in run.samples.columns if c.startswith("heap_")]  # opt-in: no column, no cost
+    # without --heap the heap is read at phase boundaries only (issue 30): too sparse to judge a forecast by
+    heap = run.samples["heap_used"] if "heap_used" in run.samples else None
+    assert heap is None or heap.notna().sum() < len(run.samples) / 2

@@ -21,17 +21,22 @@ BIN = Path(sys.executable).parent
 MiB = 1024 ** 2
 
 
+# A real model's step takes tens of ms; the tiny test models' take ~1 ms, so a whole run fit in one or two of
+# the integration's 0.2 s phases on an idle machine and the leak had nothing to judge.
+STEP_MS = "100"
+
+
 def command(kind: str, out: Path, leak: str) -> list[str]:
     py = sys.executable
     return {
-        "hf_trainer": [py, str(PROGRAMS / "hf_trainer.py"), str(out), "--steps", "30", "--leak-mib", leak],
-        "trl_grpo": [py, str(PROGRAMS / "trl_grpo.py"), str(out), "--steps", "8", "--leak-mib", leak],
-        "lightning": [py, str(PROGRAMS / "lightning_fit.py"), "--steps", "40", "--leak-mib", leak],
+        "hf_trainer": [py, str(PROGRAMS / "hf_trainer.py"), str(out), "--steps", "30", "--leak-mib", leak, "--step-ms", STEP_MS],
+        "trl_grpo": [py, str(PROGRAMS / "trl_grpo.py"), str(out), "--steps", "12", "--leak-mib", leak, "--step-ms", STEP_MS],
+        "lightning": [py, str(PROGRAMS / "lightning_fit.py"), "--steps", "40", "--leak-mib", leak, "--step-ms", STEP_MS],
         # two ranks, each recording itself (its rank from torchrun's environment)
         "accelerate": [str(BIN / "accelerate"), "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
                        "--main_process_port", str(free_port()),
                        "--mixed_precision", "no", "--dynamo_backend", "no", str(PROGRAMS / "accelerate_loop.py"),
-                       "--steps", "150", "--leak-mib", leak],
+                       "--steps", "40", "--leak-mib", leak, "--step-ms", STEP_MS],
     }[kind]
 
 

@@ -31,9 +31,12 @@ def test_tiny_engine_server_offloads_are_too_small_on_rss_and_the_run_exits_0(tm
     rollout = [f for f in offload.findings if f.phase == "offload_rollout" and f.numbers.get("pid") == rank]
     assert len(rollout) == ROLLOUTS
     for f in rollout:
-        assert f.status == TOO_SMALL, f.message
-        assert f.numbers["expected_bytes"] < resolution_of("rss") == f.resolution
+        # judged on the engine's glibc heap where it was read at the phase's boundaries (issue 30: host
+        # offloads judged without --heap), else too small to judge on RSS; never a FAIL
+        assert f.status in ("pass", TOO_SMALL), f.message
         assert f.numbers["holder_pid"] == engine and f"pid {engine}" in f.series
+        if f.status == TOO_SMALL:
+            assert f.numbers["expected_bytes"] < resolution_of("rss") == f.resolution
     assert not [f for f in offload.findings if f.status == "fail"]
     assert visualize.main([str(run_dir), "-o", str(tmp_path / "r.html")]) == 0
     assert "FAIL" not in capsys.readouterr().out

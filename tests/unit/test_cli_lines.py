@@ -19,7 +19,9 @@ def test_checks_that_cannot_apply_fold_into_one_line():
     lines = _verdict_lines([SimpleNamespace(verdict=RunVerdict("r", checks), summary=no_summary)])
     na = [line for line in lines if "N/A" in line]
     assert na == ["  N/A   offload_drop, serialized_peaks, oom (cannot apply to this run; why: the report or --json)"]
-    assert [line.split()[0] for line in lines[1:]] == ["PASS", "FAIL", "N/A"]  # the run's findings first
+    # the run's findings first, then the folded line, then the overall line with what was judged
+    assert [line.split()[0] for line in lines[1:]] == ["PASS", "FAIL", "N/A", "FAIL"]
+    assert lines[-1].split()[1] == "overall" and "2 of 5 checks judged" in lines[-1]
     # one n/a check keeps its own line and reason
     lines = _verdict_lines([SimpleNamespace(verdict=RunVerdict("r", checks[1:3]), summary=no_summary)])
     assert "  N/A   serialized_peaks  serialized_peaks is n/a" in lines

@@ -6,6 +6,7 @@ random Llama built from a config (nothing downloaded), on CPU.
 --leak-mib M: the loop keeps M MiB per step (losses "for a plot", with a buffer): the planted leak.
 """
 import argparse
+import time
 
 import torch
 from accelerate import Accelerator
@@ -15,6 +16,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 parser = argparse.ArgumentParser()
 parser.add_argument("--steps", type=int, default=20)
 parser.add_argument("--leak-mib", type=float, default=0)
+parser.add_argument("--step-ms", type=float, default=0, help="compute time per step, as a real model has")
 args = parser.parse_args()
 
 torch.manual_seed(0)
@@ -30,6 +32,7 @@ for step, batch in enumerate(data):
         break
     loss = model(input_ids=batch, labels=batch).loss
     accelerator.backward(loss)
+    time.sleep(args.step_ms / 1000)
     optimizer.step()
     optimizer.zero_grad()
     if args.leak_mib:

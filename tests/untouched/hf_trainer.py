@@ -5,6 +5,7 @@
 --leak-mib M: the collator keeps an M MiB "debug copy" of every batch (the planted leak).
 """
 import argparse
+import time
 
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainingArguments
@@ -13,6 +14,7 @@ parser = argparse.ArgumentParser()
 parser.add_argument("out")
 parser.add_argument("--steps", type=int, default=20)
 parser.add_argument("--leak-mib", type=float, default=0)
+parser.add_argument("--step-ms", type=float, default=0, help="compute time per step, as a real model has")
 args = parser.parse_args()
 
 torch.manual_seed(0)
@@ -24,6 +26,7 @@ kept = []
 
 
 def collate(rows):
+    time.sleep(args.step_ms / 1000)
     ids = torch.stack([r["input_ids"] for r in rows])
     if args.leak_mib:
         kept.append(torch.ones(int(args.leak_mib * 2 ** 20) // 4))  # a debug copy nobody frees

@@ -5,6 +5,7 @@
 --leak-mib M: training_step keeps M MiB per step in a list on the module (the planted leak).
 """
 import argparse
+import time
 
 import lightning as L
 import torch
@@ -14,6 +15,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 parser = argparse.ArgumentParser()
 parser.add_argument("--steps", type=int, default=20)
 parser.add_argument("--leak-mib", type=float, default=0)
+parser.add_argument("--step-ms", type=float, default=0, help="compute time per step, as a real model has")
 args = parser.parse_args()
 
 
@@ -26,6 +28,7 @@ class TinyLM(L.LightningModule):
         self.kept = []
 
     def training_step(self, batch, batch_idx):
+        time.sleep(args.step_ms / 1000)
         if args.leak_mib:
             self.kept.append(torch.ones(int(args.leak_mib * 2 ** 20) // 4))
         return self.model(input_ids=batch, labels=batch).loss

@@ -6,6 +6,7 @@ word-level tokenizer, both built here (nothing downloaded), on CPU.
 --leak-mib M: the reward function keeps M MiB of tensors per call ("for later analysis": the leak).
 """
 import argparse
+import time
 
 import torch
 from datasets import Dataset
@@ -17,6 +18,7 @@ parser = argparse.ArgumentParser()
 parser.add_argument("out")
 parser.add_argument("--steps", type=int, default=12)
 parser.add_argument("--leak-mib", type=float, default=0)
+parser.add_argument("--step-ms", type=float, default=0, help="compute time per step, as a real model has")
 args = parser.parse_args()
 
 torch.manual_seed(0)
@@ -34,6 +36,7 @@ kept = []
 
 
 def reward_len(completions, **kwargs):
+    time.sleep(args.step_ms / 1000)
     if args.leak_mib:
         kept.append(torch.ones(int(args.leak_mib * 2 ** 20) // 4))  # scores kept for later: never freed
     return [float(len(c.split())) for c in completions]
