@@ -1,6 +1,9 @@
 """serialized_peaks: with colocation, the training and rollout footprints are never resident at once.
 
-Judged on the memory the footprints live in: the caching allocator's reserved bytes on CUDA (memory
+Judged on the memory the footprints live in: the bytes the caching allocator has allocated to tensors on
+CUDA, not what it reserves (a cache the program never emptied, e.g. the fp32 blocks left by building a model
+in fp32 and casting it to bf16, holds no footprint: the next phase reuses it; offload_drop judges a cache
+that was not returned), and not NVML (memory
 outside it, the CUDA context, lazily loaded kernels and library handles, holds neither footprint and
 grows through the first iteration: 0.598 -> 0.811 GiB of NVML per process on the H200 tiny run, above
 the run's floor taken before it grew), host RSS on a run without GPU columns. Where torch_memory_saver
@@ -105,7 +108,7 @@ def _footprint_tracks(run, tracks: Tracks, pid) -> list[Track]:
     without GPUs."""
     if not tracks.gpu:
         return [t for t in (tracks.host(pid),) if t is not None]
-    allocator = device_track(run, pid, ("reserved", "alloc"))
+    allocator = device_track(run, pid, ("alloc", "reserved"))
     if _pauses_memory(run, pid):
         found = [tracks.driver(pid) or tracks.device(pid), allocator]
     else:

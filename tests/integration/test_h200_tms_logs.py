@@ -44,7 +44,7 @@ def test_serialized_peaks_needs_both_series_to_show_the_excess(monkeypatch):
     the allocator's reserved bytes show no excess, so the phase is not failed."""
     run = mp.load(TINY_TMS)
     both = serialized.check_serialized_peaks(run, Thresholds())
-    assert both.status == "pass" and "gpu0_reserved" in both.series and "gpu0_proc" in both.series, both.series
+    assert both.status == "pass" and "gpu0_alloc" in both.series and "gpu0_proc" in both.series, both.series
     tracks = serialized._footprint_tracks
     monkeypatch.setattr(serialized, "_footprint_tracks", lambda *a: [t for t in tracks(*a) if "gpu0_proc" in t.label])
     nvml_only = serialized.check_serialized_peaks(run, Thresholds())

@@ -55,8 +55,8 @@ def test_tiny_footprints_on_cuda_are_too_small_not_both_footprints():
     generate = by_phase["generate"]
     assert generate.status == TOO_SMALL
     assert "too small to judge (50% of the train footprint" in generate.message
-    assert "below the resolution" in generate.message and "gpu0_reserved" in generate.series
-    assert generate.resolution == 20 * MiB
+    assert "below the resolution" in generate.message and "gpu0_alloc" in generate.series  # allocated, not cached (issue 30, class 2)
+    assert generate.resolution == 2 * MiB  # allocated rounds to 2 MiB blocks (reserved: 20 MiB segments)
     assert by_phase["train"].status == "pass"  # entering train, reserved held the train state only
 
 
