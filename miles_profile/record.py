@@ -191,11 +191,11 @@ def run_trainer(args: argparse.Namespace, trainer_args: list[str]) -> int:
         return run_child(args, [sys.executable, "-m", "trainer.train", *trainer_args], auto_tag=False)
     ranks = split_nproc(trainer_args)
     if ranks is not None:
-        from trainer.args import parse_args
+        from trainer.args import parse_args  # the trainer only when it runs: --exec needs neither it nor torch
         parse_args(ranks[1], world_size=ranks[0])  # a flag error exits 2 here, before the run directory
         return run_child(args, torchrun_command(*ranks), auto_tag=False)  # the trainer tags its own phases
     try:
-        from trainer.args import parse_args
+        from trainer.args import parse_args  # likewise: record --exec runs where the trainer cannot import
         from trainer.train import main as train_main  # imports torch first, so the allocator probe sees it
     except ImportError as exc:
         raise MilesProfileError(f"the integrated trainer is not available ({exc}); use --exec") from None
@@ -228,7 +228,7 @@ def run_meta(args: argparse.Namespace) -> dict:
 
 def calibration_meta(args: argparse.Namespace) -> dict:
     """{CALIBRATION_KEY: this host's link ceilings} (cached per host), or {} with one warning: the job comes first."""
-    from miles_profile import calibrate
+    from miles_profile import calibrate  # only with --calibrate: it measures links and starts slowly
     disk_dir = args.watch_dir[0] if args.watch_dir else args.log_dir
     try:
         os.makedirs(disk_dir, exist_ok=True)

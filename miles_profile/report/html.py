@@ -38,6 +38,17 @@ from miles_profile.report.transitions_html import SECTION_CSS as MOVING_CSS, tra
 from miles_profile.report.stacks_html import stacks_html
 from miles_profile.runmodel.stats import phase_instances, phase_table, stat_metrics
 from miles_profile.safe_output import write_text_nofollow
+from miles_profile.logdir.reader import with_samples
+from miles_profile.report import fleet_report
+from miles_profile.report.figures import phase_color
+from miles_profile.report.fleet_report import ZOOM_SCRIPT
+from miles_profile.report.fleet_report import drawn_processes
+from miles_profile.report.fleet_report import fleet_html
+from miles_profile.report.fleet_report import report_data
+from miles_profile.report.ledger_html import ledger_html
+from miles_profile.report.miles_series import miles_series_html
+from miles_profile.runmodel.ledger import LEDGER_MAX_PROCESSES, fleet_ledger, ledger
+from miles_profile.runmodel.ledger_sampling import sampled_iterations
 
 TABLE_ROW_LIMIT = 200
 _CONFIG = {"displaylogo": False, "responsive": True, "scrollZoom": False}
@@ -74,7 +85,6 @@ def build_run_report(run, *, thresholds: checks_mod.Thresholds | None = None, ch
     (`lanes` picks its per-GPU timelines: fleet.select_lanes; default: all up to 8, else worst:8), and
     the engine judges it per process plus the fleet checks on the view's tables. `selection`,
     `baseline*`: verdicts/engine.judge's."""
-    from miles_profile.report import fleet_report
 
     def step(what: str) -> None:
         if progress is not None:
@@ -86,7 +96,6 @@ def build_run_report(run, *, thresholds: checks_mod.Thresholds | None = None, ch
         view = fleet_report.build_fleet(run, lanes, max_points=max_points)
         run = view.run
     elif run.samples.empty and getattr(run, "sample_pids", None) is not None:
-        from miles_profile.logdir.reader import with_samples
         run = with_samples(run)
     phase_instances(run)
     step("phase statistics")
@@ -105,9 +114,6 @@ def build_run_report(run, *, thresholds: checks_mod.Thresholds | None = None, ch
 
 def _ledger_of(run, view) -> pd.DataFrame:
     """Every process's ledger, at each phase's end and peak; for a fleet, the GPUs of the lanes drawn, with every process on them."""
-    from miles_profile.report.fleet_report import drawn_processes
-    from miles_profile.runmodel.ledger import LEDGER_MAX_PROCESSES, fleet_ledger, ledger
-    from miles_profile.runmodel.ledger_sampling import sampled_iterations
     chosen = sampled_iterations(run)  # a loop with a phase per step: some of its iterations
     if view is None or len(run.processes) <= LEDGER_MAX_PROCESSES:
         return ledger(run, peaks=True, iterations=chosen)
@@ -159,7 +165,6 @@ def _phase_table_html(run, table: pd.DataFrame, by_iteration: bool, table_id: st
 
 
 def _color(name: str) -> str:
-    from miles_profile.report.figures import phase_color
     return phase_color(str(name))
 
 
@@ -228,7 +233,6 @@ def _run_section(report: RunReport, k: int, single: bool) -> str:
                    "".join(f"<li>{_e(w)}</li>" for w in report.skipped) + "</ul></div>")
     suffix = "" if single else f"-{k}"
     if report.fleet is not None:
-        from miles_profile.report.fleet_report import fleet_html
         fleet = f'<div id="fleet{suffix}">{fleet_html(report.fleet, k, t0)}</div>'
         timeline = ""
         per_phase_note = ('<p class="muted small">Over the processes whose samples were read (those in the lanes '
@@ -240,10 +244,8 @@ def _run_section(report: RunReport, k: int, single: bool) -> str:
   <p class="muted small">Drag to zoom, double-click to reset. Every phase's peak and the global peak are drawn exactly
   as recorded; the red envelope is the true peak between samples. Exact bytes: hover a table cell.</p>
   <div class="figure">{figure}</div>"""
-    from miles_profile.report.miles_series import miles_series_html  # a Miles dump's utilization, SGLang series
     timeline += miles_series_html(run, suffix, align_to=report.figure)
     if report.ledger is not None:  # also for a few processes in the fleet view (an actor and its engine server)
-        from miles_profile.report.ledger_html import ledger_html
         timeline += ledger_html(report.ledger, t0, suffix, align_to=report.figure)
     # First screen: the summary (verdict, peak, offloads, failing checks), then the memory itself; the
     # checks' details, what moving memory cost and the run's facts follow.
@@ -345,7 +347,6 @@ def _report_data(reports: list[RunReport], overall: str) -> str:
             "exit_code": exit_code_for(overall), "exit_code_strict": exit_code_for(overall, True), "statuses": [r.verdict.status for r in reports]}
     fleets = [r.fleet for r in reports if r.fleet is not None]
     if fleets:
-        from miles_profile.report.fleet_report import report_data
         data["fleet"] = [report_data(f) for f in fleets]
     return json.dumps(data).replace("</", "<\\/")
 
@@ -353,7 +354,6 @@ def _report_data(reports: list[RunReport], overall: str) -> str:
 def _zoom_script(reports: list[RunReport]) -> str:
     if not any(r.fleet is not None for r in reports):
         return ""
-    from miles_profile.report.fleet_report import ZOOM_SCRIPT
     return f"<script>{ZOOM_SCRIPT}</script>"
 
 

@@ -24,8 +24,19 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from miles_profile.logdir.reader import with_samples
 from miles_profile.phase_select import PhaseSelection
+from miles_profile.runmodel import fleet
+from miles_profile.runmodel.phase_table import phase_table
+from miles_profile.runmodel.process_view import is_fleet
+from miles_profile.verdicts.checks import run_checks
+from miles_profile.verdicts.fleet_checks import run_fleet_checks
+from miles_profile.verdicts.gate import compare_runs
 from miles_profile.verdicts.leak_by_time import JUDGED_BY as JUDGED_BY_TIME
+from miles_profile.verdicts.memory_limit import limit_results
+from miles_profile.verdicts.oom import check_oom
+from miles_profile.verdicts.per_process import per_process_checks
+from miles_profile.verdicts.selection import not_selected_note, recorded_phases, select_checks, selection_for
 from miles_profile.verdicts.types import JUDGED, TOO_SMALL, WARN, CheckResult, Status, worst_status
 
 STATUS_LABEL: dict[str, str] = {"pass": "PASS", "fail": "FAIL", WARN: "WARN", "n/a": "N/A", TOO_SMALL: "SMALL"}
@@ -128,18 +139,12 @@ def judge(run, *, thresholds=None, fleet_thresholds=None, selection: str | Phase
     checks = _checks(run, thresholds, fleet_thresholds, fleet) if check else []
     notes = []
     if chosen is not None:
-        from miles_profile.verdicts.selection import (
-            not_selected_note,
-            recorded_phases,
-            select_checks,
-        )
         checks = select_checks(checks, chosen)
         left_out = chosen.split(recorded_phases(run))[1]
         if left_out:
             notes.append(not_selected_note(run, chosen, left_out))
     gates = []
     if baseline is not None:
-        from miles_profile.verdicts.gate import compare_runs
         gates.append(compare_runs(run, baseline, baseline_thresholds, chosen, baseline_by_iteration,
                                   current_name=str(run.path), baseline_name=str(getattr(baseline, "path", "baseline"))))
     return RunVerdict(run.name, checks, gates, str(run.path), notes, check)
@@ -148,38 +153,28 @@ def judge(run, *, thresholds=None, fleet_thresholds=None, selection: str | Phase
 def resolve_selection(run, selection: str | PhaseSelection | None) -> PhaseSelection | None:
     """The selection as a PhaseSelection; one given (text or object) must match a recorded phase, the
     run's recorded default (selection None) need not (a run just started has no phase yet)."""
-    from miles_profile.verdicts.selection import selection_for
     if isinstance(selection, PhaseSelection):
         return selection_for(run, selection.text)
     return selection_for(run, selection)
 
 
 def _checks(run, thresholds, fleet_thresholds, fleet) -> list[CheckResult]:
-    from miles_profile.runmodel.process_view import is_fleet
-    from miles_profile.verdicts.checks import run_checks
-    from miles_profile.verdicts.oom import check_oom  # a killed process: the run's, judged once
     if not is_fleet(run):
         if run.samples.empty and getattr(run, "sample_pids", None) is not None:  # loaded lazily
-            from miles_profile.logdir.reader import with_samples
             run = with_samples(run)
         return run_checks(run, thresholds) + [check_oom(run)]
-    from miles_profile.verdicts.fleet_checks import run_fleet_checks
-    from miles_profile.verdicts.per_process import per_process_checks
     table, matrix = fleet if fleet is not None else _fleet_tables(run)
     fleet_results = run_fleet_checks(table, fleet_thresholds, matrix) if len(table) else []
     return per_process_checks(run, thresholds) + list(fleet_results) + [check_oom(run)]
 
 
 def _fleet_tables(run):
-    from miles_profile.runmodel import fleet
-    from miles_profile.runmodel.phase_table import phase_table
     table = fleet.normalize(phase_table(run))
     return table, (fleet.gpu_matrix(table) if len(table) else None)
 
 
 def judge_test_limits(run, gpu=None, host=None, phase=None) -> RunVerdict:
     """The pytest marker's verdict: each memory limit as a CheckResult (verdicts/memory_limit.py)."""
-    from miles_profile.verdicts.memory_limit import limit_results
     return RunVerdict(run.name, limit_results(run, gpu, host, phase), run_path=str(run.path))
 
 
