@@ -30,6 +30,9 @@ def main(argv: list[str] | None = None) -> int:
         os.environ[LAUNCHER_PID_ENV] = str(os.getpid())
         _mark_stops(elastic_api, stop_file)
         _quiet_elastic_warnings()
+        if not any(a.split("=")[0] in ("--log-dir", "--log_dir", "--logs-specs", "--logs_specs") for a in argv):
+            # else torchrun leaves a /tmp/torchelastic_* directory behind on every run
+            argv = ["--log-dir", str(Path(workdir) / "torchrun"), *argv]
         try:
             torchrun_main(argv)
         except elastic_api.SignalException as exc:

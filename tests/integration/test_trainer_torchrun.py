@@ -95,3 +95,16 @@ def test_record_in_process_with_an_engine_server_records_the_engine_too(tmp_path
     engines, _ = _engines_and_ranks(run)
     assert len(engines) == 1 and len(run.processes) == 2
     assert {"generate", "update_weights"} <= set(run.phases.loc[run.phases["pid"] == engines[0]["pid"], "name"])
+
+
+def test_the_launcher_leaves_nothing_in_the_temp_dir(tmp_path):
+    """torchrun alone leaves a torchelastic_* directory in $TMPDIR on every run; trainer.launch keeps its logs
+    in its own temporary directory, removed when it ends."""
+    script, tmp = tmp_path / "hello.py", tmp_path / "tmp"
+    script.write_text("import os\nprint('rank', os.environ['RANK'])\n")
+    tmp.mkdir()
+    result = subprocess.run([sys.executable, "-m", "trainer.launch", "--standalone", "--nproc-per-node", "1",
+                             str(script)], cwd=REPO, env=dict(python_env(), TMPDIR=str(tmp)), capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 0 and "rank 0" in result.stdout, result.stderr[-2000:]
+    assert list(tmp.iterdir()) == []
