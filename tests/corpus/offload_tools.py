@@ -13,8 +13,10 @@ Phases carry `rollout_id=<iteration>` so every phase of one loop iteration share
 from __future__ import annotations
 
 import argparse
+import atexit
 import gc
 import os
+import shutil
 import sys
 import tempfile
 
@@ -80,6 +82,7 @@ def release_cache(device: str) -> None:
 def offload_dir(prefix: str) -> str:
     """A temporary directory for disk offloads, watched by the recorder (its bytes become the `disk` column)."""
     path = tempfile.mkdtemp(prefix=f"corpus_{prefix}_")
+    atexit.register(shutil.rmtree, path, True)  # a program that ends leaves nothing in the shared /tmp
     mp.watch_dir(path)
     return path
 
