@@ -7,8 +7,9 @@ Scrape: a run directory with N processes on one host (a GPU rank's columns: RSS,
 allocator on one GPU, pinned, disk), 8 GPUs in the host files and every process listed on one, all
 written with the recorder's own writers. Before each scrape, every process appends what it records
 between two scrapes (rows every 100 ms, a phase begin and end with its summary every second, the
-host sampler's rows and process lists); the scrape is `HostState.read()` plus rendering the text
-exposition, timed as a whole, in this process. Two scrape intervals: 15 s (Prometheus' default) and 1 s.
+host sampler's rows and process lists); the scrape is `HostState.read()` plus rendering the OpenMetrics
+exposition Prometheus asks for, timed as a whole in this process (the reading apart too), and the whole
+HTTP GET as another process sees it. Two scrape intervals: 15 s (Prometheus' default) and 1 s.
 
 Job: a fixed pure-Python step in the main thread (what the GIL shares with the endpoint's threads, the
 worst case: `record` runs the in-process trainer with the endpoint in the job's process), timed in
@@ -30,12 +31,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from prometheus_client import CollectorRegistry, generate_latest  # noqa: E402
-
 from miles_profile.logdir.host_writer import HostWriter, write_host_meta  # noqa: E402
 from miles_profile.logdir.writer import EventWriter, SampleWriter, write_process_meta, write_run_meta  # noqa: E402
 from miles_profile.metrics.host_state import HostState  # noqa: E402
-from miles_profile.metrics.families import families  # noqa: E402
+from miles_profile.metrics.exposition import render  # noqa: E402
 from miles_profile.metrics.server import serve  # noqa: E402
 
 HOST = "benchhost"
@@ -92,38 +91,46 @@ class FakeHost:
         self.host.flush()
 
 
-class _Timed:
-    """The collector, with the time its reading of the files took (the rest of a scrape is rendering)."""
-
-    def __init__(self, state: HostState):
-        self.state, self.read_s = state, 0.0
-
-    def collect(self):
-        start = time.perf_counter()
-        reading = self.state.read()
-        self.read_s = time.perf_counter() - start
-        return families(reading)
-
-
-def scrape_cost(processes: int, scrapes: int, interval_s: float) -> tuple[list[float], list[float], int]:
-    """(whole scrape seconds, reading seconds, samples) over `scrapes` scrapes `interval_s` apart."""
+def scrape_cost(processes: int, scrapes: int, interval_s: float) -> tuple[list[float], list[float], list[float], int]:
+    """(whole scrape seconds, reading seconds, HTTP GET seconds, samples) over `scrapes` scrapes
+    `interval_s` apart; every other scrape is the in-process one, the rest an HTTP GET from a child."""
     with tempfile.TemporaryDirectory() as tmp:
         host = FakeHost(Path(tmp), processes)
-        timed = _Timed(HostState(tmp, HOST))
-        registry = CollectorRegistry(auto_describe=False)
-        registry.register(timed)
+        state = HostState(tmp, HOST)
         host.advance(interval_s)
-        generate_latest(registry)  # the first scrape reads every file's header and meta
-        times, reads = [], []
-        for _ in range(scrapes):
-            host.advance(interval_s)
-            start = time.perf_counter()
-            body = generate_latest(registry)
-            times.append(time.perf_counter() - start)
-            reads.append(timed.read_s)
+        render(state.read(), True)  # the first scrape reads every file's header and meta
+        server = serve(tmp, 0, "127.0.0.1", hostname=HOST)
+        getter = subprocess.Popen([sys.executable, "-c", (
+            "import sys, time, urllib.request\n"
+            "for line in sys.stdin:\n"
+            "    start = time.perf_counter()\n"
+            f"    urllib.request.urlopen(urllib.request.Request('http://127.0.0.1:{server.port}/metrics', headers="
+            "{'Accept': 'application/openmetrics-text; version=1.0.0'})).read()\n"
+            "    print(time.perf_counter() - start, flush=True)\n")],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        times, reads, gets = [], [], []
+        try:
+            for k in range(2 * scrapes):
+                host.advance(interval_s)
+                if k % 2:  # the endpoint's own state: reading what the files gained since its previous scrape
+                    getter.stdin.write("\n")
+                    getter.stdin.flush()
+                    gets.append(float(getter.stdout.readline()))
+                    continue
+                start = time.perf_counter()
+                reading = state.read()
+                read = time.perf_counter()
+                body = render(reading, True)
+                times.append(time.perf_counter() - start)
+                reads.append(read - start)
+        finally:
+            getter.stdin.close()
+            getter.wait()
+            server.stop()
+            state.close()
         assert b"miles_profile_process_resident_memory_peak_bytes" in body
         samples = sum(1 for line in body.splitlines() if not line.startswith(b"#"))
-        return times, reads, samples
+        return times, reads, gets, samples
 
 
 def step(n: int = 60_000) -> float:
@@ -171,12 +178,14 @@ def main(argv: list[str] | None = None) -> int:
     calibration = min(timeit.repeat("sum(range(1000))", number=1000, repeat=5)) / 1000
     print(f"calibration: sum(range(1000)) {calibration * 1e6:.1f} us (best of 5)")
     for interval in (15.0, 1.0):
-        times, reads, samples = scrape_cost(args.processes, args.scrapes, interval)
+        times, reads, gets, samples = scrape_cost(args.processes, args.scrapes, interval)
         results[f"scrape every {interval:g} s"] = times
+        results[f"HTTP GET every {interval:g} s"] = gets
         print(f"scrape, {args.processes} processes, every {interval:g} s ({int(interval / 0.1)} rows each, {samples} "
               f"samples): median {statistics.median(times) * 1e3:.2f} ms (reading the files "
-              f"{statistics.median(reads) * 1e3:.2f} ms, the rest prometheus_client's rendering), "
-              f"min {min(times) * 1e3:.2f} ms, max {max(times) * 1e3:.2f} ms over {len(times)} scrapes", flush=True)
+              f"{statistics.median(reads) * 1e3:.2f} ms, the rest rendering), "
+              f"min {min(times) * 1e3:.2f} ms, max {max(times) * 1e3:.2f} ms over {len(times)} scrapes; "
+              f"HTTP GET from another process median {statistics.median(gets) * 1e3:.2f} ms", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         host = FakeHost(Path(tmp), args.processes)
         host.advance(1.0)

@@ -6,15 +6,18 @@ floor of the current iteration. Nothing is read between scrapes.
 """
 from __future__ import annotations
 
+import bisect
 import collections
 import json
 import os
+from itertools import groupby, repeat
 from pathlib import Path
 from typing import Any
 
 from miles_profile import names
 from miles_profile.logdir.layout import EVENTS_SUFFIX, PROCESS_META_SUFFIX, SAMPLES_SUFFIX
-from miles_profile.metrics.line_tail import LineTail
+from miles_profile.logdir.line_tail import LineTail
+from miles_profile.metrics import event_lines
 from miles_profile.metrics.readings import Offload, ProcessReading
 
 # The report's offload_drop rule, judged live without importing the verdict layer (it pulls the report in):
@@ -23,7 +26,9 @@ from miles_profile.metrics.readings import Offload, ProcessReading
 DROP_SHARE = 0.8
 RESOLUTION_BYTES = {"allocated": 2 * 1024**2, "resident": 8 * 1024**2}
 _RECENT_ROWS = 512  # rows kept to find the level right before a phase began
-_WANTED = (b'"kind":"begin"', b'"kind":"end"', b'"kind":"oom"')  # other events (account, mark) skipped unparsed
+# A scrape reads at most this much of one file: a scraper that comes back after hours reads the
+# backlog over several scrapes instead of stalling one.
+MAX_READ_BYTES = 8 * 1024 * 1024
 _TRANSITION = (names.OFFLOAD_PREFIX, names.ONLOAD_PREFIX, names.UPDATE_WEIGHTS)
 
 
@@ -54,33 +59,50 @@ class ProcessState:
         self._meta_path = run_dir / f"{stem}{PROCESS_META_SUFFIX}"
         self._meta_mtime = -1.0
         self.meta: dict[str, Any] = {}
-        self._samples = LineTail(run_dir / f"{stem}{SAMPLES_SUFFIX}")
-        self._events = LineTail(run_dir / f"{stem}{EVENTS_SUFFIX}")
+        self._samples = LineTail(run_dir / f"{stem}{SAMPLES_SUFFIX}", MAX_READ_BYTES)
+        self._events = LineTail(run_dir / f"{stem}{EVENTS_SUFFIX}", MAX_READ_BYTES)
         self._cols: dict[str, int] | None = None
         self._cuda_index = 0  # the process's own GPU in its CUDA order (meta's gpu_uuid), else 0
         self._width = 0
-        self._alloc_col = self._reserved_col = self._alloc_peak_col = None
+        self._alloc_col = self._reserved_col = self._alloc_peak_col = self._rss_col = self._rss_peak_col = None
         self.reading = ProcessReading(rank="0", role="", pid=0)
         self._peaks: dict[bytes, list[int]] = {}  # phase as written -> [allocated, RSS] peaks, -1 for none
         self._last: tuple[str, int | None, int | None] | None = None  # the last row: phase, allocated, RSS
-        self._recent: collections.deque = collections.deque(maxlen=_RECENT_ROWS)  # the last rows' cells
-        self._open: dict[int, tuple[str, float, dict]] = {}  # phase id -> (name, begin t, attrs)
-        self._ended: list[tuple[str, float, float, dict, dict]] = []  # offloads waiting for their rows
+        self._recent: list[list[bytes]] = []  # the last rows' cells (_RECENT_ROWS to twice that)
+        self._open: dict[int | None, tuple[str, float, dict, Any]] = {}  # phase id -> (name, begin t, attrs, rollout_id)
+        self._ended: list[tuple[str, float, float, dict, event_lines.EndSummary]] = []  # offloads awaiting rows
         self._iteration: Any = None
         self._floor: list[int | None] = [None, None]
         self.kills: collections.Counter = collections.Counter()
         self.dead_pids: set[int] = set()  # the processes those deaths name
+        self._finished = False
 
     @property
     def ended(self) -> bool:
         return bool(self.meta.get("end_time"))
 
-    def refresh(self) -> None:
-        self._read_meta()
-        for line in self._events.read():
-            self._event(line)
-        self._rows(self._samples.read())
+    def refresh(self, meta: bool = True) -> None:
+        """Read what the files gained. `meta`: look at the meta file too (it changes at a process's start
+        and end only: the host looks every few seconds, not at every scrape)."""
+        if self._finished:
+            return
+        if meta or not self.meta:
+            self._read_meta()
+        data = self._events.read()
+        if data:
+            for line in data.split(b"\n"):
+                self._event(line)
+        data = self._samples.read()
+        if data:
+            self._rows(data)
         self._judge_ended()
+        if self.ended:  # it wrote its end time last: all it wrote is read; its files need no descriptor
+            self.close()
+            self._finished = True
+
+    def close(self) -> None:
+        self._samples.close()
+        self._events.close()
 
     def take_peaks(self) -> dict[str, tuple[int | None, int | None]]:
         """The peaks since the previous call, per phase; the next scrape starts afresh. With no row
@@ -122,25 +144,70 @@ class ProcessState:
         self._reserved_col = cols.get(f"gpu{i}_reserved")
         self._rss_col, self._rss_peak_col = cols.get("rss"), cols.get("rss_peak")
 
-    def _rows(self, lines: list[bytes]) -> None:
-        """The hot part of a scrape (every row since the previous one): per row only the two peak cells
-        are converted; a row's peak cell is never below its level (the probes read both at once), so
-        an empty peak cell falls back to the level. Levels come from the last row alone."""
+    def _rows(self, data: bytes) -> None:
+        """The hot part of a scrape (every row since the previous one). A row's peak cell is never
+        below its level (the probes read both at once), so an empty peak cell falls back to the level.
+        Levels come from the last row alone."""
+        lines = data.split(b"\n")
+        lines.pop()  # after the last newline: nothing
         if lines and self._cols is None:
             header = lines.pop(0).decode(errors="replace").split(",")
             self._cols, self._width = {c: k for k, c in enumerate(header)}, len(header)
             self._find_columns()
-        if self._cols is None or not lines:
+        if not lines:
             return
+        width = self._width
+        rows = [cells for cells in map(bytes.split, lines, repeat(b",")) if len(cells) == width]  # torn: dropped
+        if not rows:
+            return
+        if not self._peaks_by_column(rows):
+            rows = self._peaks_by_row(rows)
+        if rows:
+            self._recent += rows
+            if len(self._recent) > 2 * _RECENT_ROWS:
+                del self._recent[:-_RECENT_ROWS]
+            self._levels(rows[-1])
+
+    def _peaks_by_column(self, rows: list[list[bytes]]) -> bool:
+        """Every row's peaks at once, column by column in C (rows come in runs of one phase). False,
+        with nothing changed, when a needed cell is empty or not a number: then row by row."""
         a, ap, rs, rsp = self._alloc_col, self._alloc_peak_col, self._rss_col, self._rss_peak_col
         ap = ap if ap is not None else a
         rsp = rsp if rsp is not None else rs
-        peaks, recent, width = self._peaks, self._recent, self._width
-        last = None
-        for line in lines:
-            cells = line.split(b",")
-            if len(cells) != width:  # a torn line: the reader drops it too
-                continue
+        columns = list(zip(*rows))
+        try:
+            alloc = list(map(int, columns[ap])) if ap is not None else None
+            rss = list(map(int, columns[rsp])) if rsp is not None else None
+        except ValueError:  # an empty cell (a peak the probe did not read) or damage
+            return False
+        phases = columns[1]
+        if phases.count(phases[0]) == len(phases):
+            runs = [(phases[0], 0, len(phases))]
+        else:  # rows come in runs of one phase: a slice each
+            runs = []
+            for phase, group in groupby(range(len(phases)), phases.__getitem__):
+                first = last = next(group)
+                for last in group:
+                    pass
+                runs.append((phase, first, last + 1))
+        peaks = self._peaks
+        for phase, lo, hi in runs:
+            top_alloc = max(alloc[lo:hi]) if alloc is not None else -1
+            top_rss = max(rss[lo:hi]) if rss is not None else -1
+            p = peaks.get(phase)
+            if p is None:
+                peaks[phase] = [top_alloc, top_rss]
+            else:
+                p[0], p[1] = max(p[0], top_alloc), max(p[1], top_rss)
+        return True
+
+    def _peaks_by_row(self, rows: list[list[bytes]]) -> list[list[bytes]]:
+        """The rows whose cells read, each folded into the peaks on its own."""
+        a, ap, rs, rsp = self._alloc_col, self._alloc_peak_col, self._rss_col, self._rss_peak_col
+        ap = ap if ap is not None else a
+        rsp = rsp if rsp is not None else rs
+        peaks, kept = self._peaks, []
+        for cells in rows:
             try:
                 alloc = int(cells[ap] or (cells[a] if a is not None else b"") or -1) if ap is not None else -1
                 rss = int(cells[rsp] or cells[rs] or -1) if rsp is not None else -1
@@ -154,10 +221,8 @@ class ProcessState:
                     p[0] = alloc
                 if rss > p[1]:
                     p[1] = rss
-            recent.append(cells)
-            last = cells
-        if last is not None:
-            self._levels(last)
+            kept.append(cells)
+        return kept
 
     def _levels(self, cells: list[bytes]) -> None:
         r = self.reading
@@ -176,59 +241,57 @@ class ProcessState:
 
     # -- events ----------------------------------------------------------------------------
     def _event(self, line: bytes) -> None:
-        if not any(kind in line for kind in _WANTED):
+        ev = event_lines.parse(line)
+        if ev is None:
             return
-        try:
-            ev = json.loads(line)
-            kind, name, attrs = ev["kind"], str(ev.get("name", "")), ev.get("attrs") or {}
-        except (ValueError, KeyError, TypeError, AttributeError):
-            return
-        if kind == names.BEGIN:
-            self._begin(ev, name, attrs)
-        elif kind == names.END:
-            self._end(ev, name, attrs)
-        elif kind == "oom" and attrs.get("cause"):  # a death, seen by a witness (oom.py); not an OOM error
+        if ev.kind == names.BEGIN:
+            self._begin(ev)
+        elif ev.kind == names.END:
+            self._end(ev)
+        elif ev.attrs().get("cause"):  # a death, seen by a witness (oom.py); not an OOM error
+            attrs = ev.attrs()
             self.kills[str(attrs["cause"])] += 1
             if isinstance(attrs.get("process_pid"), int):
                 self.dead_pids.add(attrs["process_pid"])
         self.reading.phase = next(reversed(self._open.values()))[0] if self._open else "none"
 
-    def _begin(self, ev: dict, name: str, attrs: dict) -> None:
-        self._open[ev.get("id")] = (name, float(ev["t"]), attrs)
-        rid = attrs.get("rollout_id")
-        if ev.get("parent") is None and rid is not None and rid != self._iteration:
+    def _begin(self, ev: event_lines.Event) -> None:
+        # An offload's attrs are judged at its end (expected_bytes, tags, backend); others' need no parse.
+        rid = ev.rollout_id()
+        self._open[ev.id] = (ev.name, ev.t, ev.attrs() if ev.name.startswith(names.OFFLOAD_PREFIX) else {}, rid)
+        if ev.parent is None and rid is not None and rid != self._iteration:
             if self._iteration is not None:  # a new iteration: the previous one is complete
                 self.reading.floor_allocated, self.reading.floor_resident = self._floor
                 self.reading.iterations += 1
             self._iteration, self._floor = rid, [None, None]
 
-    def _end(self, ev: dict, name: str, attrs: dict) -> None:
-        opened = self._open.pop(ev.get("id"), None)
+    def _end(self, ev: event_lines.Event) -> None:
+        opened = self._open.pop(ev.id, None)
         if opened is None:
             return
-        _, begin_t, begin_attrs = opened
-        end_t = float(ev["t"])
-        summary = attrs.get("summary") or {}
-        series = summary.get("series") or {}
-        if begin_attrs.get("rollout_id") == self._iteration and self._iteration is not None:
-            alloc = series.get(f"gpu{self._cuda_index}_alloc", {}).get("floor")
-            self._floor = [_min(self._floor[0], alloc), _min(self._floor[1], series.get("rss", {}).get("floor"))]
+        name, begin_t, begin_attrs, rid = opened
+        summary = event_lines.EndSummary(ev)
+        if rid == self._iteration and self._iteration is not None:
+            alloc = summary.get(f"gpu{self._cuda_index}_alloc", "floor")
+            self._floor = [_min(self._floor[0], alloc), _min(self._floor[1], summary.get("rss", "floor"))]
         if name.startswith(_TRANSITION):
-            self.reading.transitions[name] = end_t - begin_t
+            self.reading.transitions[name] = ev.t - begin_t
         if name.startswith(names.OFFLOAD_PREFIX):
-            closing = summary.get("t_last", end_t)  # the phase's last row: its level at the end
-            self._ended.append((name, begin_t, float(closing), begin_attrs, series))
+            closing = summary.t_last()  # the phase's last row: its level at the end
+            self._ended.append((name, begin_t, ev.t if closing is None else closing, begin_attrs, summary))
 
     def _judge_ended(self) -> None:
         """Offloads whose rows have arrived: freed = the level before the phase minus the level at its end."""
         recent = self._recent
-        while self._ended and recent and float(recent[-1][0]) >= self._ended[0][2] - 1e-6:
-            name, begin_t, end_t, attrs, series = self._ended.pop(0)
+        while self._ended and recent and _time(recent[-1]) >= self._ended[0][2] - 1e-6:
+            name, begin_t, end_t, attrs, summary = self._ended.pop(0)
             col = f"gpu{self._cuda_index}_alloc"
-            which, k, col = ("allocated", self._alloc_col, col) if series.get(col) else ("resident", self._rss_col, "rss")
-            before = next((v for v in (self._cell(row, k) for row in reversed(recent) if float(row[0]) <= begin_t)
-                           if v is not None), series.get(col, {}).get("first"))
-            after = series.get(col, {}).get("last")
+            which, k, col = ("allocated", self._alloc_col, col) if summary.has(col) else ("resident", self._rss_col, "rss")
+            # The rows before the phase began, newest first (rows are in time order: found by bisection).
+            at = bisect.bisect_right(recent, begin_t, key=_time)
+            before = next((v for v in map(self._cell, reversed(recent[max(0, at - _RECENT_ROWS):at]), repeat(k))
+                           if v is not None), summary.get(col, "first"))
+            after = summary.get(col, "last")
             freed = None if before is None or after is None else int(before) - int(after)
             if attrs.get("backend") == names.TORCH_MEMORY_SAVER:
                 # A pause is invisible to the allocator's counters (the report judges it on NVML per
@@ -239,3 +302,10 @@ class ProcessState:
             key = (name, offload_tag(name, attrs))
             count = self.reading.offloads[key].count if key in self.reading.offloads else 0
             self.reading.offloads[key] = Offload(declared, freed, which, judge(declared, freed, which), count + 1)
+
+
+def _time(cells: list[bytes]) -> float:
+    try:
+        return float(cells[0])
+    except ValueError:  # a damaged time cell: before every time, so a bisection stays ordered
+        return float("-inf")
