@@ -33,7 +33,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from miles_profile.logdir.host_writer import HostWriter, write_host_meta  # noqa: E402
 from miles_profile.logdir.writer import EventWriter, SampleWriter, write_process_meta, write_run_meta  # noqa: E402
-from miles_profile.metrics.host_state import HostState  # noqa: E402
 from miles_profile.metrics.exposition import render  # noqa: E402
 from miles_profile.metrics.server import serve  # noqa: E402
 
@@ -91,15 +90,17 @@ class FakeHost:
         self.host.flush()
 
 
-def scrape_cost(processes: int, scrapes: int, interval_s: float) -> tuple[list[float], list[float], list[float], int]:
-    """(whole scrape seconds, reading seconds, HTTP GET seconds, samples) over `scrapes` scrapes
-    `interval_s` apart; every other scrape is the in-process one, the rest an HTTP GET from a child."""
+def scrape_cost(processes: int, scrapes: int, interval_s: float) -> tuple[list[float], list[float], list[float],
+                                                                         list[float], int]:
+    """(whole scrape seconds, its CPU seconds, reading seconds, HTTP GET seconds, samples) over `scrapes`
+    scrapes `interval_s` apart; every other scrape is the in-process one, the rest an HTTP GET from a
+    child. CPU seconds are this thread's: on a shared machine they wait for no one else's."""
     with tempfile.TemporaryDirectory() as tmp:
         host = FakeHost(Path(tmp), processes)
-        state = HostState(tmp, HOST)
+        server = serve(tmp, 0, "127.0.0.1", hostname=HOST)
+        state = server.state  # one endpoint's state: each scrape, in process or over HTTP, reads one interval
         host.advance(interval_s)
         render(state.read(), True)  # the first scrape reads every file's header and meta
-        server = serve(tmp, 0, "127.0.0.1", hostname=HOST)
         getter = subprocess.Popen([sys.executable, "-c", (
             "import sys, time, urllib.request\n"
             "for line in sys.stdin:\n"
@@ -108,29 +109,29 @@ def scrape_cost(processes: int, scrapes: int, interval_s: float) -> tuple[list[f
             "{'Accept': 'application/openmetrics-text; version=1.0.0'})).read()\n"
             "    print(time.perf_counter() - start, flush=True)\n")],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        times, reads, gets = [], [], []
+        times, cpus, reads, gets = [], [], [], []
         try:
             for k in range(2 * scrapes):
                 host.advance(interval_s)
-                if k % 2:  # the endpoint's own state: reading what the files gained since its previous scrape
+                if k % 2:  # the same endpoint over HTTP: what the files gained since the in-process scrape
                     getter.stdin.write("\n")
                     getter.stdin.flush()
                     gets.append(float(getter.stdout.readline()))
                     continue
-                start = time.perf_counter()
+                start, cpu = time.perf_counter(), time.thread_time()
                 reading = state.read()
                 read = time.perf_counter()
                 body = render(reading, True)
                 times.append(time.perf_counter() - start)
+                cpus.append(time.thread_time() - cpu)
                 reads.append(read - start)
         finally:
             getter.stdin.close()
             getter.wait()
             server.stop()
-            state.close()
         assert b"miles_profile_process_resident_memory_peak_bytes" in body
         samples = sum(1 for line in body.splitlines() if not line.startswith(b"#"))
-        return times, reads, gets, samples
+        return times, cpus, reads, gets, samples
 
 
 def step(n: int = 60_000) -> float:
@@ -178,13 +179,14 @@ def main(argv: list[str] | None = None) -> int:
     calibration = min(timeit.repeat("sum(range(1000))", number=1000, repeat=5)) / 1000
     print(f"calibration: sum(range(1000)) {calibration * 1e6:.1f} us (best of 5)")
     for interval in (15.0, 1.0):
-        times, reads, gets, samples = scrape_cost(args.processes, args.scrapes, interval)
+        times, cpus, reads, gets, samples = scrape_cost(args.processes, args.scrapes, interval)
         results[f"scrape every {interval:g} s"] = times
         results[f"HTTP GET every {interval:g} s"] = gets
         print(f"scrape, {args.processes} processes, every {interval:g} s ({int(interval / 0.1)} rows each, {samples} "
               f"samples): median {statistics.median(times) * 1e3:.2f} ms (reading the files "
               f"{statistics.median(reads) * 1e3:.2f} ms, the rest rendering), "
-              f"min {min(times) * 1e3:.2f} ms, max {max(times) * 1e3:.2f} ms over {len(times)} scrapes; "
+              f"min {min(times) * 1e3:.2f} ms, max {max(times) * 1e3:.2f} ms over {len(times)} scrapes, CPU median "
+              f"{statistics.median(cpus) * 1e3:.2f} ms; "
               f"HTTP GET from another process median {statistics.median(gets) * 1e3:.2f} ms", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         host = FakeHost(Path(tmp), args.processes)

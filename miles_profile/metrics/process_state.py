@@ -11,6 +11,7 @@ import collections
 import json
 import os
 from itertools import groupby, repeat
+from operator import itemgetter
 from pathlib import Path
 from typing import Any
 
@@ -68,7 +69,7 @@ class ProcessState:
         self.reading = ProcessReading(rank="0", role="", pid=0)
         self._peaks: dict[bytes, list[int]] = {}  # phase as written -> [allocated, RSS] peaks, -1 for none
         self._last: tuple[str, int | None, int | None] | None = None  # the last row: phase, allocated, RSS
-        self._recent: list[list[bytes]] = []  # the last rows' cells (_RECENT_ROWS to twice that)
+        self._recent: list[bytes] = []  # the last rows' lines (_RECENT_ROWS to twice that)
         self._open: dict[int | None, tuple[str, float, dict, Any]] = {}  # phase id -> (name, begin t, attrs, rollout_id)
         self._ended: list[tuple[str, float, float, dict, event_lines.EndSummary]] = []  # offloads awaiting rows
         self._iteration: Any = None
@@ -92,6 +93,7 @@ class ProcessState:
         if data:
             for line in data.split(b"\n"):
                 self._event(line)
+            self.reading.phase = next(reversed(self._open.values()))[0] if self._open else "none"
         data = self._samples.read()
         if data:
             self._rows(data)
@@ -156,58 +158,54 @@ class ProcessState:
             self._find_columns()
         if not lines:
             return
-        width = self._width
-        rows = [cells for cells in map(bytes.split, lines, repeat(b",")) if len(cells) == width]  # torn: dropped
-        if not rows:
-            return
+        rows = list(map(bytes.split, lines, repeat(b",")))
         if not self._peaks_by_column(rows):
-            rows = self._peaks_by_row(rows)
-        if rows:
-            self._recent += rows
+            lines = self._peaks_by_row(lines, rows)
+        if lines:
+            self._recent += lines  # lines, not their cells: bytes are no work for the garbage collector
             if len(self._recent) > 2 * _RECENT_ROWS:
                 del self._recent[:-_RECENT_ROWS]
-            self._levels(rows[-1])
+            self._levels(lines[-1].split(b","))
 
     def _peaks_by_column(self, rows: list[list[bytes]]) -> bool:
-        """Every row's peaks at once, column by column in C (rows come in runs of one phase). False,
-        with nothing changed, when a needed cell is empty or not a number: then row by row."""
+        """Every row's peaks at once, each column converted in one C loop (no bytecode a row), folded
+        per run of one phase. False, with nothing changed, when a row is torn or a needed cell is
+        empty or not a number: then row by row."""
         a, ap, rs, rsp = self._alloc_col, self._alloc_peak_col, self._rss_col, self._rss_peak_col
         ap = ap if ap is not None else a
         rsp = rsp if rsp is not None else rs
-        columns = list(zip(*rows))
+        if set(map(len, rows)) != {self._width}:
+            return False
         try:
-            alloc = list(map(int, columns[ap])) if ap is not None else None
-            rss = list(map(int, columns[rsp])) if rsp is not None else None
+            alloc = list(map(int, map(itemgetter(ap), rows))) if ap is not None else None
+            rss = list(map(int, map(itemgetter(rsp), rows))) if rsp is not None else None
         except ValueError:  # an empty cell (a peak the probe did not read) or damage
             return False
-        phases = columns[1]
-        if phases.count(phases[0]) == len(phases):
-            runs = [(phases[0], 0, len(phases))]
-        else:  # rows come in runs of one phase: a slice each
-            runs = []
-            for phase, group in groupby(range(len(phases)), phases.__getitem__):
-                first = last = next(group)
-                for last in group:
-                    pass
-                runs.append((phase, first, last + 1))
-        peaks = self._peaks
-        for phase, lo, hi in runs:
+        peaks, lo = self._peaks, 0
+        for phase, run in groupby(map(itemgetter(1), rows)):  # rows come in runs of one phase
+            hi = lo + len(list(run))
             top_alloc = max(alloc[lo:hi]) if alloc is not None else -1
             top_rss = max(rss[lo:hi]) if rss is not None else -1
             p = peaks.get(phase)
             if p is None:
                 peaks[phase] = [top_alloc, top_rss]
             else:
-                p[0], p[1] = max(p[0], top_alloc), max(p[1], top_rss)
+                if top_alloc > p[0]:
+                    p[0] = top_alloc
+                if top_rss > p[1]:
+                    p[1] = top_rss
+            lo = hi
         return True
 
-    def _peaks_by_row(self, rows: list[list[bytes]]) -> list[list[bytes]]:
-        """The rows whose cells read, each folded into the peaks on its own."""
+    def _peaks_by_row(self, lines: list[bytes], rows: list[list[bytes]]) -> list[bytes]:
+        """The lines whose cells read, each folded into the peaks on its own."""
         a, ap, rs, rsp = self._alloc_col, self._alloc_peak_col, self._rss_col, self._rss_peak_col
         ap = ap if ap is not None else a
         rsp = rsp if rsp is not None else rs
-        peaks, kept = self._peaks, []
-        for cells in rows:
+        peaks, kept, width = self._peaks, [], self._width
+        for line, cells in zip(lines, rows):
+            if len(cells) != width:  # a torn line: the reader drops it too
+                continue
             try:
                 alloc = int(cells[ap] or (cells[a] if a is not None else b"") or -1) if ap is not None else -1
                 rss = int(cells[rsp] or cells[rs] or -1) if rsp is not None else -1
@@ -221,7 +219,7 @@ class ProcessState:
                     p[0] = alloc
                 if rss > p[1]:
                     p[1] = rss
-            kept.append(cells)
+            kept.append(line)
         return kept
 
     def _levels(self, cells: list[bytes]) -> None:
@@ -233,10 +231,11 @@ class ProcessState:
         self._last = (phase, r.allocated if self._alloc_col is not None else None,
                       r.resident if self._rss_col is not None else None)
 
-    def _cell(self, cells: list[bytes], col: int | None) -> int | None:
+    @staticmethod
+    def _cell(line: bytes, col: int | None) -> int | None:
         try:
-            return int(cells[col]) if col is not None and cells[col] else None
-        except ValueError:
+            return int(line.split(b",")[col]) if col is not None else None
+        except (ValueError, IndexError):  # empty or damaged
             return None
 
     # -- events ----------------------------------------------------------------------------
@@ -253,7 +252,6 @@ class ProcessState:
             self.kills[str(attrs["cause"])] += 1
             if isinstance(attrs.get("process_pid"), int):
                 self.dead_pids.add(attrs["process_pid"])
-        self.reading.phase = next(reversed(self._open.values()))[0] if self._open else "none"
 
     def _begin(self, ev: event_lines.Event) -> None:
         # An offload's attrs are judged at its end (expected_bytes, tags, backend); others' need no parse.
@@ -287,10 +285,14 @@ class ProcessState:
             name, begin_t, end_t, attrs, summary = self._ended.pop(0)
             col = f"gpu{self._cuda_index}_alloc"
             which, k, col = ("allocated", self._alloc_col, col) if summary.has(col) else ("resident", self._rss_col, "rss")
-            # The rows before the phase began, newest first (rows are in time order: found by bisection).
-            at = bisect.bisect_right(recent, begin_t, key=_time)
-            before = next((v for v in map(self._cell, reversed(recent[max(0, at - _RECENT_ROWS):at]), repeat(k))
-                           if v is not None), summary.get(col, "first"))
+            # The level in the last row before the phase began (rows are in time order: a bisection).
+            before = None
+            for i in range(bisect.bisect_right(recent, begin_t, key=_time) - 1 if k is not None else -1, -1, -1):
+                before = self._cell(recent[i], k)
+                if before is not None:
+                    break
+            if before is None:
+                before = summary.get(col, "first")
             after = summary.get(col, "last")
             freed = None if before is None or after is None else int(before) - int(after)
             if attrs.get("backend") == names.TORCH_MEMORY_SAVER:
@@ -304,8 +306,8 @@ class ProcessState:
             self.reading.offloads[key] = Offload(declared, freed, which, judge(declared, freed, which), count + 1)
 
 
-def _time(cells: list[bytes]) -> float:
+def _time(line: bytes) -> float:
     try:
-        return float(cells[0])
+        return float(line[: line.index(b",")])
     except ValueError:  # a damaged time cell: before every time, so a bisection stays ordered
         return float("-inf")

@@ -11,6 +11,7 @@ import http.server
 import logging
 import os
 import socket
+import socketserver
 import threading
 
 from miles_profile import names
@@ -82,6 +83,11 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
 class _Server(http.server.ThreadingHTTPServer):
     daemon_threads = True  # a scraper that never reads holds its own thread, never stop()
+
+    def server_bind(self) -> None:
+        # HTTPServer's own asks DNS for the address's name (getfqdn): seconds on a host whose DNS is slow.
+        socketserver.TCPServer.server_bind(self)
+        self.server_name, self.server_port = str(self.server_address[0]), self.server_address[1]
 
     def handle_error(self, request, client_address) -> None:
         pass  # a scraper that hung up mid-answer: its problem, never a traceback in the job's output
