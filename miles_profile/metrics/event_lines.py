@@ -9,13 +9,12 @@ anything else (escapes, another writer's key order) falls back to `json`, so not
 """
 from __future__ import annotations
 
-import functools
 import json
 import re
 from typing import Any, NamedTuple
 
 _NUM = rb"-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?"
-_HEAD = re.compile(rb'\{"t":(' + _NUM + rb'),"kind":"(begin|end)","name":"([^"\\]*)","pid":-?\d+,'
+_HEAD = re.compile(rb'\{"t":([-+.\deE]+),"kind":"(begin|end)","name":"([^"\\]*)","pid":-?\d+,'
                    rb'"host":"[^"\\]*"(?:,"id":(-?\d+))?(?:,"parent":(-?\d+))?,"attrs":')
 _WANTED = re.compile(rb'"kind":\s*"(?:begin|end|oom)"')  # other kinds (marks, accounts) are never parsed
 _T_LAST = re.compile(rb'"t_last":(' + _NUM + rb'|null)[,}]')
@@ -60,15 +59,15 @@ def parse(line: bytes) -> Event | None:
     of a line the recorder wrote are left unparsed until asked for."""
     m = _HEAD.match(line)
     if m is not None and line.endswith(b"}"):
-        return Event(m.group(2).decode(), m.group(3).decode(), float(m.group(1)), _int(m.group(4)), _int(m.group(5)),
-                     None, line, m.end())
+        t, kind, name, id_, parent = m.groups()
+        try:
+            when = float(t)
+        except ValueError:
+            return _parse_json(line)
+        return Event(kind.decode(), name.decode(), when, id_ and int(id_), parent and int(parent), None, line, m.end())
     if _WANTED.search(line):
         return _parse_json(line)
     return None  # marks, accounts, stacks: nothing a scrape reports
-
-
-def _int(group: bytes | None) -> int | None:
-    return None if group is None else int(group)
 
 
 def _parse_json(line: bytes) -> Event | None:
@@ -83,8 +82,16 @@ def _parse_json(line: bytes) -> Event | None:
     return Event(kind, str(ev.get("name", "")), t, ids[0], ids[1], attrs, line)
 
 
-@functools.lru_cache(maxsize=256)
+_PATTERNS: dict[str, re.Pattern] = {}
+
+
 def _series_pattern(col: str) -> re.Pattern:
+    if col not in _PATTERNS:
+        _PATTERNS[col] = _compile_series(col)
+    return _PATTERNS[col]
+
+
+def _compile_series(col: str) -> re.Pattern:
     value = rb"(" + _NUM + rb"|null)"
     return re.compile(b'"' + re.escape(col.encode()) + rb'":\{"peak":' + value + rb',"floor":' + value
                       + rb',"first":' + value + rb',"last":' + value + rb"\}")

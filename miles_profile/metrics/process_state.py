@@ -64,6 +64,7 @@ class ProcessState:
         self._events = LineTail(run_dir / f"{stem}{EVENTS_SUFFIX}", MAX_READ_BYTES)
         self._cols: dict[str, int] | None = None
         self._cuda_index = 0  # the process's own GPU in its CUDA order (meta's gpu_uuid), else 0
+        self._alloc_series = "gpu0_alloc"  # its allocator's column in the phase summaries
         self._width = 0
         self._alloc_col = self._reserved_col = self._alloc_peak_col = self._rss_col = self._rss_peak_col = None
         self.reading = ProcessReading(rank="0", role="", pid=0)
@@ -134,7 +135,7 @@ class ProcessState:
         r.rank, r.role, r.pid = str(meta.get("rank", 0)), str(meta.get("role", "")), int(meta.get("pid", 0))
         r.uuid = str(meta.get("gpu_uuid") or "")
         index = next((d.get("index") for d in meta.get("cuda_devices", ()) if r.uuid and d.get("uuid") == r.uuid), 0)
-        self._cuda_index = index
+        self._cuda_index, self._alloc_series = index, f"gpu{index}_alloc"
         if self._cols is not None:
             self._find_columns()
 
@@ -270,7 +271,7 @@ class ProcessState:
         name, begin_t, begin_attrs, rid = opened
         summary = event_lines.EndSummary(ev)
         if rid == self._iteration and self._iteration is not None:
-            alloc = summary.get(f"gpu{self._cuda_index}_alloc", "floor")
+            alloc = summary.get(self._alloc_series, "floor")
             self._floor = [_min(self._floor[0], alloc), _min(self._floor[1], summary.get("rss", "floor"))]
         if name.startswith(_TRANSITION):
             self.reading.transitions[name] = ev.t - begin_t
@@ -283,7 +284,7 @@ class ProcessState:
         recent = self._recent
         while self._ended and recent and _time(recent[-1]) >= self._ended[0][2] - 1e-6:
             name, begin_t, end_t, attrs, summary = self._ended.pop(0)
-            col = f"gpu{self._cuda_index}_alloc"
+            col = self._alloc_series
             which, k, col = ("allocated", self._alloc_col, col) if summary.has(col) else ("resident", self._rss_col, "rss")
             # The level in the last row before the phase began (rows are in time order: a bisection).
             before = None
