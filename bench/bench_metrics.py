@@ -33,9 +33,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from miles_profile.logdir.host_writer import HostWriter, write_host_meta  # noqa: E402
 from miles_profile.logdir.writer import EventWriter, SampleWriter, write_process_meta, write_run_meta  # noqa: E402
-from miles_profile.metrics.exposition import render  # noqa: E402
 from miles_profile.metrics.server import serve  # noqa: E402
 
+# What Debian's Prometheus 2.42 sends (scrape.go's acceptHeader): OpenMetrics 1.0 first, with no escaping
+# scheme named, and gzip.
+PROMETHEUS_ACCEPT = ("application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,"
+                     "text/plain;version=0.0.4;q=0.5,*/*;q=0.1")
 HOST = "benchhost"
 GiB = 1024**3
 COLUMNS = ["rss", "rss_peak", "rss_anon", "rss_file", "rss_shmem", "gpu0_alloc", "gpu0_alloc_peak",
@@ -90,6 +93,30 @@ class FakeHost:
         self.host.flush()
 
 
+def renderer(accept: str = PROMETHEUS_ACCEPT):
+    """(what renders, a function from one HostReading to the body the endpoint answers `accept` with).
+    The same file runs on trees whose endpoint renders with prometheus_client (families.py) and on
+    0108de6's, which rendered by hand (exposition.py), for an A/B across commits."""
+    try:
+        from miles_profile.metrics.exposition import render  # 0108de6
+        return "exposition.py (by hand)", lambda reading: render(reading, "openmetrics" in accept.split(",")[0])
+    except ImportError:
+        from prometheus_client import CollectorRegistry
+        from prometheus_client.exposition import choose_encoder
+
+        from miles_profile.metrics.families import families
+        encoder, _ = choose_encoder(accept)
+
+        def render(reading):
+            class One:
+                def collect(self):
+                    return families(reading)
+            registry = CollectorRegistry(auto_describe=False)
+            registry.register(One())
+            return encoder(registry)
+        return "prometheus_client (families.py)", render
+
+
 def scrape_cost(processes: int, scrapes: int, interval_s: float) -> tuple[list[float], list[float], list[float],
                                                                          list[float], int]:
     """(whole scrape seconds, its CPU seconds, reading seconds, HTTP GET seconds, samples) over `scrapes`
@@ -99,14 +126,15 @@ def scrape_cost(processes: int, scrapes: int, interval_s: float) -> tuple[list[f
         host = FakeHost(Path(tmp), processes)
         server = serve(tmp, 0, "127.0.0.1", hostname=HOST)
         state = server.state  # one endpoint's state: each scrape, in process or over HTTP, reads one interval
+        _, render = renderer()
         host.advance(interval_s)
-        render(state.read(), True)  # the first scrape reads every file's header and meta
+        render(state.read())  # the first scrape reads every file's header and meta
         getter = subprocess.Popen([sys.executable, "-c", (
             "import sys, time, urllib.request\n"
             "for line in sys.stdin:\n"
             "    start = time.perf_counter()\n"
             f"    urllib.request.urlopen(urllib.request.Request('http://127.0.0.1:{server.port}/metrics', headers="
-            "{'Accept': 'application/openmetrics-text; version=1.0.0'})).read()\n"
+            f"{{'Accept': {PROMETHEUS_ACCEPT!r}, 'Accept-Encoding': 'gzip'}})).read()\n"
             "    print(time.perf_counter() - start, flush=True)\n")],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         times, cpus, reads, gets = [], [], [], []
@@ -121,7 +149,7 @@ def scrape_cost(processes: int, scrapes: int, interval_s: float) -> tuple[list[f
                 start, cpu = time.perf_counter(), time.thread_time()
                 reading = state.read()
                 read = time.perf_counter()
-                body = render(reading, True)
+                body = render(reading)
                 times.append(time.perf_counter() - start)
                 cpus.append(time.thread_time() - cpu)
                 reads.append(read - start)
@@ -177,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
     results = {}
     # How loaded this machine is: on an idle current x86 core this takes about 10 us.
     calibration = min(timeit.repeat("sum(range(1000))", number=1000, repeat=5)) / 1000
-    print(f"calibration: sum(range(1000)) {calibration * 1e6:.1f} us (best of 5)")
+    print(f"calibration: sum(range(1000)) {calibration * 1e6:.1f} us (best of 5); rendered by {renderer()[0]}")
     for interval in (15.0, 1.0):
         times, cpus, reads, gets, samples = scrape_cost(args.processes, args.scrapes, interval)
         results[f"scrape every {interval:g} s"] = times

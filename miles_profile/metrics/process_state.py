@@ -9,6 +9,7 @@ from __future__ import annotations
 import bisect
 import collections
 import json
+import math
 import os
 from itertools import groupby, repeat
 from operator import itemgetter
@@ -18,8 +19,12 @@ from typing import Any
 from miles_profile import names
 from miles_profile.logdir.layout import EVENTS_SUFFIX, PROCESS_META_SUFFIX, SAMPLES_SUFFIX
 from miles_profile.logdir.line_tail import LineTail
-from miles_profile.metrics import event_lines
 from miles_profile.metrics.readings import Offload, ProcessReading
+
+try:  # an event line parsed by orjson costs a third of json's (bench/metrics_events.py); json where it is absent
+    from orjson import loads
+except ImportError:  # a GPU host without network: the same dicts, slower
+    from json import loads
 
 # The report's offload_drop rule, judged live without importing the verdict layer (it pulls the report in):
 # the share of expected_bytes that must be freed inside the phase (verdicts/types.py Thresholds) and the
@@ -35,6 +40,27 @@ _TRANSITION = (names.OFFLOAD_PREFIX, names.ONLOAD_PREFIX, names.UPDATE_WEIGHTS)
 
 def _min(a: int | None, b: int | None) -> int | None:
     return b if a is None else a if b is None else min(a, b)
+
+
+def _is_int(value: Any) -> bool:
+    return type(value) is int  # bool is an int in Python: not here
+
+
+def _is_number(value: Any) -> bool:
+    return type(value) is int or (type(value) is float and math.isfinite(value))
+
+
+def _id(value: Any) -> int | None:
+    """A phase's id or parent as the writer gives it (an integer), else None."""
+    return value if type(value) is int else None
+
+
+def _stat(series: dict, col: str, field: str) -> int | float | None:
+    """`field` (peak, floor, first, last) of column `col` in an end event's summary series, None when
+    the phase has none (phase_summary.py writes them)."""
+    values = series.get(col)
+    value = values.get(field) if isinstance(values, dict) else None
+    return value if _is_number(value) else None
 
 
 def offload_tag(name: str, attrs: dict[str, Any]) -> str:
@@ -72,7 +98,7 @@ class ProcessState:
         self._last: tuple[str, int | None, int | None] | None = None  # the last row: phase, allocated, RSS
         self._recent: list[bytes] = []  # the last rows' lines (_RECENT_ROWS to twice that)
         self._open: dict[int | None, tuple[str, float, dict, Any]] = {}  # phase id -> (name, begin t, attrs, rollout_id)
-        self._ended: list[tuple[str, float, float, dict, event_lines.EndSummary]] = []  # offloads awaiting rows
+        self._ended: list[tuple[str, float, float, dict, dict]] = []  # (.., the end's summary series)  # offloads awaiting rows
         self._iteration: Any = None
         self._floor: list[int | None] = [None, None]
         self.kills: collections.Counter = collections.Counter()
@@ -241,51 +267,64 @@ class ProcessState:
 
     # -- events ----------------------------------------------------------------------------
     def _event(self, line: bytes) -> None:
-        ev = event_lines.parse(line)
-        if ev is None:
+        if not line:
             return
-        if ev.kind == names.BEGIN:
-            self._begin(ev)
-        elif ev.kind == names.END:
-            self._end(ev)
-        elif ev.attrs().get("cause"):  # a death, seen by a witness (oom.py); not an OOM error
-            attrs = ev.attrs()
+        try:
+            ev = loads(line)
+        except (ValueError, RecursionError):  # a damaged line (orjson's error is a ValueError too)
+            return
+        if not isinstance(ev, dict) or not _is_number(ev.get("t")):
+            return
+        attrs = ev.get("attrs")
+        attrs = attrs if isinstance(attrs, dict) else {}
+        kind = ev.get("kind")
+        if kind == names.BEGIN:
+            self._begin(ev, attrs)
+        elif kind == names.END:
+            self._end(ev, attrs)
+        elif kind == names.OOM and attrs.get("cause"):  # a death, seen by a witness (oom.py); not an OOM error
             self.kills[str(attrs["cause"])] += 1
-            if isinstance(attrs.get("process_pid"), int):
+            if _is_int(attrs.get("process_pid")):
                 self.dead_pids.add(attrs["process_pid"])
 
-    def _begin(self, ev: event_lines.Event) -> None:
-        # An offload's attrs are judged at its end (expected_bytes, tags, backend); others' need no parse.
-        rid = ev.rollout_id()
-        self._open[ev.id] = (ev.name, ev.t, ev.attrs() if ev.name.startswith(names.OFFLOAD_PREFIX) else {}, rid)
-        if ev.parent is None and rid is not None and rid != self._iteration:
+    def _begin(self, ev: dict, attrs: dict) -> None:
+        rid = attrs.get("rollout_id")
+        rid = rid if _is_int(rid) else None
+        name = str(ev.get("name", ""))
+        # An offload's attrs are judged at its end (expected_bytes, tags, backend).
+        self._open[_id(ev.get("id"))] = (name, ev["t"], attrs if name.startswith(names.OFFLOAD_PREFIX) else {}, rid)
+        if _id(ev.get("parent")) is None and rid is not None and rid != self._iteration:
             if self._iteration is not None:  # a new iteration: the previous one is complete
                 self.reading.floor_allocated, self.reading.floor_resident = self._floor
                 self.reading.iterations += 1
             self._iteration, self._floor = rid, [None, None]
 
-    def _end(self, ev: event_lines.Event) -> None:
-        opened = self._open.pop(ev.id, None)
+    def _end(self, ev: dict, attrs: dict) -> None:
+        opened = self._open.pop(_id(ev.get("id")), None)
         if opened is None:
             return
         name, begin_t, begin_attrs, rid = opened
-        summary = event_lines.EndSummary(ev)
+        summary = attrs.get("summary")
+        summary = summary if isinstance(summary, dict) else {}
+        series = summary.get("series")
+        series = series if isinstance(series, dict) else {}
         if rid == self._iteration and self._iteration is not None:
-            alloc = summary.get(self._alloc_series, "floor")
-            self._floor = [_min(self._floor[0], alloc), _min(self._floor[1], summary.get("rss", "floor"))]
+            alloc = _stat(series, self._alloc_series, "floor")
+            self._floor = [_min(self._floor[0], alloc), _min(self._floor[1], _stat(series, "rss", "floor"))]
         if name.startswith(_TRANSITION):
-            self.reading.transitions[name] = ev.t - begin_t
+            self.reading.transitions[name] = ev["t"] - begin_t
         if name.startswith(names.OFFLOAD_PREFIX):
-            closing = summary.t_last()  # the phase's last row: its level at the end
-            self._ended.append((name, begin_t, ev.t if closing is None else closing, begin_attrs, summary))
+            closing = summary.get("t_last")  # the phase's last row: its level at the end
+            self._ended.append((name, begin_t, closing if _is_number(closing) else ev["t"], begin_attrs, series))
 
     def _judge_ended(self) -> None:
         """Offloads whose rows have arrived: freed = the level before the phase minus the level at its end."""
         recent = self._recent
         while self._ended and recent and _time(recent[-1]) >= self._ended[0][2] - 1e-6:
-            name, begin_t, end_t, attrs, summary = self._ended.pop(0)
+            name, begin_t, end_t, attrs, series = self._ended.pop(0)
             col = self._alloc_series
-            which, k, col = ("allocated", self._alloc_col, col) if summary.has(col) else ("resident", self._rss_col, "rss")
+            has_alloc = _stat(series, col, "first") is not None or _stat(series, col, "peak") is not None
+            which, k, col = ("allocated", self._alloc_col, col) if has_alloc else ("resident", self._rss_col, "rss")
             # The level in the last row before the phase began (rows are in time order: a bisection).
             before = None
             for i in range(bisect.bisect_right(recent, begin_t, key=_time) - 1 if k is not None else -1, -1, -1):
@@ -293,8 +332,8 @@ class ProcessState:
                 if before is not None:
                     break
             if before is None:
-                before = summary.get(col, "first")
-            after = summary.get(col, "last")
+                before = _stat(series, col, "first")
+            after = _stat(series, col, "last")
             freed = None if before is None or after is None else int(before) - int(after)
             if attrs.get("backend") == names.TORCH_MEMORY_SAVER:
                 # A pause is invisible to the allocator's counters (the report judges it on NVML per

@@ -1,22 +1,22 @@
 """Serve one host's metrics on http://<host>:PORT/metrics while a run is recorded.
 
 `serve()` is what `record --metrics-port` calls, and what a per-node host sampler elsewhere (the Ray
-path) calls for its node. The endpoint is the standard library's threading HTTP server answering
-OpenMetrics 1.0 to a scraper that asks for it (Prometheus does) and Prometheus text 0.0.4 otherwise,
-rendered by exposition.py: nothing beyond the recorder's own dependencies is needed.
+path) calls for its node. prometheus_client renders and serves the exposition: a custom collector
+(families.py) reads the host's state at scrape time, never in between, and its WSGI app answers
+OpenMetrics or Prometheus text 0.0.4, whichever the scraper asks for. It is imported here only, when a
+port is asked for: the recorder runs on GPU hosts without it, and then says so in one line and records
+as before.
 """
 from __future__ import annotations
 
-import http.server
 import logging
 import os
-import socket
 import socketserver
 import threading
+from typing import Any
 
 from miles_profile import names
 from miles_profile.identity import host_name
-from miles_profile.metrics.exposition import OPENMETRICS_TYPE, TEXT_TYPE, render
 from miles_profile.metrics.host_state import HostState
 from miles_profile.metrics.readings import HostReading
 
@@ -33,7 +33,7 @@ _REQUEST_TIMEOUT_S = 30
 class MetricsServer:
     """A running endpoint; `stop()` closes it (idempotent). `port` is the one bound (0 asks for any)."""
 
-    def __init__(self, server: http.server.ThreadingHTTPServer, thread: threading.Thread, state: HostState):
+    def __init__(self, server: Any, thread: threading.Thread, state: HostState):
         self._server, self._thread, self.state = server, thread, state
         self.port: int = server.server_address[1]
 
@@ -46,61 +46,70 @@ class MetricsServer:
             self.state.close()
 
 
-def scrape(state: HostState, openmetrics: bool) -> bytes:
-    """One scrape's body: the host's state read now (never between scrapes), rendered. A failed read
-    must not touch the job: one line, and an exposition with no process in it."""
-    try:
-        reading = state.read()
-    except Exception as exc:  # noqa: BLE001 - whatever the files hold, the endpoint answers
-        log.warning("miles_profile: metrics scrape failed: %s", exc)
-        reading = HostReading(hostname=state.host.lower())
-    return render(reading, openmetrics)
+def collector(state: HostState):
+    """A prometheus_client collector that reads the host's state at scrape time, never in between."""
+    from miles_profile.metrics.families import families
+
+    class _Collector:
+        def collect(self):
+            try:
+                reading = state.read()
+            except Exception as exc:  # noqa: BLE001 - whatever the files hold, the endpoint answers
+                log.warning("miles_profile: metrics scrape failed: %s", exc)
+                reading = HostReading(hostname=state.host.lower())
+            return families(reading)
+
+    return _Collector()
 
 
-def _wants_openmetrics(accept: str) -> bool:
-    return any(part.split(";")[0].strip() == "application/openmetrics-text" for part in accept.split(","))
+def _http_server(addr: str, port: int, app):
+    """prometheus_client's threading WSGI server (a thread per scrape, daemon threads: a scraper that
+    never reads holds its own thread, never `stop()`), without a DNS look-up at bind, a log line per
+    scrape or a traceback for a scraper that hung up."""
+    import socket
+    from wsgiref.simple_server import WSGIRequestHandler, make_server
 
+    from prometheus_client.exposition import ThreadingWSGIServer
 
-class _Handler(http.server.BaseHTTPRequestHandler):
-    state: HostState  # set on the subclass that serve() makes
-    timeout = _REQUEST_TIMEOUT_S
+    class Handler(WSGIRequestHandler):
+        timeout = _REQUEST_TIMEOUT_S
 
-    def do_GET(self) -> None:  # noqa: N802 - http.server's name
-        if self.path.split("?", 1)[0] == "/favicon.ico":
-            self.send_error(404)
-            return
-        openmetrics = _wants_openmetrics(self.headers.get("Accept", ""))
-        body = scrape(self.state, openmetrics)
-        self.send_response(200)
-        self.send_header("Content-Type", OPENMETRICS_TYPE if openmetrics else TEXT_TYPE)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
+        def log_message(self, format: str, *args) -> None:  # noqa: A002 - http.server's signature
+            pass  # a line per scrape would fill the job's stderr
 
-    def log_message(self, format: str, *args) -> None:  # noqa: A002 - http.server's signature
-        pass  # a line per scrape would fill the job's stderr
+    class Server(ThreadingWSGIServer):
+        address_family = socket.AF_INET6 if ":" in addr else socket.AF_INET
 
+        def server_bind(self) -> None:
+            # HTTPServer's own asks DNS for the address's name (getfqdn): seconds on a host whose DNS is slow.
+            socketserver.TCPServer.server_bind(self)
+            self.server_name, self.server_port = str(self.server_address[0]), self.server_address[1]
+            self.setup_environ()
 
-class _Server(http.server.ThreadingHTTPServer):
-    daemon_threads = True  # a scraper that never reads holds its own thread, never stop()
+        def handle_error(self, request, client_address) -> None:
+            pass  # a scraper that hung up mid-answer: its problem, never a traceback in the job's output
 
-    def server_bind(self) -> None:
-        # HTTPServer's own asks DNS for the address's name (getfqdn): seconds on a host whose DNS is slow.
-        socketserver.TCPServer.server_bind(self)
-        self.server_name, self.server_port = str(self.server_address[0]), self.server_address[1]
-
-    def handle_error(self, request, client_address) -> None:
-        pass  # a scraper that hung up mid-answer: its problem, never a traceback in the job's output
+    return make_server(addr, port, app, Server, handler_class=Handler)
 
 
 def serve(run_dir: str | os.PathLike, port: int, addr: str = "0.0.0.0", hostname: str | None = None) -> MetricsServer | None:
     """Serve the metrics of `hostname` (default: this host) of the run in `run_dir` on `addr:port`.
-    None, with one log line, when the port can't be bound: the job goes on recorded, unscraped."""
-    state = HostState(run_dir, hostname or host_name())
-    handler = type("Handler", (_Handler,), {"state": state})
-    server_class = type("Server", (_Server,), {"address_family": socket.AF_INET6 if ":" in addr else socket.AF_INET})
+    None, with one log line, when prometheus_client is missing or the port can't be bound: the job
+    goes on recorded, unscraped."""
     try:
-        server = server_class((addr, port), handler)
+        from prometheus_client import CollectorRegistry, make_wsgi_app
+    except ImportError:
+        log.warning("miles_profile: warning: --metrics-port ignored: prometheus_client is not installed "
+                    "(pip install prometheus-client)")
+        return None
+    state = HostState(run_dir, hostname or host_name())
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(collector(state))
+    # Not gzipped even when the scraper accepts it (Prometheus does): 2 to 5 ms of CPU a scrape of 64
+    # processes, to save bytes on the network between the host and Prometheus (docs/prometheus.md).
+    app = make_wsgi_app(registry, disable_compression=True)
+    try:
+        server = _http_server(addr, port, app)
     except OSError as exc:
         log.warning("miles_profile: warning: metrics not served on port %d: %s", port, exc.strerror or exc)
         return None

@@ -100,20 +100,37 @@ def _offload_round(events, samples, t0: float, rollout: int, level: int):
     events.write("end", "offload_train", {"status": "ok", "summary": summary}, t=t0 + 0.5, id=2 * rollout + 2)
 
 
-def test_events_the_recorder_wrote_and_events_laid_out_otherwise_read_the_same(run):
-    """Event lines as the recorder lays them out are read by pattern; the same events with their keys in
-    another order (another writer) are parsed whole: the same iterations, floors, transitions and verdicts."""
+@pytest.fixture(params=["orjson", "json"])
+def json_parser(request, monkeypatch):
+    """process_state as imported with orjson, and as imported on a host without it (the stdlib's json)."""
+    import importlib
+    import sys
+    if request.param == "json":
+        monkeypatch.setitem(sys.modules, "orjson", None)  # `import orjson` raises ImportError
+    importlib.reload(process_state)  # in place: HostState's ProcessState reads the module's `loads`
+    yield process_state.loads.__module__
+    monkeypatch.undo()
+    importlib.reload(process_state)
+
+
+def test_events_read_the_same_with_orjson_or_json_in_any_key_order(run, json_parser):
+    """The events of the recorder's writer, and the same events with their keys in another order (another
+    writer), give the same iterations, floors, transitions and verdicts, parsed by orjson or, where it is
+    not installed, by the stdlib's json; a damaged line costs that line."""
     import json
+    assert json_parser == ("orjson" if process_state.loads is not json.loads else "json")
     run_dir, samples, events = run
     for rollout in range(3):
         _offload_round(events, samples, 100.0 + rollout, rollout, (1000 + 100 * rollout) * MiB)
-    events.write("begin", 'odd "name"', {}, t=104.0, id=99)  # an escape in a name: parsed whole
+    events.write("begin", 'odd "name"', {}, t=104.0, id=99)  # an escape in a name
     samples.flush()
     events.close()
+    with open(run_dir / f"{HOST}-77.events.jsonl", "ab") as f:
+        f.write(b'{"t":105,"kind":"begin","name":"torn",\n[1,2]\n{"t":"x","kind":"end","id":99}\n')
     stem = f"{HOST}-78"
     write_process_meta(run_dir, stem, {"host": HOST, "pid": 78, "rank": 4, "role": "actor"})
     (run_dir / f"{stem}.samples.csv").write_bytes((run_dir / f"{HOST}-77.samples.csv").read_bytes())
-    lines = (run_dir / f"{HOST}-77.events.jsonl").read_text().splitlines()
+    lines = (run_dir / f"{HOST}-77.events.jsonl").read_text().splitlines()[:-3]
     (run_dir / f"{stem}.events.jsonl").write_text("".join(json.dumps(json.loads(line), sort_keys=True) + "\n"
                                                           for line in lines))
     first, second = sorted(HostState(run_dir, HOST).read().processes, key=lambda p: p.rank)
