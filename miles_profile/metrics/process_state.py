@@ -21,7 +21,7 @@ from miles_profile.logdir.layout import EVENTS_SUFFIX, PROCESS_META_SUFFIX, SAMP
 from miles_profile.logdir.line_tail import LineTail
 from miles_profile.metrics.readings import Offload, ProcessReading
 
-try:  # an event line parsed by orjson costs a third of json's (bench/metrics_events.py); json where it is absent
+try:  # an event line parsed by orjson costs a third of json's (bench/metrics_events.py); json where absent
     from orjson import loads
 except ImportError:  # a GPU host without network: the same dicts, slower
     from json import loads
@@ -98,7 +98,7 @@ class ProcessState:
         self._last: tuple[str, int | None, int | None] | None = None  # the last row: phase, allocated, RSS
         self._recent: list[bytes] = []  # the last rows' lines (_RECENT_ROWS to twice that)
         self._open: dict[int | None, tuple[str, float, dict, Any]] = {}  # phase id -> (name, begin t, attrs, rollout_id)
-        self._ended: list[tuple[str, float, float, dict, dict]] = []  # (.., the end's summary series)  # offloads awaiting rows
+        self._ended: list[tuple[str, float, float, dict, dict]] = []  # offloads awaiting rows, with their summary series
         self._iteration: Any = None
         self._floor: list[int | None] = [None, None]
         self.kills: collections.Counter = collections.Counter()
