@@ -105,7 +105,7 @@ def serve(run_dir: str | os.PathLike, port: int, addr: str = "0.0.0.0", hostname
     state = HostState(run_dir, hostname or host_name())
     registry = CollectorRegistry(auto_describe=False)
     registry.register(collector(state))
-    # Not gzipped even when the scraper accepts it (Prometheus does): 2 to 5 ms of CPU a scrape of 64
+    # Not gzipped even when the scraper accepts it (Prometheus does): 3 to 5 ms of CPU a scrape of 64
     # processes, to save bytes on the network between the host and Prometheus (docs/prometheus.md).
     app = make_wsgi_app(registry, disable_compression=True)
     try:
