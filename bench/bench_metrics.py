@@ -7,8 +7,9 @@ Scrape: a run directory with N processes on one host (a GPU rank's columns: RSS,
 allocator on one GPU, pinned, disk), 8 GPUs in the host files and every process listed on one, all
 written with the recorder's own writers. Before each scrape, every process appends what it records
 between two scrapes (rows every 100 ms, a phase begin and end with its summary every second, the
-host sampler's rows and process lists); the scrape is `HostState.read()` plus rendering the text
-exposition, timed as a whole, in this process. Two scrape intervals: 15 s (Prometheus' default) and 1 s.
+host sampler's rows and process lists); the scrape is `HostState.read()` plus rendering the OpenMetrics
+exposition Prometheus asks for, timed as a whole in this process (the reading apart too), and the whole
+HTTP GET as another process sees it. Two scrape intervals: 15 s (Prometheus' default) and 1 s.
 
 Job: a fixed pure-Python step in the main thread (what the GIL shares with the endpoint's threads, the
 worst case: `record` runs the in-process trainer with the endpoint in the job's process), timed in
@@ -30,14 +31,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from prometheus_client import CollectorRegistry, generate_latest  # noqa: E402
-
 from miles_profile.logdir.host_writer import HostWriter, write_host_meta  # noqa: E402
 from miles_profile.logdir.writer import EventWriter, SampleWriter, write_process_meta, write_run_meta  # noqa: E402
-from miles_profile.metrics.host_state import HostState  # noqa: E402
-from miles_profile.metrics.families import families  # noqa: E402
 from miles_profile.metrics.server import serve  # noqa: E402
 
+# What Debian's Prometheus 2.42 sends (scrape.go's acceptHeader): OpenMetrics 1.0 first, with no escaping
+# scheme named, and gzip.
+PROMETHEUS_ACCEPT = ("application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,"
+                     "text/plain;version=0.0.4;q=0.5,*/*;q=0.1")
 HOST = "benchhost"
 GiB = 1024**3
 COLUMNS = ["rss", "rss_peak", "rss_anon", "rss_file", "rss_shmem", "gpu0_alloc", "gpu0_alloc_peak",
@@ -92,38 +93,73 @@ class FakeHost:
         self.host.flush()
 
 
-class _Timed:
-    """The collector, with the time its reading of the files took (the rest of a scrape is rendering)."""
+def renderer(accept: str = PROMETHEUS_ACCEPT):
+    """(what renders, a function from one HostReading to the body the endpoint answers `accept` with).
+    The same file runs on trees whose endpoint renders with prometheus_client (families.py) and on
+    0108de6's, which rendered by hand (exposition.py), for an A/B across commits."""
+    try:
+        from miles_profile.metrics.exposition import render  # 0108de6
+        return "exposition.py (by hand)", lambda reading: render(reading, "openmetrics" in accept.split(",")[0])
+    except ImportError:
+        from prometheus_client import CollectorRegistry
+        from prometheus_client.exposition import choose_encoder
 
-    def __init__(self, state: HostState):
-        self.state, self.read_s = state, 0.0
+        from miles_profile.metrics.families import families
+        encoder, _ = choose_encoder(accept)
 
-    def collect(self):
-        start = time.perf_counter()
-        reading = self.state.read()
-        self.read_s = time.perf_counter() - start
-        return families(reading)
+        def render(reading):
+            class One:
+                def collect(self):
+                    return families(reading)
+            registry = CollectorRegistry(auto_describe=False)
+            registry.register(One())
+            return encoder(registry)
+        return "prometheus_client (families.py)", render
 
 
-def scrape_cost(processes: int, scrapes: int, interval_s: float) -> tuple[list[float], list[float], int]:
-    """(whole scrape seconds, reading seconds, samples) over `scrapes` scrapes `interval_s` apart."""
+def scrape_cost(processes: int, scrapes: int, interval_s: float) -> tuple[list[float], list[float], list[float],
+                                                                         list[float], int]:
+    """(whole scrape seconds, its CPU seconds, reading seconds, HTTP GET seconds, samples) over `scrapes`
+    scrapes `interval_s` apart; every other scrape is the in-process one, the rest an HTTP GET from a
+    child. CPU seconds are this thread's: on a shared machine they wait for no one else's."""
     with tempfile.TemporaryDirectory() as tmp:
         host = FakeHost(Path(tmp), processes)
-        timed = _Timed(HostState(tmp, HOST))
-        registry = CollectorRegistry(auto_describe=False)
-        registry.register(timed)
+        server = serve(tmp, 0, "127.0.0.1", hostname=HOST)
+        state = server.state  # one endpoint's state: each scrape, in process or over HTTP, reads one interval
+        _, render = renderer()
         host.advance(interval_s)
-        generate_latest(registry)  # the first scrape reads every file's header and meta
-        times, reads = [], []
-        for _ in range(scrapes):
-            host.advance(interval_s)
-            start = time.perf_counter()
-            body = generate_latest(registry)
-            times.append(time.perf_counter() - start)
-            reads.append(timed.read_s)
+        render(state.read())  # the first scrape reads every file's header and meta
+        getter = subprocess.Popen([sys.executable, "-c", (
+            "import sys, time, urllib.request\n"
+            "for line in sys.stdin:\n"
+            "    start = time.perf_counter()\n"
+            f"    urllib.request.urlopen(urllib.request.Request('http://127.0.0.1:{server.port}/metrics', headers="
+            f"{{'Accept': {PROMETHEUS_ACCEPT!r}, 'Accept-Encoding': 'gzip'}})).read()\n"
+            "    print(time.perf_counter() - start, flush=True)\n")],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        times, cpus, reads, gets = [], [], [], []
+        try:
+            for k in range(2 * scrapes):
+                host.advance(interval_s)
+                if k % 2:  # the same endpoint over HTTP: what the files gained since the in-process scrape
+                    getter.stdin.write("\n")
+                    getter.stdin.flush()
+                    gets.append(float(getter.stdout.readline()))
+                    continue
+                start, cpu = time.perf_counter(), time.thread_time()
+                reading = state.read()
+                read = time.perf_counter()
+                body = render(reading)
+                times.append(time.perf_counter() - start)
+                cpus.append(time.thread_time() - cpu)
+                reads.append(read - start)
+        finally:
+            getter.stdin.close()
+            getter.wait()
+            server.stop()
         assert b"miles_profile_process_resident_memory_peak_bytes" in body
         samples = sum(1 for line in body.splitlines() if not line.startswith(b"#"))
-        return times, reads, samples
+        return times, cpus, reads, gets, samples
 
 
 def step(n: int = 60_000) -> float:
@@ -169,14 +205,17 @@ def main(argv: list[str] | None = None) -> int:
     results = {}
     # How loaded this machine is: on an idle current x86 core this takes about 10 us.
     calibration = min(timeit.repeat("sum(range(1000))", number=1000, repeat=5)) / 1000
-    print(f"calibration: sum(range(1000)) {calibration * 1e6:.1f} us (best of 5)")
+    print(f"calibration: sum(range(1000)) {calibration * 1e6:.1f} us (best of 5); rendered by {renderer()[0]}")
     for interval in (15.0, 1.0):
-        times, reads, samples = scrape_cost(args.processes, args.scrapes, interval)
+        times, cpus, reads, gets, samples = scrape_cost(args.processes, args.scrapes, interval)
         results[f"scrape every {interval:g} s"] = times
+        results[f"HTTP GET every {interval:g} s"] = gets
         print(f"scrape, {args.processes} processes, every {interval:g} s ({int(interval / 0.1)} rows each, {samples} "
               f"samples): median {statistics.median(times) * 1e3:.2f} ms (reading the files "
-              f"{statistics.median(reads) * 1e3:.2f} ms, the rest prometheus_client's rendering), "
-              f"min {min(times) * 1e3:.2f} ms, max {max(times) * 1e3:.2f} ms over {len(times)} scrapes", flush=True)
+              f"{statistics.median(reads) * 1e3:.2f} ms, the rest rendering), "
+              f"min {min(times) * 1e3:.2f} ms, max {max(times) * 1e3:.2f} ms over {len(times)} scrapes, CPU median "
+              f"{statistics.median(cpus) * 1e3:.2f} ms; "
+              f"HTTP GET from another process median {statistics.median(gets) * 1e3:.2f} ms", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         host = FakeHost(Path(tmp), args.processes)
         host.advance(1.0)

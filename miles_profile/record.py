@@ -69,7 +69,7 @@ def serve_metrics(args: argparse.Namespace, run_dir) -> object | None:
     """This host's metrics endpoint for the run (record --metrics-port), or None: never the job's problem."""
     if args.metrics_port is None or run_dir is None:
         return None
-    from miles_profile.metrics import serve  # prometheus_client is imported only when a port is asked for
+    from miles_profile.metrics import serve  # the endpoint's modules are imported only when a port is asked for
     server = serve(run_dir, args.metrics_port)
     if server is not None:
         print(f"miles_profile: metrics on http://{host_name()}:{server.port}/metrics", file=sys.stderr, flush=True)
@@ -133,7 +133,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="history entries kept (the latest N allocations and frees; default: %(default)s)")
     parser.add_argument("--metrics-port", type=port_number, default=None, metavar="PORT",
                         help="serve this host's memory as OpenMetrics on http://<host>:PORT/metrics while the job "
-                             "runs, for Prometheus (needs prometheus-client; docs/prometheus.md). A port in use is "
+                             "runs, for Prometheus (docs/prometheus.md). A port in use is "
                              "one warning and the job runs as before")
     parser.add_argument("--exec", dest="exec_child", action="store_true",
                         help="run the command after -- as a child and sample its process tree")

@@ -6,8 +6,6 @@ those of `reader.py`, so appended rows concatenate with a frame that `load_run` 
 """
 from __future__ import annotations
 
-import os
-import stat
 from pathlib import Path
 
 import numpy as np
@@ -18,39 +16,15 @@ import pyarrow.csv as pacsv
 from miles_profile.logdir.events import EventProblems, parse_event_line
 from miles_profile.logdir.damaged_csv import quiet_invalid_rows, read_damaged, usable_header
 from miles_profile.logdir.files import EVENT_LINE_MAX
+from miles_profile.logdir.line_tail import read_regular, whole_lines
 from miles_profile.logdir.reader import EVENT_COLUMNS, phase_timeline
 
 _CHUNK = 64 * 1024 * 1024  # at most this much per call: a huge backlog is read over several calls
 
 
-def _pread(path: Path, offset: int, limit: int) -> bytes:
-    """Up to `limit` bytes from `offset`; b"" for anything but a regular file (a FIFO would block the
-    dashboard's thread forever, a device never ends). Never follows a link; O_NONBLOCK: even the open
-    of a FIFO returns at once."""
-    try:
-        if not stat.S_ISREG(os.lstat(path).st_mode):
-            return b""
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError:
-        return b""
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode) or info.st_size <= offset:
-            return b""
-        return os.pread(fd, min(info.st_size - offset, limit), offset)
-    finally:
-        os.close(fd)
-
-
 def _read_lines_from(path: Path, offset: int) -> tuple[bytes, int]:
-    """(bytes from `offset` up to the last complete line, bytes consumed). A whole chunk without a
-    newline is damage (no line is 64 MiB long): consumed and dropped, so it is not read again at each
-    poll; the rest of that line then reads as one malformed line."""
-    data = _pread(path, offset, _CHUNK)
-    end = data.rfind(b"\n")
-    if end < 0:
-        return b"", len(data) if len(data) == _CHUNK else 0
-    return data[: end + 1], end + 1
+    """(bytes from `offset` up to the last complete line, bytes consumed), at most _CHUNK a call."""
+    return whole_lines(read_regular(path, offset, _CHUNK), _CHUNK)
 
 
 def sample_column_types(header: list[str]) -> dict[str, pa.DataType]:
@@ -103,7 +77,7 @@ class SamplesTail:
         self.skipped_rows = 0
 
     def _read_header(self) -> bool:
-        head = _pread(self.path, 0, 65536)
+        head = read_regular(self.path, 0, 65536)
         if b"\n" not in head:
             return False
         first = head.split(b"\n", 1)[0]
@@ -124,7 +98,7 @@ class SamplesTail:
             self.offset += consumed
             return None
         start = 0
-        if self.offset > 0 and _pread(self.path, self.offset - 1, 1) != b"\n":
+        if self.offset > 0 and read_regular(self.path, self.offset - 1, 1) != b"\n":
             start = data.find(b"\n") + 1  # resume mid-line: that line was loaded (or dropped) already
         self.offset += consumed
         frame, skipped = parse_sample_rows(data[start:], self.header) if data[start:] else (None, 0)

@@ -5,6 +5,9 @@ in unit `By` becomes `miles_profile_x_bytes`, `s` becomes `_seconds`, a monotoni
 so an OTLP exporter added later gives the same names. Labels join dcgm-exporter's (`gpu`: NVML index,
 `UUID`, `hostname`) plus ours (`rank`, `role`, `phase`, `tag`); no pid and nothing per iteration on a
 fleet series: `miles_profile_process_info` alone maps (rank, role) to a pid.
+
+Built once a scrape by server.py's collector, a sample at a time with `add_metric`; prometheus_client's
+encoder renders them in the format the scraper asked for (most of a scrape's time: docs/prometheus.md).
 """
 from __future__ import annotations
 

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from miles_profile.logdir.layout import GPU_PROCS_SUFFIX, HOST_META_SUFFIX, HOST_SAMPLES_SUFFIX, PROCESS_META_SUFFIX
-from miles_profile.metrics.line_tail import LineTail
+from miles_profile.logdir.line_tail import LineTail, read_regular
 from miles_profile.metrics.process_state import ProcessState
 from miles_profile.metrics.readings import GpuReading, HostReading, ProcessReading
 
@@ -23,6 +23,9 @@ _GPU_USED = "gpu_used:"
 # A new process of the host joins the exposition within this long: listing a directory of 64 processes'
 # files at every scrape cost more than reading their new rows at a 1 s scrape interval.
 DISCOVER_EVERY_S = 2.0
+# Of the host sampler's files only the latest rows count: a scrape reads at most this much of their end
+# (a row of 8 GPUs is ~300 bytes; the process list of one time ~70 bytes a process).
+_HOST_TAIL_BYTES = 64 * 1024
 
 
 class _HostFiles:
@@ -30,8 +33,8 @@ class _HostFiles:
 
     def __init__(self, run_dir: Path, stem: str):
         self.meta_path = run_dir / f"{stem}{HOST_META_SUFFIX}"
-        self.samples = LineTail(run_dir / f"{stem}{HOST_SAMPLES_SUFFIX}")
-        self.procs = LineTail(run_dir / f"{stem}{GPU_PROCS_SUFFIX}")
+        self.samples = LineTail(run_dir / f"{stem}{HOST_SAMPLES_SUFFIX}", _HOST_TAIL_BYTES)
+        self.procs = LineTail(run_dir / f"{stem}{GPU_PROCS_SUFFIX}", _HOST_TAIL_BYTES)
         self.header: list[str] | None = None
         self.last_row: list[str] | None = None
         self.gpus: list[dict] = []
@@ -46,25 +49,25 @@ class _HostFiles:
                 self.gpus, self.start = list(meta.get("gpus") or []), float(meta.get("start_time", 0))
             except (OSError, ValueError):
                 pass
-        lines = self.samples.read()
-        if lines and self.header is None:
-            self.header = lines.pop(0).decode(errors="replace").split(",")
+        if self.header is None:
+            first = read_regular(self.samples.path, 0, 65536).split(b"\n", 1)
+            if len(first) == 2:
+                self.header = first[0].decode(errors="replace").split(",")
+        lines = self.samples.read(last=_HOST_TAIL_BYTES).split(b"\n")
         for line in reversed(lines):  # only the latest complete row matters
             cells = line.decode(errors="replace").split(",")
-            if self.header is not None and len(cells) == len(self.header):
+            if self.header is not None and len(cells) == len(self.header) and cells != self.header:
                 self.last_row = cells
                 break
-        self._read_procs(self.procs.read())
+        self._read_procs(self.procs.read(last=_HOST_TAIL_BYTES))
 
-    def _read_procs(self, lines: list[bytes]) -> None:
-        if lines and lines[0].startswith(b"t,"):
-            lines.pop(0)
+    def _read_procs(self, data: bytes) -> None:
         # Only the rows of the latest time: read backwards while the time is the same.
         latest: dict[int, tuple[str, int]] = {}
         t_latest = None
-        for line in reversed(lines):
+        for line in reversed(data.split(b"\n")):
             cells = line.decode(errors="replace").split(",")
-            if len(cells) != 4:
+            if len(cells) != 4 or cells[0] == "t":
                 continue
             if t_latest is None:
                 t_latest = cells[0]
@@ -74,6 +77,10 @@ class _HostFiles:
                 latest[int(cells[2])] = (cells[1], int(cells[3]))
         if t_latest is not None:
             self.procs_t, self.procs_now = t_latest, latest
+
+    def close(self) -> None:
+        self.samples.close()
+        self.procs.close()
 
     def used(self) -> dict[str, int | None]:
         if self.header is None or self.last_row is None:
@@ -92,16 +99,18 @@ class HostState:
         self._hosts: dict[str, _HostFiles] = {}
         self._lock = threading.Lock()  # two scrapes at once (two Prometheus servers) take turns
         self._discovered = -DISCOVER_EVERY_S
+        self._closed = False
 
-    def _discover(self) -> None:
+    def _discover(self) -> bool:
+        """List the run directory for new processes, every DISCOVER_EVERY_S at most; True when it did."""
         if time.monotonic() - self._discovered < DISCOVER_EVERY_S:
-            return
+            return False
         self._discovered = time.monotonic()
         prefix = f"{self.host}-"
         try:
             entries = os.listdir(self.run_dir)
-        except OSError:  # the run directory went away (a scrape during shutdown): report nothing
-            return
+        except OSError:  # the run directory went away (a scrape during shutdown): report nothing new
+            return True
         for entry in entries:
             if not entry.startswith(prefix):
                 continue
@@ -113,15 +122,28 @@ class HostState:
                 stem = entry[: -len(PROCESS_META_SUFFIX)]
                 if stem[len(prefix):].isdigit() and stem not in self._processes:
                     self._processes[stem] = ProcessState(self.run_dir, stem)
+        return True
 
     def read(self) -> HostReading:
         with self._lock:
-            self._discover()
+            if self._closed:
+                return HostReading(hostname=self.host.lower())
+            listed = self._discover()
             for files in self._hosts.values():
                 files.refresh()
             for process in self._processes.values():
-                process.refresh()
+                process.refresh(meta=listed)  # a meta changes at start and end only: looked at when listing
             return self._reading()
+
+    def close(self) -> None:
+        """Close the files kept open between scrapes; a scrape still running finishes first, later ones
+        report nothing (their file descriptors could be another file's by then)."""
+        with self._lock:
+            self._closed = True
+            for files in self._hosts.values():
+                files.close()
+            for process in self._processes.values():
+                process.close()
 
     def _reading(self) -> HostReading:
         reading = HostReading(hostname=self.host.lower())

@@ -6,16 +6,25 @@ floor of the current iteration. Nothing is read between scrapes.
 """
 from __future__ import annotations
 
+import bisect
 import collections
 import json
+import math
 import os
+from itertools import groupby, repeat
+from operator import itemgetter
 from pathlib import Path
 from typing import Any
 
 from miles_profile import names
 from miles_profile.logdir.layout import EVENTS_SUFFIX, PROCESS_META_SUFFIX, SAMPLES_SUFFIX
-from miles_profile.metrics.line_tail import LineTail
+from miles_profile.logdir.line_tail import LineTail
 from miles_profile.metrics.readings import Offload, ProcessReading
+
+try:  # an event line parsed by orjson costs a third of json's (bench/metrics_events.py); json where absent
+    from orjson import loads
+except ImportError:  # a GPU host without network: the same dicts, slower
+    from json import loads
 
 # The report's offload_drop rule, judged live without importing the verdict layer (it pulls the report in):
 # the share of expected_bytes that must be freed inside the phase (verdicts/types.py Thresholds) and the
@@ -23,12 +32,35 @@ from miles_profile.metrics.readings import Offload, ProcessReading
 DROP_SHARE = 0.8
 RESOLUTION_BYTES = {"allocated": 2 * 1024**2, "resident": 8 * 1024**2}
 _RECENT_ROWS = 512  # rows kept to find the level right before a phase began
-_WANTED = (b'"kind":"begin"', b'"kind":"end"', b'"kind":"oom"')  # other events (account, mark) skipped unparsed
+# A scrape reads at most this much of one file: a scraper that comes back after hours reads the
+# backlog over several scrapes instead of stalling one.
+MAX_READ_BYTES = 8 * 1024 * 1024
 _TRANSITION = (names.OFFLOAD_PREFIX, names.ONLOAD_PREFIX, names.UPDATE_WEIGHTS)
 
 
 def _min(a: int | None, b: int | None) -> int | None:
     return b if a is None else a if b is None else min(a, b)
+
+
+def _is_int(value: Any) -> bool:
+    return type(value) is int  # bool is an int in Python: not here
+
+
+def _is_number(value: Any) -> bool:
+    return type(value) is int or (type(value) is float and math.isfinite(value))
+
+
+def _id(value: Any) -> int | None:
+    """A phase's id or parent as the writer gives it (an integer), else None."""
+    return value if type(value) is int else None
+
+
+def _stat(series: dict, col: str, field: str) -> int | float | None:
+    """`field` (peak, floor, first, last) of column `col` in an end event's summary series, None when
+    the phase has none (phase_summary.py writes them)."""
+    values = series.get(col)
+    value = values.get(field) if isinstance(values, dict) else None
+    return value if _is_number(value) else None
 
 
 def offload_tag(name: str, attrs: dict[str, Any]) -> str:
@@ -54,33 +86,52 @@ class ProcessState:
         self._meta_path = run_dir / f"{stem}{PROCESS_META_SUFFIX}"
         self._meta_mtime = -1.0
         self.meta: dict[str, Any] = {}
-        self._samples = LineTail(run_dir / f"{stem}{SAMPLES_SUFFIX}")
-        self._events = LineTail(run_dir / f"{stem}{EVENTS_SUFFIX}")
+        self._samples = LineTail(run_dir / f"{stem}{SAMPLES_SUFFIX}", MAX_READ_BYTES)
+        self._events = LineTail(run_dir / f"{stem}{EVENTS_SUFFIX}", MAX_READ_BYTES)
         self._cols: dict[str, int] | None = None
         self._cuda_index = 0  # the process's own GPU in its CUDA order (meta's gpu_uuid), else 0
+        self._alloc_series = "gpu0_alloc"  # its allocator's column in the phase summaries
         self._width = 0
-        self._alloc_col = self._reserved_col = self._alloc_peak_col = None
+        self._alloc_col = self._reserved_col = self._alloc_peak_col = self._rss_col = self._rss_peak_col = None
         self.reading = ProcessReading(rank="0", role="", pid=0)
         self._peaks: dict[bytes, list[int]] = {}  # phase as written -> [allocated, RSS] peaks, -1 for none
         self._last: tuple[str, int | None, int | None] | None = None  # the last row: phase, allocated, RSS
-        self._recent: collections.deque = collections.deque(maxlen=_RECENT_ROWS)  # the last rows' cells
-        self._open: dict[int, tuple[str, float, dict]] = {}  # phase id -> (name, begin t, attrs)
-        self._ended: list[tuple[str, float, float, dict, dict]] = []  # offloads waiting for their rows
+        self._recent: list[bytes] = []  # the last rows' lines (_RECENT_ROWS to twice that)
+        self._open: dict[int | None, tuple[str, float, dict, Any]] = {}  # phase id -> (name, begin t, attrs, rollout_id)
+        self._ended: list[tuple[str, float, float, dict, dict]] = []  # offloads awaiting rows, with their summary series
         self._iteration: Any = None
         self._floor: list[int | None] = [None, None]
         self.kills: collections.Counter = collections.Counter()
         self.dead_pids: set[int] = set()  # the processes those deaths name
+        self._finished = False
 
     @property
     def ended(self) -> bool:
         return bool(self.meta.get("end_time"))
 
-    def refresh(self) -> None:
-        self._read_meta()
-        for line in self._events.read():
-            self._event(line)
-        self._rows(self._samples.read())
+    def refresh(self, meta: bool = True) -> None:
+        """Read what the files gained. `meta`: look at the meta file too (it changes at a process's start
+        and end only: the host looks every few seconds, not at every scrape)."""
+        if self._finished:
+            return
+        if meta or not self.meta:
+            self._read_meta()
+        data = self._events.read()
+        if data:
+            for line in data.split(b"\n"):
+                self._event(line)
+            self.reading.phase = next(reversed(self._open.values()))[0] if self._open else "none"
+        data = self._samples.read()
+        if data:
+            self._rows(data)
         self._judge_ended()
+        if self.ended:  # it wrote its end time last: all it wrote is read; its files need no descriptor
+            self.close()
+            self._finished = True
+
+    def close(self) -> None:
+        self._samples.close()
+        self._events.close()
 
     def take_peaks(self) -> dict[str, tuple[int | None, int | None]]:
         """The peaks since the previous call, per phase; the next scrape starts afresh. With no row
@@ -110,7 +161,7 @@ class ProcessState:
         r.rank, r.role, r.pid = str(meta.get("rank", 0)), str(meta.get("role", "")), int(meta.get("pid", 0))
         r.uuid = str(meta.get("gpu_uuid") or "")
         index = next((d.get("index") for d in meta.get("cuda_devices", ()) if r.uuid and d.get("uuid") == r.uuid), 0)
-        self._cuda_index = index
+        self._cuda_index, self._alloc_series = index, f"gpu{index}_alloc"
         if self._cols is not None:
             self._find_columns()
 
@@ -122,23 +173,64 @@ class ProcessState:
         self._reserved_col = cols.get(f"gpu{i}_reserved")
         self._rss_col, self._rss_peak_col = cols.get("rss"), cols.get("rss_peak")
 
-    def _rows(self, lines: list[bytes]) -> None:
-        """The hot part of a scrape (every row since the previous one): per row only the two peak cells
-        are converted; a row's peak cell is never below its level (the probes read both at once), so
-        an empty peak cell falls back to the level. Levels come from the last row alone."""
+    def _rows(self, data: bytes) -> None:
+        """The hot part of a scrape (every row since the previous one). A row's peak cell is never
+        below its level (the probes read both at once), so an empty peak cell falls back to the level.
+        Levels come from the last row alone."""
+        lines = data.split(b"\n")
+        lines.pop()  # after the last newline: nothing
         if lines and self._cols is None:
             header = lines.pop(0).decode(errors="replace").split(",")
             self._cols, self._width = {c: k for k, c in enumerate(header)}, len(header)
             self._find_columns()
-        if self._cols is None or not lines:
+        if not lines:
             return
+        rows = list(map(bytes.split, lines, repeat(b",")))
+        if not self._peaks_by_column(rows):
+            lines = self._peaks_by_row(lines, rows)
+        if lines:
+            self._recent += lines  # lines, not their cells: bytes are no work for the garbage collector
+            if len(self._recent) > 2 * _RECENT_ROWS:
+                del self._recent[:-_RECENT_ROWS]
+            self._levels(lines[-1].split(b","))
+
+    def _peaks_by_column(self, rows: list[list[bytes]]) -> bool:
+        """Every row's peaks at once, each column converted in one C loop (no bytecode a row), folded
+        per run of one phase. False, with nothing changed, when a row is torn or a needed cell is
+        empty or not a number: then row by row."""
         a, ap, rs, rsp = self._alloc_col, self._alloc_peak_col, self._rss_col, self._rss_peak_col
         ap = ap if ap is not None else a
         rsp = rsp if rsp is not None else rs
-        peaks, recent, width = self._peaks, self._recent, self._width
-        last = None
-        for line in lines:
-            cells = line.split(b",")
+        if set(map(len, rows)) != {self._width}:
+            return False
+        try:
+            alloc = list(map(int, map(itemgetter(ap), rows))) if ap is not None else None
+            rss = list(map(int, map(itemgetter(rsp), rows))) if rsp is not None else None
+        except ValueError:  # an empty cell (a peak the probe did not read) or damage
+            return False
+        peaks, lo = self._peaks, 0
+        for phase, run in groupby(map(itemgetter(1), rows)):  # rows come in runs of one phase
+            hi = lo + len(list(run))
+            top_alloc = max(alloc[lo:hi]) if alloc is not None else -1
+            top_rss = max(rss[lo:hi]) if rss is not None else -1
+            p = peaks.get(phase)
+            if p is None:
+                peaks[phase] = [top_alloc, top_rss]
+            else:
+                if top_alloc > p[0]:
+                    p[0] = top_alloc
+                if top_rss > p[1]:
+                    p[1] = top_rss
+            lo = hi
+        return True
+
+    def _peaks_by_row(self, lines: list[bytes], rows: list[list[bytes]]) -> list[bytes]:
+        """The lines whose cells read, each folded into the peaks on its own."""
+        a, ap, rs, rsp = self._alloc_col, self._alloc_peak_col, self._rss_col, self._rss_peak_col
+        ap = ap if ap is not None else a
+        rsp = rsp if rsp is not None else rs
+        peaks, kept, width = self._peaks, [], self._width
+        for line, cells in zip(lines, rows):
             if len(cells) != width:  # a torn line: the reader drops it too
                 continue
             try:
@@ -154,10 +246,8 @@ class ProcessState:
                     p[0] = alloc
                 if rss > p[1]:
                     p[1] = rss
-            recent.append(cells)
-            last = cells
-        if last is not None:
-            self._levels(last)
+            kept.append(line)
+        return kept
 
     def _levels(self, cells: list[bytes]) -> None:
         r = self.reading
@@ -168,67 +258,82 @@ class ProcessState:
         self._last = (phase, r.allocated if self._alloc_col is not None else None,
                       r.resident if self._rss_col is not None else None)
 
-    def _cell(self, cells: list[bytes], col: int | None) -> int | None:
+    @staticmethod
+    def _cell(line: bytes, col: int | None) -> int | None:
         try:
-            return int(cells[col]) if col is not None and cells[col] else None
-        except ValueError:
+            return int(line.split(b",")[col]) if col is not None else None
+        except (ValueError, IndexError):  # empty or damaged
             return None
 
     # -- events ----------------------------------------------------------------------------
     def _event(self, line: bytes) -> None:
-        if not any(kind in line for kind in _WANTED):
+        if not line:
             return
         try:
-            ev = json.loads(line)
-            kind, name, attrs = ev["kind"], str(ev.get("name", "")), ev.get("attrs") or {}
-        except (ValueError, KeyError, TypeError, AttributeError):
+            ev = loads(line)
+        except (ValueError, RecursionError):  # a damaged line (orjson's error is a ValueError too)
             return
+        if not isinstance(ev, dict) or not _is_number(ev.get("t")):
+            return
+        attrs = ev.get("attrs")
+        attrs = attrs if isinstance(attrs, dict) else {}
+        kind = ev.get("kind")
         if kind == names.BEGIN:
-            self._begin(ev, name, attrs)
+            self._begin(ev, attrs)
         elif kind == names.END:
-            self._end(ev, name, attrs)
-        elif kind == "oom" and attrs.get("cause"):  # a death, seen by a witness (oom.py); not an OOM error
+            self._end(ev, attrs)
+        elif kind == names.OOM and attrs.get("cause"):  # a death, seen by a witness (oom.py); not an OOM error
             self.kills[str(attrs["cause"])] += 1
-            if isinstance(attrs.get("process_pid"), int):
+            if _is_int(attrs.get("process_pid")):
                 self.dead_pids.add(attrs["process_pid"])
-        self.reading.phase = next(reversed(self._open.values()))[0] if self._open else "none"
 
-    def _begin(self, ev: dict, name: str, attrs: dict) -> None:
-        self._open[ev.get("id")] = (name, float(ev["t"]), attrs)
+    def _begin(self, ev: dict, attrs: dict) -> None:
         rid = attrs.get("rollout_id")
-        if ev.get("parent") is None and rid is not None and rid != self._iteration:
+        rid = rid if _is_int(rid) else None
+        name = str(ev.get("name", ""))
+        # An offload's attrs are judged at its end (expected_bytes, tags, backend).
+        self._open[_id(ev.get("id"))] = (name, ev["t"], attrs if name.startswith(names.OFFLOAD_PREFIX) else {}, rid)
+        if _id(ev.get("parent")) is None and rid is not None and rid != self._iteration:
             if self._iteration is not None:  # a new iteration: the previous one is complete
                 self.reading.floor_allocated, self.reading.floor_resident = self._floor
                 self.reading.iterations += 1
             self._iteration, self._floor = rid, [None, None]
 
-    def _end(self, ev: dict, name: str, attrs: dict) -> None:
-        opened = self._open.pop(ev.get("id"), None)
+    def _end(self, ev: dict, attrs: dict) -> None:
+        opened = self._open.pop(_id(ev.get("id")), None)
         if opened is None:
             return
-        _, begin_t, begin_attrs = opened
-        end_t = float(ev["t"])
-        summary = attrs.get("summary") or {}
-        series = summary.get("series") or {}
-        if begin_attrs.get("rollout_id") == self._iteration and self._iteration is not None:
-            alloc = series.get(f"gpu{self._cuda_index}_alloc", {}).get("floor")
-            self._floor = [_min(self._floor[0], alloc), _min(self._floor[1], series.get("rss", {}).get("floor"))]
+        name, begin_t, begin_attrs, rid = opened
+        summary = attrs.get("summary")
+        summary = summary if isinstance(summary, dict) else {}
+        series = summary.get("series")
+        series = series if isinstance(series, dict) else {}
+        if rid == self._iteration and self._iteration is not None:
+            alloc = _stat(series, self._alloc_series, "floor")
+            self._floor = [_min(self._floor[0], alloc), _min(self._floor[1], _stat(series, "rss", "floor"))]
         if name.startswith(_TRANSITION):
-            self.reading.transitions[name] = end_t - begin_t
+            self.reading.transitions[name] = ev["t"] - begin_t
         if name.startswith(names.OFFLOAD_PREFIX):
-            closing = summary.get("t_last", end_t)  # the phase's last row: its level at the end
-            self._ended.append((name, begin_t, float(closing), begin_attrs, series))
+            closing = summary.get("t_last")  # the phase's last row: its level at the end
+            self._ended.append((name, begin_t, closing if _is_number(closing) else ev["t"], begin_attrs, series))
 
     def _judge_ended(self) -> None:
         """Offloads whose rows have arrived: freed = the level before the phase minus the level at its end."""
         recent = self._recent
-        while self._ended and recent and float(recent[-1][0]) >= self._ended[0][2] - 1e-6:
+        while self._ended and recent and _time(recent[-1]) >= self._ended[0][2] - 1e-6:
             name, begin_t, end_t, attrs, series = self._ended.pop(0)
-            col = f"gpu{self._cuda_index}_alloc"
-            which, k, col = ("allocated", self._alloc_col, col) if series.get(col) else ("resident", self._rss_col, "rss")
-            before = next((v for v in (self._cell(row, k) for row in reversed(recent) if float(row[0]) <= begin_t)
-                           if v is not None), series.get(col, {}).get("first"))
-            after = series.get(col, {}).get("last")
+            col = self._alloc_series
+            has_alloc = _stat(series, col, "first") is not None or _stat(series, col, "peak") is not None
+            which, k, col = ("allocated", self._alloc_col, col) if has_alloc else ("resident", self._rss_col, "rss")
+            # The level in the last row before the phase began (rows are in time order: a bisection).
+            before = None
+            for i in range(bisect.bisect_right(recent, begin_t, key=_time) - 1 if k is not None else -1, -1, -1):
+                before = self._cell(recent[i], k)
+                if before is not None:
+                    break
+            if before is None:
+                before = _stat(series, col, "first")
+            after = _stat(series, col, "last")
             freed = None if before is None or after is None else int(before) - int(after)
             if attrs.get("backend") == names.TORCH_MEMORY_SAVER:
                 # A pause is invisible to the allocator's counters (the report judges it on NVML per
@@ -239,3 +344,10 @@ class ProcessState:
             key = (name, offload_tag(name, attrs))
             count = self.reading.offloads[key].count if key in self.reading.offloads else 0
             self.reading.offloads[key] = Offload(declared, freed, which, judge(declared, freed, which), count + 1)
+
+
+def _time(line: bytes) -> float:
+    try:
+        return float(line[: line.index(b",")])
+    except ValueError:  # a damaged time cell: before every time, so a bisection stays ordered
+        return float("-inf")

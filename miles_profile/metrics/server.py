@@ -1,25 +1,33 @@
 """Serve one host's metrics on http://<host>:PORT/metrics while a run is recorded.
 
 `serve()` is what `record --metrics-port` calls, and what a per-node host sampler elsewhere (the Ray
-path) calls for its node. prometheus_client is imported here only, when a port is asked for: the
-recorder runs on GPU hosts without it, and then says so in one line and records as before.
+path) calls for its node. prometheus_client renders and serves the exposition: a custom collector
+(families.py) reads the host's state at scrape time, never in between, and its WSGI app answers
+OpenMetrics or Prometheus text 0.0.4, whichever the scraper asks for. It is imported here only, when a
+port is asked for: the recorder runs on GPU hosts without it, and then says so in one line and records
+as before.
 """
 from __future__ import annotations
 
 import logging
 import os
+import socketserver
 import threading
 from typing import Any
 
 from miles_profile import names
 from miles_profile.identity import host_name
 from miles_profile.metrics.host_state import HostState
+from miles_profile.metrics.readings import HostReading
 
 log = logging.getLogger("miles_profile")
 
 # `record --metrics-port` hands its port to the job's processes here, so that a per-node sampler the job
 # starts on another host (Ray's node actor) serves that node on the same port: `serve_from_env`.
 METRICS_PORT_ENV = names.METRICS_PORT_ENV
+# A connection that sends half a request holds one thread this long at most (each has its own thread:
+# it never delays another scrape).
+_REQUEST_TIMEOUT_S = 30
 
 
 class MetricsServer:
@@ -35,6 +43,7 @@ class MetricsServer:
             server.shutdown()      # ends serve_forever; a scrape in flight finishes in its own thread
             server.server_close()
             self._thread.join(timeout=5)
+            self.state.close()
 
 
 def collector(state: HostState):
@@ -45,12 +54,42 @@ def collector(state: HostState):
         def collect(self):
             try:
                 reading = state.read()
-            except Exception as exc:  # noqa: BLE001 - a broken scrape must not touch the job: serve nothing
+            except Exception as exc:  # noqa: BLE001 - whatever the files hold, the endpoint answers
                 log.warning("miles_profile: metrics scrape failed: %s", exc)
-                return
-            yield from families(reading)
+                reading = HostReading(hostname=state.host.lower())
+            return families(reading)
 
     return _Collector()
+
+
+def _http_server(addr: str, port: int, app):
+    """prometheus_client's threading WSGI server (a thread per scrape, daemon threads: a scraper that
+    never reads holds its own thread, never `stop()`), without a DNS look-up at bind, a log line per
+    scrape or a traceback for a scraper that hung up."""
+    import socket
+    from wsgiref.simple_server import WSGIRequestHandler, make_server
+
+    from prometheus_client.exposition import ThreadingWSGIServer
+
+    class Handler(WSGIRequestHandler):
+        timeout = _REQUEST_TIMEOUT_S
+
+        def log_message(self, format: str, *args) -> None:  # noqa: A002 - http.server's signature
+            pass  # a line per scrape would fill the job's stderr
+
+    class Server(ThreadingWSGIServer):
+        address_family = socket.AF_INET6 if ":" in addr else socket.AF_INET
+
+        def server_bind(self) -> None:
+            # HTTPServer's own asks DNS for the address's name (getfqdn): seconds on a host whose DNS is slow.
+            socketserver.TCPServer.server_bind(self)
+            self.server_name, self.server_port = str(self.server_address[0]), self.server_address[1]
+            self.setup_environ()
+
+        def handle_error(self, request, client_address) -> None:
+            pass  # a scraper that hung up mid-answer: its problem, never a traceback in the job's output
+
+    return make_server(addr, port, app, Server, handler_class=Handler)
 
 
 def serve(run_dir: str | os.PathLike, port: int, addr: str = "0.0.0.0", hostname: str | None = None) -> MetricsServer | None:
@@ -58,7 +97,7 @@ def serve(run_dir: str | os.PathLike, port: int, addr: str = "0.0.0.0", hostname
     None, with one log line, when prometheus_client is missing or the port can't be bound: the job
     goes on recorded, unscraped."""
     try:
-        from prometheus_client import CollectorRegistry, start_http_server
+        from prometheus_client import CollectorRegistry, make_wsgi_app
     except ImportError:
         log.warning("miles_profile: warning: --metrics-port ignored: prometheus_client is not installed "
                     "(pip install prometheus-client)")
@@ -66,11 +105,16 @@ def serve(run_dir: str | os.PathLike, port: int, addr: str = "0.0.0.0", hostname
     state = HostState(run_dir, hostname or host_name())
     registry = CollectorRegistry(auto_describe=False)
     registry.register(collector(state))
+    # Not gzipped even when the scraper accepts it (Prometheus does): 3 to 5 ms of CPU a scrape of 64
+    # processes, to save bytes on the network between the host and Prometheus (docs/prometheus.md).
+    app = make_wsgi_app(registry, disable_compression=True)
     try:
-        server, thread = start_http_server(port, addr=addr, registry=registry)
+        server = _http_server(addr, port, app)
     except OSError as exc:
         log.warning("miles_profile: warning: metrics not served on port %d: %s", port, exc.strerror or exc)
         return None
+    thread = threading.Thread(target=server.serve_forever, name="miles_profile-metrics", daemon=True)
+    thread.start()
     return MetricsServer(server, thread, state)
 
 

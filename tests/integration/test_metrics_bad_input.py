@@ -11,35 +11,14 @@ import sys
 import time
 import urllib.request
 
-import pytest
-
-from miles_profile.logdir.writer import EventWriter, SampleWriter, write_process_meta, write_run_meta
 from miles_profile.metrics import serve
 from tests.conftest import REPO, python_env
-
-MiB = 1024**2
-HOST = "metricshost"
-COLUMNS = ["rss", "rss_peak", "gpu0_alloc", "gpu0_alloc_peak", "gpu0_reserved"]
-
-
-@pytest.fixture
-def run(tmp_path):
-    write_run_meta(tmp_path, {"run_id": "m", "command": [], "host": HOST, "pid": 1, "start_time": 0, "interval_ms": 100})
-    write_process_meta(tmp_path, f"{HOST}-77", {"host": HOST, "pid": 77, "rank": 3, "role": "actor"})
-    samples = SampleWriter(tmp_path, f"{HOST}-77", COLUMNS, flush_interval_s=1e9)
-    events = EventWriter(tmp_path, f"{HOST}-77")
-    yield tmp_path, samples, events
-    samples.close()
-    events.close()
-
-
-def _row(samples, t, phase, rss, rss_peak=None, alloc=None):
-    samples.append(t, phase, [rss, rss_peak or rss, alloc, alloc, alloc])
+from tests.metrics_run import HOST, MiB, row, run  # noqa: F401 - run is a fixture
 
 
 def test_nothing_is_read_until_someone_scrapes_and_a_deleted_run_serves_nothing(run):
     run_dir, samples, _ = run
-    _row(samples, 1.0, "train", 100 * MiB)
+    row(samples, 1.0, "train", 100 * MiB)
     samples.flush()
     server = serve(run_dir, 0, "127.0.0.1", hostname=HOST)
     try:
@@ -67,7 +46,7 @@ def test_a_port_in_use_is_one_line_and_no_server(run, caplog):
 
 def test_a_scraper_that_never_reads_harms_no_one(run):
     run_dir, samples, _ = run
-    _row(samples, 1.0, "train", 100 * MiB)
+    row(samples, 1.0, "train", 100 * MiB)
     samples.flush()
     server = serve(run_dir, 0, "127.0.0.1", hostname=HOST)
     stuck = []

@@ -2,16 +2,12 @@
 since the previous scrape and the live offload verdict, on files written with the recorder's own writers."""
 from __future__ import annotations
 
-
 import pytest
 
-from miles_profile.logdir.writer import EventWriter, SampleWriter, write_process_meta, write_run_meta
+from miles_profile.logdir.writer import EventWriter, write_process_meta
 from miles_profile.metrics import process_state
 from miles_profile.metrics.host_state import HostState
-
-MiB = 1024**2
-HOST = "metricshost"
-COLUMNS = ["rss", "rss_peak", "gpu0_alloc", "gpu0_alloc_peak", "gpu0_reserved"]
+from tests.metrics_run import HOST, MiB, row, run  # noqa: F401 - run is a fixture
 
 
 def test_the_live_rule_is_the_reports():
@@ -21,32 +17,17 @@ def test_the_live_rule_is_the_reports():
     assert process_state.RESOLUTION_BYTES == {"allocated": RESOLUTION_BYTES["alloc"], "resident": RESOLUTION_BYTES["rss"]}
 
 
-@pytest.fixture
-def run(tmp_path):
-    write_run_meta(tmp_path, {"run_id": "m", "command": [], "host": HOST, "pid": 1, "start_time": 0, "interval_ms": 100})
-    write_process_meta(tmp_path, f"{HOST}-77", {"host": HOST, "pid": 77, "rank": 3, "role": "actor"})
-    samples = SampleWriter(tmp_path, f"{HOST}-77", COLUMNS, flush_interval_s=1e9)
-    events = EventWriter(tmp_path, f"{HOST}-77")
-    yield tmp_path, samples, events
-    samples.close()
-    events.close()
-
-
-def _row(samples, t, phase, rss, rss_peak=None, alloc=None):
-    samples.append(t, phase, [rss, rss_peak or rss, alloc, alloc, alloc])
-
-
 def test_the_peak_is_the_true_peak_since_the_previous_scrape(run):
     run_dir, samples, _ = run
     state = HostState(run_dir, HOST)
     for k in range(10):  # a 500 MiB spike between two rows shows only in rss_peak
-        _row(samples, 100 + k * 0.1, "train", 100 * MiB, rss_peak=500 * MiB if k == 4 else None)
-    _row(samples, 101.0, "generate", 120 * MiB)
+        row(samples, 100 + k * 0.1, "train", 100 * MiB, rss_peak=500 * MiB if k == 4 else None)
+    row(samples, 101.0, "generate", 120 * MiB)
     samples.flush()
     first = state.read().processes[0]
     assert first.peaks == {"train": (None, 500 * MiB), "generate": (None, 120 * MiB)}
     assert first.resident == 120 * MiB and (first.rank, first.role) == ("3", "actor")
-    _row(samples, 101.1, "generate", 110 * MiB)
+    row(samples, 101.1, "generate", 110 * MiB)
     samples.flush()
     assert state.read().processes[0].peaks == {"generate": (None, 110 * MiB)}  # the spike was reported once
     assert state.read().processes[0].peaks == {"generate": (None, 110 * MiB)}  # no new row: the last level
@@ -55,9 +36,9 @@ def test_the_peak_is_the_true_peak_since_the_previous_scrape(run):
 @pytest.mark.parametrize("freed, verdict", [(120 * MiB, "pass"), (60 * MiB, "fail")])
 def test_an_offload_is_judged_on_what_it_freed_inside_the_phase(run, freed, verdict):
     run_dir, samples, events = run
-    _row(samples, 10.0, "", 50 * MiB, alloc=400 * MiB)  # the row right before the phase
+    row(samples, 10.0, "", 50 * MiB, alloc=400 * MiB)  # the row right before the phase
     events.write("begin", "offload_train", {"expected_bytes": 120 * MiB, "rollout_id": 0}, t=10.01, id=1)
-    _row(samples, 10.2, "offload_train", 50 * MiB, alloc=400 * MiB - freed)
+    row(samples, 10.2, "offload_train", 50 * MiB, alloc=400 * MiB - freed)
     summary = {"rows": 1, "t_first": 10.2, "t_last": 10.2, "series": {
         "gpu0_alloc": {"peak": 400 * MiB, "floor": 400 * MiB - freed, "first": 400 * MiB - freed, "last": 400 * MiB - freed},
         "rss": {"peak": 50 * MiB, "floor": 50 * MiB, "first": 50 * MiB, "last": 50 * MiB}}}
@@ -75,7 +56,7 @@ def test_a_small_offload_is_too_small_and_a_pause_is_not_judged():
 
 def test_a_recorded_death_is_counted_and_its_process_leaves(run):
     run_dir, samples, _ = run
-    _row(samples, 1.0, "train", 100 * MiB)
+    row(samples, 1.0, "train", 100 * MiB)
     samples.flush()
     write_process_meta(run_dir, f"{HOST}-5", {"host": HOST, "pid": 5, "rank": 0, "role": "exec_parent"})
     witness = EventWriter(run_dir, f"{HOST}-5")
@@ -85,3 +66,78 @@ def test_a_recorded_death_is_counted_and_its_process_leaves(run):
     reading = HostState(run_dir, HOST).read()
     assert reading.kills == {"oom_kill": 1}
     assert [(p.rank, p.role) for p in reading.processes] == [("0", "exec_parent")]
+
+
+def test_rows_read_by_column_or_row_by_row_give_the_same_peaks(run):
+    """A scrape folds its rows column by column when every needed cell is a number, row by row when one
+    is empty: the same peaks either way, a phase's runs before and after another phase folded together."""
+    run_dir, samples, _ = run
+    layout = [("train", 300), ("generate", 900), ("train", 700), ("train", 200)]
+    for gap in (False, True):
+        for k, (phase, mib) in enumerate(layout):
+            alloc = None if gap and k == 1 else 2 * mib * MiB  # an empty cell: row by row
+            row(samples, 10 * gap + k * 0.1, phase, mib * MiB, alloc=alloc)
+        samples.flush()
+        if not gap:
+            state = HostState(run_dir, HOST)
+        peaks = state.read().processes[0].peaks
+        assert peaks == {"train": (1400 * MiB, 700 * MiB), "generate": (None if gap else 1800 * MiB, 900 * MiB)}
+
+
+def _offload_round(events, samples, t0: float, rollout: int, level: int):
+    events.write("begin", "train", {"rollout_id": rollout}, t=t0, id=2 * rollout + 1)
+    row(samples, t0 + 0.1, "train", level, alloc=level)
+    summary = {"rows": 1, "t_first": t0 + 0.1, "t_last": t0 + 0.1, "series": {
+        "gpu0_alloc": {"peak": level, "floor": level - MiB, "first": level, "last": level},
+        "rss": {"peak": level, "floor": level - 2 * MiB, "first": level, "last": level}}}
+    events.write("end", "train", {"status": "ok", "summary": summary}, t=t0 + 0.2, id=2 * rollout + 1)
+    events.write("begin", "offload_train", {"rollout_id": rollout, "expected_bytes": 64 * MiB, "tags": ["w"]},
+                 t=t0 + 0.3, id=2 * rollout + 2)
+    row(samples, t0 + 0.4, "offload_train", level, alloc=level - 64 * MiB)
+    summary = {"rows": 1, "t_first": t0 + 0.4, "t_last": t0 + 0.4, "series": {
+        "gpu0_alloc": {"peak": level - 64 * MiB, "floor": level - 64 * MiB, "first": level - 64 * MiB,
+                       "last": level - 64 * MiB}, "rss": {"peak": level, "floor": level, "first": level, "last": level}}}
+    events.write("end", "offload_train", {"status": "ok", "summary": summary}, t=t0 + 0.5, id=2 * rollout + 2)
+
+
+@pytest.fixture(params=["orjson", "json"])
+def json_parser(request, monkeypatch):
+    """process_state as imported with orjson, and as imported on a host without it (the stdlib's json)."""
+    import importlib
+    import sys
+    if request.param == "json":
+        monkeypatch.setitem(sys.modules, "orjson", None)  # `import orjson` raises ImportError
+    importlib.reload(process_state)  # in place: HostState's ProcessState reads the module's `loads`
+    yield process_state.loads.__module__
+    monkeypatch.undo()
+    importlib.reload(process_state)
+
+
+def test_events_read_the_same_with_orjson_or_json_in_any_key_order(run, json_parser):
+    """The events of the recorder's writer, and the same events with their keys in another order (another
+    writer), give the same iterations, floors, transitions and verdicts, parsed by orjson or, where it is
+    not installed, by the stdlib's json; a damaged line costs that line."""
+    import json
+    assert json_parser == ("orjson" if process_state.loads is not json.loads else "json")
+    run_dir, samples, events = run
+    for rollout in range(3):
+        _offload_round(events, samples, 100.0 + rollout, rollout, (1000 + 100 * rollout) * MiB)
+    events.write("begin", 'odd "name"', {}, t=104.0, id=99)  # an escape in a name
+    samples.flush()
+    events.close()
+    with open(run_dir / f"{HOST}-77.events.jsonl", "ab") as f:
+        f.write(b'{"t":105,"kind":"begin","name":"torn",\n[1,2]\n{"t":"x","kind":"end","id":99}\n')
+    stem = f"{HOST}-78"
+    write_process_meta(run_dir, stem, {"host": HOST, "pid": 78, "rank": 4, "role": "actor"})
+    (run_dir / f"{stem}.samples.csv").write_bytes((run_dir / f"{HOST}-77.samples.csv").read_bytes())
+    lines = (run_dir / f"{HOST}-77.events.jsonl").read_text().splitlines()[:-3]
+    (run_dir / f"{stem}.events.jsonl").write_text("".join(json.dumps(json.loads(line), sort_keys=True) + "\n"
+                                                          for line in lines))
+    first, second = sorted(HostState(run_dir, HOST).read().processes, key=lambda p: p.rank)
+    assert second.rank == "4"
+    for process in (first, second):
+        assert (process.iterations, process.floor_allocated, process.floor_resident) == (2, 1036 * MiB, 1098 * MiB)
+        assert process.transitions == {"offload_train": pytest.approx(0.2)}
+        offload = process.offloads[("offload_train", "w")]
+        assert (offload.declared, offload.freed, offload.verdict, offload.count) == (64 * MiB, 64 * MiB, "pass", 3)
+        assert process.phase == 'odd "name"'

@@ -1,0 +1,66 @@
+"""CPU and wall time of one whole scrape (read the files, render the exposition Prometheus asks for) with
+64 processes on a host, split into reading and rendering, for an A/B across commits on a shared machine,
+where wall time mostly measures the wait for a core: this thread's CPU seconds do not. The same file
+runs on this tree (prometheus_client rendering families.py), on 0108de6 (a hand-written exposition.py)
+and on 44a96e9 (prometheus_client, the event lines parsed by json), interleaved:
+
+    for c in 0108de6 44a96e9; do mkdir -p /tmp/ab/$c && git archive $c | tar -x -C /tmp/ab/$c \\
+        && cp bench/bench_metrics.py bench/metrics_scrape_cpu.py /tmp/ab/$c/bench/; done
+    for k in 1 2 3; do for t in . /tmp/ab/0108de6 /tmp/ab/44a96e9; do \\
+        (cd $t && PYTHONPATH=$PWD python bench/metrics_scrape_cpu.py); done; done
+
+The host is bench_metrics.py's FakeHost (rows every 100 ms, a phase every second per process); the
+rendering is what the endpoint answers Debian's Prometheus 2.42 (bench_metrics.PROMETHEUS_ACCEPT).
+"""
+from __future__ import annotations
+
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import bench_metrics as b  # noqa: E402
+
+from miles_profile.metrics.host_state import HostState  # noqa: E402
+
+
+def main() -> int:
+    which, render = b.renderer()
+    print(f"{Path(__file__).resolve().parents[1]}: rendered by {which}")
+    for interval in (1.0, 15.0):
+        with tempfile.TemporaryDirectory() as tmp:
+            host = b.FakeHost(Path(tmp), 64)
+            state = HostState(tmp, b.HOST)
+            host.advance(interval)
+            render(state.read())  # the first scrape reads every file's header and meta
+            reads, renders, walls = [], [], []
+            for _ in range(10):
+                host.advance(interval)
+                wall, cpu = time.perf_counter(), time.thread_time()
+                reading = state.read()
+                read_cpu = time.thread_time()
+                body = render(reading)
+                renders.append(time.thread_time() - read_cpu)
+                reads.append(read_cpu - cpu)
+                walls.append(time.perf_counter() - wall)
+            samples = sum(1 for line in body.splitlines() if not line.startswith(b"#"))
+            build = ""
+            if "families" in which:  # of the rendering, building the families (ours) apart from encoding them
+                from miles_profile.metrics.families import families
+                cpu = time.thread_time()
+                list(families(reading))
+                build = f" (of which building the families {(time.thread_time() - cpu) * 1e3:.2f})"
+            total = [r + e for r, e in zip(reads, renders)]
+            print(f"  scrape every {interval:g} s ({samples} samples): CPU median {statistics.median(total) * 1e3:.2f} ms "
+                  f"(reading {statistics.median(reads) * 1e3:.2f}, rendering {statistics.median(renders) * 1e3:.2f}{build}), "
+                  f"min {min(total) * 1e3:.2f}; wall median {statistics.median(walls) * 1e3:.2f} ms, "
+                  f"min {min(walls) * 1e3:.2f}; over {len(total)} scrapes", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,98 @@
+"""The exposition of families.py as the endpoint serves it (prometheus_client's encoder for what the
+scraper asks, OpenMetrics or text 0.0.4): prometheus_client's own parsers (the strict OpenMetrics one and
+the 0.0.4 text one) read back every family, in order, and every series with its labels and value,
+escapes included."""
+from __future__ import annotations
+
+import pytest
+from prometheus_client import CollectorRegistry
+from prometheus_client.exposition import choose_encoder
+from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_openmetrics
+from prometheus_client.parser import text_string_to_metric_families as parse_text
+
+from miles_profile.metrics.families import P, families
+from miles_profile.metrics.readings import GpuReading, HostReading, Offload, ProcessReading
+
+GiB = 1024**3
+# Every family in the exposition's order, even one with no sample (no process has a floor yet, say).
+FAMILIES = (("gpu_memory_used_bytes", "gauge"), ("gpu_memory_total_bytes", "gauge"), ("process", "info"),
+            ("process_phase", "gauge"), ("process_gpu_memory_allocated_bytes", "gauge"),
+            ("process_gpu_memory_reserved_bytes", "gauge"), ("process_gpu_memory_used_bytes", "gauge"),
+            ("process_resident_memory_bytes", "gauge"), ("process_gpu_memory_allocated_peak_bytes", "gauge"),
+            ("process_resident_memory_peak_bytes", "gauge"), ("process_gpu_memory_allocated_floor_bytes", "gauge"),
+            ("process_resident_memory_floor_bytes", "gauge"), ("process_iterations", "counter"),
+            ("transition_duration_seconds", "gauge"), ("offload_declared_bytes", "gauge"),
+            ("offload_freed_bytes", "gauge"), ("offload_verdict", "gauge"), ("offloads", "counter"),
+            ("kills", "counter"))
+# What Debian's Prometheus 2.42 asks for, and a scraper that asks for nothing in particular (curl).
+PROMETHEUS_ACCEPT = ("application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,"
+                     "text/plain;version=0.0.4;q=0.5,*/*;q=0.1")
+
+
+def render(reading: HostReading, accept: str) -> tuple[str, str]:
+    """(content type, body) as the endpoint answers a scraper sending `accept`."""
+    class One:
+        def collect(self):
+            return families(reading)
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(One())
+    encoder, content_type = choose_encoder(accept)
+    return content_type, encoder(registry).decode()
+UUID = "GPU-0e4b1a2c-0000"
+
+
+def _reading() -> HostReading:
+    odd = ProcessReading(rank="1", role='quo"te\\back\nline', pid=42, gpu="0", uuid=UUID, phase="train",
+                         allocated=3 * GiB, reserved=4 * GiB, nvml_used=5 * GiB, resident=GiB,
+                         peaks={"train": (6 * GiB, 2 * GiB), "offload_train": (None, 3 * GiB)},
+                         floor_allocated=GiB, floor_resident=GiB // 2, iterations=7,
+                         offloads={("offload_train", "train_state"): Offload(2 * GiB, -5, "allocated", "fail", 3)},
+                         transitions={"offload_train": 0.125})
+    plain = ProcessReading(rank="0", role="actor", pid=41)  # before CUDA: no GPU, nothing measured yet
+    return HostReading(hostname="node-1", gpus=[GpuReading("0", UUID, 80 * GiB, 70 * GiB)],
+                       processes=[odd, plain], kills={"oom_kill": 2})
+
+
+def _samples(families) -> dict[tuple, float]:
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value for f in families for s in f.samples}
+
+
+@pytest.mark.parametrize("openmetrics", [True, False], ids=["openmetrics", "text-0.0.4"])
+def test_prometheus_client_reads_back_every_series(openmetrics):
+    content_type, body = render(_reading(), PROMETHEUS_ACCEPT if openmetrics else "")
+    assert content_type.startswith("application/openmetrics-text" if openmetrics else "text/plain; version=0.0.4")
+    parsed = list((parse_openmetrics if openmetrics else parse_text)(body))
+    kinds = {"info": "info" if openmetrics else "gauge", "counter": "counter", "gauge": "gauge"}
+    assert [(f.name, f.type) for f in parsed] == [
+        (P + name + ("_info" if kind == "info" and not openmetrics else ""), kinds[kind]) for name, kind in FAMILIES]
+    got = _samples(parsed)
+    role = 'quo"te\\back\nline'
+    odd, gpu = (("hostname", "node-1"), ("rank", "1"), ("role", role)), (("UUID", UUID), ("gpu", "0"))
+
+    def at(name, *labels):
+        return got[(P + name, tuple(sorted(labels)))]
+
+    assert at("gpu_memory_used_bytes", ("hostname", "node-1"), *gpu) == 70 * GiB
+    assert at("process_info", *odd, *gpu, ("pid", "42")) == 1
+    assert at("process_info", ("hostname", "node-1"), ("rank", "0"), ("role", "actor"), ("pid", "41"), ("UUID", ""),
+              ("gpu", "")) == 1
+    assert at("process_phase", *odd, ("phase", "train")) == 1
+    assert at("process_gpu_memory_allocated_bytes", *odd, *gpu) == 3 * GiB
+    assert at("process_gpu_memory_used_bytes", *odd, *gpu) == 5 * GiB
+    assert at("process_resident_memory_bytes", *odd) == GiB
+    assert at("process_gpu_memory_allocated_peak_bytes", *odd, *gpu, ("phase", "train")) == 6 * GiB
+    assert at("process_resident_memory_peak_bytes", *odd, ("phase", "offload_train")) == 3 * GiB
+    assert (P + "process_gpu_memory_allocated_peak_bytes", tuple(sorted((*odd, *gpu, ("phase", "offload_train"))))) \
+        not in got  # nothing measured: absent, never 0
+    assert at("process_resident_memory_floor_bytes", *odd) == GiB // 2
+    assert at("process_iterations_total", *odd) == 7
+    assert at("transition_duration_seconds", *odd, ("phase", "offload_train")) == 0.125
+    offload = (*odd, ("phase", "offload_train"), ("tag", "train_state"))
+    assert (at("offload_declared_bytes", *offload), at("offload_freed_bytes", *offload)) == (2 * GiB, -5)
+    assert at("offload_verdict", *offload, ("verdict", "fail")) == 1
+    assert at("offloads_total", *offload) == 3
+    assert {k[1][0][1]: v for k, v in got.items() if k[0] == P + "kills_total"} == {
+        "oom_kill": 2, "sigkill": 0, "vanished": 0, "ray_oom_kill": 0}
+    # Bytes are exact on the wire (prometheus_client writes them as Go writes a float64: 8.589934592e+10).
+    assert at("gpu_memory_total_bytes", ("hostname", "node-1"), *gpu) == 80 * GiB
+    assert body.endswith("# EOF\n") == openmetrics
