@@ -1,6 +1,6 @@
 """Data-parallel training with torch DDP over gloo, one process per rank, launched by torchrun.
 
-    torchrun --standalone --nproc-per-node 8 tests/corpus/ddp_gloo.py [--defect bad_rank] [--iters N]
+    torchrun --standalone --nproc-per-node 4 tests/corpus/ddp_gloo.py [--defect bad_rank] [--iters N]
 
 Each rank trains an MLP replica on its own shard; each iteration: train (DDP steps, gradients all-reduced)
 -> eval (a local validation batch, its score all-reduced). Every rank records itself (record --exec hands

@@ -84,9 +84,9 @@ CPU_CASES: list[Case] = [
          HEALTHY + " (a phase per 1 ms step, no rollout_id: the leak is judged in windows of steps)"),
     _cpu("fast-leak-cpu", "fast_steps", "leak", "leak", "sustained_growth",
          "backward(retain_graph=True) and every step's loss kept: ~0.3 MiB of activations a step, 2,000 steps"),
-    _cpu("ddp-none-cpu", "ddp_gloo", "none", None, None, HEALTHY + " (8 gloo ranks, same work each)", nproc=8),
+    _cpu("ddp-none-cpu", "ddp_gloo", "none", None, None, HEALTHY + " (4 gloo ranks, same work each)", nproc=4),
     _cpu("ddp-bad_rank-cpu", "ddp_gloo", "bad_rank", "rank_imbalance", "rank_outlier",
-         "rank 0 keeps 8 x 64 MiB of gathered predictions: 0.5-1.4 GiB above 7 peers within a few MiB", nproc=8),
+         "rank 0 keeps 4 x 64 MiB of gathered predictions: 0.25-0.75 GiB above 3 peers within a few MiB", nproc=4),
 ]
 
 CUDA_CASES: list[Case] = [
