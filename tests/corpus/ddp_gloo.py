@@ -8,7 +8,7 @@ the run directory to torchrun's children through the environment).
 
 Defect (planted; healthy = none):
   bad_rank   rank 0 gathers every rank's validation predictions into its own memory (dist.gather of
-             64 MiB from each of 8 ranks, kept for a report): its floor runs 0.5 GiB above its peers', its
+             64 MiB from each rank (4 in the corpus), kept for a report): its floor runs 0.25 GiB or more above its peers', its
              eval peak ~1.4 GiB (the last report and the new gather at once) (rank_imbalance/rank_outlier)
 """
 from __future__ import annotations
