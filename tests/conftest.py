@@ -65,12 +65,22 @@ def pytest_collection_modifyitems(config, items):
     """Grouping and order for the parallel suite (`make test` runs pytest-xdist with `--dist loadgroup`).
     Tests that share a module-scoped fixture (a recorded run, a dashboard server) stay on one worker, so
     the fixture is built once, not once per worker; the slow end-to-end tests run after the fast ones, so
-    a broken unit shows within the first minute."""
+    a broken unit shows within the first minute, the slow groups largest first."""
+    group_size: dict[str, int] = {}
     for item in items:
         info = getattr(item, "_fixtureinfo", None)
         if info and any(d.scope == "module" for defs in info.name2fixturedefs.values() for d in defs):
             item.add_marker(pytest.mark.xdist_group(item.module.__name__))
-    items.sort(key=lambda item: item.get_closest_marker("slow") is not None)  # stable: the rest keep their order
+            group_size[item.module.__name__] = group_size.get(item.module.__name__, 0) + 1
+
+    def order(item) -> tuple[bool, int]:
+        # Among the slow tests, the largest groups first (one worker runs a group from start to end): started
+        # last, a group of eight cluster tests kept one core busy for minutes while the other had nothing left.
+        slow = item.get_closest_marker("slow") is not None
+        grouped = item.get_closest_marker("xdist_group") is not None
+        return slow, -group_size.get(item.module.__name__, 0) if slow and grouped else 0
+
+    items.sort(key=order)  # stable: the rest keep their order
 
 
 def shared_across_workers(tmp_path_factory) -> Path:
