@@ -86,16 +86,19 @@ def _processes(host: HostReading) -> Iterator[Metric]:
         ids, gpu_ids = [h, r.rank, r.role], [h, r.rank, r.role, r.gpu, r.uuid]
         info.add_metric(ids, {"pid": str(r.pid), "gpu": r.gpu, "UUID": r.uuid})
         phase.add_metric([*ids, r.phase], 1)
+        # A GPU series only once the process names its GPU: before CUDA starts its allocator reads 0 with no UUID,
+        # a series that would join nothing in DCGM's and be replaced by the labelled one seconds later.
+        on_gpu = bool(r.uuid)
         for attr, family in current.items():
             value = getattr(r, attr)
-            if value is not None:
+            if value is not None and (on_gpu or attr == "resident"):
                 family.add_metric(ids if attr == "resident" else gpu_ids, value)
         for name, (alloc, rss) in sorted(r.peaks.items()):
-            if alloc is not None:
+            if alloc is not None and on_gpu:
                 peak_alloc.add_metric([*gpu_ids, name], alloc)
             if rss is not None:
                 peak_rss.add_metric([*ids, name], rss)
-        if r.floor_allocated is not None:
+        if r.floor_allocated is not None and on_gpu:
             floor_alloc.add_metric(gpu_ids, r.floor_allocated)
         if r.floor_resident is not None:
             floor_rss.add_metric(ids, r.floor_resident)

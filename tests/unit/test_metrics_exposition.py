@@ -48,7 +48,8 @@ def _reading() -> HostReading:
                          floor_allocated=GiB, floor_resident=GiB // 2, iterations=7,
                          offloads={("offload_train", "train_state"): Offload(2 * GiB, -5, "allocated", "fail", 3)},
                          transitions={"offload_train": 0.125})
-    plain = ProcessReading(rank="0", role="actor", pid=41)  # before CUDA: no GPU, nothing measured yet
+    # before CUDA: no GPU named yet, its allocator read as 0 (seen on an H100): no GPU series until it names one
+    plain = ProcessReading(rank="0", role="actor", pid=41, allocated=0, reserved=0, peaks={"none": (0, GiB)})
     return HostReading(hostname="node-1", gpus=[GpuReading("0", UUID, 80 * GiB, 70 * GiB)],
                        processes=[odd, plain], kills={"oom_kill": 2})
 
@@ -76,6 +77,7 @@ def test_prometheus_client_reads_back_every_series(openmetrics):
     assert at("process_info", *odd, *gpu, ("pid", "42")) == 1
     assert at("process_info", ("hostname", "node-1"), ("rank", "0"), ("role", "actor"), ("pid", "41"), ("UUID", ""),
               ("gpu", "")) == 1
+    assert not [k for k in got if k[0].startswith(P + "process_gpu_") and ("rank", "0") in k[1]]
     assert at("process_phase", *odd, ("phase", "train")) == 1
     assert at("process_gpu_memory_allocated_bytes", *odd, *gpu) == 3 * GiB
     assert at("process_gpu_memory_used_bytes", *odd, *gpu) == 5 * GiB
