@@ -27,6 +27,10 @@ from miles_profile.oom import RAY_OOM_KILL, alive
 # Recorders flush their rows every 0.5 s (writer.py): the last pull waits that long, plus a margin.
 FLUSH_S = 0.6
 APPENDED = (".csv", ".jsonl")  # files a writer only appends to: sent from the last offset on
+# Ray starts a worker with a runtime env as `python .../setup_worker.py ...`, which has the job's RAY_JOB_ID
+# but not yet the env's variables (ray/_private/runtime_env/context.py sets them, then execs the worker
+# under the same pid): caught in that moment, it looked like a worker without the run directory.
+RAY_WORKER_LAUNCHER = b"setup_worker.py"
 
 
 class NodeSampler:
@@ -158,10 +162,12 @@ class NodeSampler:
             if any(item.startswith(prefix) and len(item) > len(prefix) for item in environ):
                 continue
             try:
-                title = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")[0].decode(errors="replace")
+                argv = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
             except OSError:
-                title = "?"
-            found.append({"pid": int(entry), "title": title})
+                argv = [b"?"]
+            if any(arg.endswith(RAY_WORKER_LAUNCHER) for arg in argv):
+                continue  # a worker being started: it sets the runtime env's variables, then execs the worker
+            found.append({"pid": int(entry), "title": argv[0].decode(errors="replace")})
         return found
 
 
