@@ -197,6 +197,19 @@ def test_the_trainer_on_ray_trains_as_under_torchrun_and_every_actor_is_recorded
     ranks = sorted((p["rank"], p.get("ray_bundle_index"), p.get("ray_actor_class")) for p in run.processes
                    if p.get("role") == "actor")
     assert ranks == [(0, 0, "RankActor"), (1, 1, "RankActor")]
+    # the critic is an actor of its own in its rank's bundle (as Miles runs it), offloading its own state
+    critics = sorted((p["rank"], p.get("ray_bundle_index"), p.get("ray_actor_class"), p["pid"]) for p in run.processes
+                     if p.get("role") == "critic")
+    assert [c[:3] for c in critics] == [(0, 0, "CriticActor"), (1, 1, "CriticActor")], critics
+    offload = next(r for r in per_process_checks(run) if r.name == "offload_drop")
+
+    def verdicts(pid):  # its offload_train phases as the check judged them
+        return [(f.iteration, f.status) for f in offload.findings if f.numbers.get("pid") == pid
+                and f.phase == "offload_train"]
+    rank0 = next(p["pid"] for p in run.processes if p.get("role") == "actor" and p["rank"] == 0)
+    for *_, pid in critics:  # judged as the rank's own offloads are (CPU state: nothing to move, said so)
+        assert {"train", "offload_train", "onload_train"} <= set(run.phases[run.phases["pid"] == pid]["name"])
+        assert verdicts(pid) == verdicts(rank0) != [], (verdicts(pid), verdicts(rank0))
     assert sorted(p["rank"] for p in run.processes if p.get("role") == "engine") == [0, 1]
     assert check_oom(run).status == "n/a" and not run.warnings, run.warnings
     assert {"offload_train", "offload_rollout", "train", "generate"} <= set(run.phases["name"])
