@@ -26,6 +26,7 @@ from tests.ray_cluster import add_node, start_cluster
 pytestmark = pytest.mark.slow
 JOB = Path(__file__).with_name("ray_jobs") / "two_actors.py"
 OOM_JOB = JOB.with_name("ray_oom.py")
+RESTART_JOB = JOB.with_name("restart.py")
 NODE2_HOST = "fakehost2"
 PHASES = ("generate", "train", "offload_train")
 
@@ -232,6 +233,28 @@ def test_a_worker_killed_by_rays_memory_monitor_is_named_with_its_actor_phase_an
     assert "killed by Ray's memory monitor" in finding.message and "Ray actor Hog 'hog'" in finding.message
     assert finding.numbers["phase"] == "train" and "over Ray's threshold" in finding.message
     assert finding.numbers["grew"][0]["growth"] > 512 * 2**20  # the curve before: its RSS climbed
+
+
+def test_an_actor_ray_restarted_is_one_actor_in_two_processes_the_first_killed_not_a_lost_rank(cluster, tmp_path):
+    """max_restarts=1: rank 0's first process is SIGKILLed in train of iteration 1, Ray starts another
+    under the same actor id, the job retries the step there and exits 0."""
+    code, out, err = finished(record(cluster, tmp_path / "logs", command=[sys.executable, str(RESTART_JOB)]))
+    assert code == 0, (out, err[-3000:])
+    first, second = (int(p) for p in next(line for line in out.splitlines() if line.startswith("pids ")).split()[1:])
+    run = mp.load(the_run(tmp_path / "logs"))
+    procs = {p["pid"]: p for p in run.processes}
+    assert procs[first]["ray_actor_id"] == procs[second]["ray_actor_id"] and procs[second]["ray_restarted"]
+    assert procs[first]["ray_restarted_as"] == second and procs[first]["rank"] == procs[second]["rank"] == 0
+    assert any("Ray restarted actor Rank 'rank0'" in w and f"pid {first}" in w and f"pid {second}" in w
+               for w in run.warnings), run.warnings
+    assert not any("end_time" in w or "ranks are not in the report" in w for w in run.warnings), run.warnings
+    result = check_oom(run)  # killed, named with the phase it died in and the process that took over
+    (finding,) = result.findings
+    assert finding.numbers["pid"] == first and finding.numbers["ray_restarted_as"] == second
+    assert (finding.numbers["phase"], finding.numbers["iteration"]) == ("train", 1), finding.message
+    assert "Ray restarted the actor as pid" in finding.message
+    iterations = run.phases[run.phases["pid"] == second]["rollout_id"]
+    assert set(iterations.dropna().astype(int)) == {1, 2}  # the retried step and the last, on the new process
 
 
 def test_a_node_lost_mid_run_names_its_processes_and_the_rest_is_reported(cluster, tmp_path):
