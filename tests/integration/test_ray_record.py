@@ -126,20 +126,22 @@ def test_ray_job_submit_is_recorded_with_the_submissions_own_runtime_env(cluster
 
 
 def test_workers_the_run_could_not_reach_are_said_never_a_run_without_phases(cluster, tmp_path):
-    # the driver replaced our hook: nothing of the job's could be recorded
-    code, out, err = finished(record(cluster, tmp_path / "a", "--drop-hook"))
+    # two jobs at once on the cluster (each waits mostly on Ray starting its workers): (a) the driver
+    # replaced our hook, so nothing of the job's could be recorded; (b) one actor's runtime env blanked
+    # the run directory
+    jobs = [record(cluster, tmp_path / "a", "--drop-hook"), record(cluster, tmp_path / "b", "--blank-run-dir", "--stranger")]
+    (code, out, err), (code_b, out_b, err_b) = [finished(job) for job in jobs]
     assert code == 0, err[-3000:]
     assert "hook never ran" in err and "phases its workers tagged were not recorded" in err
     run = mp.load(the_run(tmp_path / "a"))
     assert any("hook never ran" in w for w in run.warnings), run.warnings
-    # one actor's runtime env blanked the run directory: that worker is named, once (both nodes' samplers
-    # see this machine's processes), and another cluster's worker with this job's id is not
-    code, out, err = finished(record(cluster, tmp_path / "b", "--blank-run-dir", "--stranger"))
-    assert code == 0, err[-3000:]
+    # (b): that worker is named, once (both nodes' samplers see this machine's processes), and neither
+    # another cluster's worker with this job's id nor (a)'s unrecorded workers are
+    assert code_b == 0, err_b[-3000:]
     run_dir = the_run(tmp_path / "b")
     unreached = read_cluster(run_dir)["unreached"]
     assert len(unreached) == 1 and unreached[0]["title"].startswith("ray::Trainer"), unreached
-    assert unreached[0]["pid"] != stranger(out)
+    assert unreached[0]["pid"] != stranger(out_b)
     run = mp.load(run_dir)
     assert any("1 worker process(es)" in w and "ray::Trainer" in w for w in run.warnings), run.warnings
 
@@ -239,7 +241,7 @@ def test_an_actor_ray_restarted_is_one_actor_in_two_processes_the_first_killed_n
     """max_restarts=1: rank 0's first process is SIGKILLed in train of iteration 1, Ray starts another
     under the same actor id, the job retries the step there and exits 0."""
     code, out, err = finished(record(cluster, tmp_path / "logs", command=[sys.executable, str(RESTART_JOB)]))
-    assert code == 0, (out, err[-3000:])
+    assert code == 0, (out[-2000:], err[-3000:])
     first, second = (int(p) for p in next(line for line in out.splitlines() if line.startswith("pids ")).split()[1:])
     run = mp.load(the_run(tmp_path / "logs"))
     procs = {p["pid"]: p for p in run.processes}

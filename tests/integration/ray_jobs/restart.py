@@ -41,13 +41,16 @@ def main() -> int:
     rank = Rank.options(resources={"node2": 0.1}, name="rank0", runtime_env={"env_vars": env}).remote()
     pids = []
     for iteration in range(3):
-        for _ in range(2):  # the step in flight when the first process died fails: once more, on the new one
+        deadline = time.monotonic() + 180  # a worker takes seconds to start on a loaded machine
+        while True:  # the step in flight when the first process died fails: again, until the new one runs it
             try:
                 pids.append(ray.get(rank.step.remote(iteration)))
                 break
-            except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError):
-                print(f"iteration {iteration}: the actor died; Ray restarts it", flush=True)
-                time.sleep(1.0)
+            except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError) as exc:
+                print(f"iteration {iteration}: the actor is gone or restarting ({type(exc).__name__})", flush=True)
+                if time.monotonic() > deadline:
+                    return 1
+                time.sleep(0.5)
     print("pids", *dict.fromkeys(pids), flush=True)
     return 0 if len(set(pids)) == 2 and len(pids) == 3 else 1
 
