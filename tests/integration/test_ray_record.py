@@ -126,21 +126,20 @@ def test_ray_job_submit_is_recorded_with_the_submissions_own_runtime_env(cluster
 
 
 def test_workers_the_run_could_not_reach_are_said_never_a_run_without_phases(cluster, tmp_path):
-    # two jobs at once on the cluster (each waits mostly on Ray starting its workers): (a) the driver
-    # replaced our hook, so nothing of the job's could be recorded; (b) one actor's runtime env blanked
-    # the run directory
-    jobs = [record(cluster, tmp_path / "a", "--drop-hook"), record(cluster, tmp_path / "b", "--blank-run-dir", "--stranger")]
-    (code, out, err), (code_b, out_b, err_b) = [finished(job) for job in jobs]
+    # (a) the driver replaced our hook: nothing of the job's could be recorded
+    code, out, err = finished(record(cluster, tmp_path / "a", "--drop-hook"))
     assert code == 0, err[-3000:]
     assert "hook never ran" in err and "phases its workers tagged were not recorded" in err
     run = mp.load(the_run(tmp_path / "a"))
     assert any("hook never ran" in w for w in run.warnings), run.warnings
-    # (b): that worker is named, once (both nodes' samplers see this machine's processes), and neither
-    # another cluster's worker with this job's id nor (a)'s unrecorded workers are
+    # (b) one actor's runtime env blanked the run directory: that worker is named, once (both nodes'
+    # samplers see this machine's processes), and another cluster's worker with this job's id is not
+    code_b, out_b, err_b = finished(record(cluster, tmp_path / "b", "--blank-run-dir", "--stranger"))
     assert code_b == 0, err_b[-3000:]
     run_dir = the_run(tmp_path / "b")
-    unreached = read_cluster(run_dir)["unreached"]
-    assert len(unreached) == 1 and unreached[0]["title"].startswith("ray::Trainer"), unreached
+    doc = read_cluster(run_dir)
+    unreached = doc["unreached"]
+    assert len(unreached) == 1 and unreached[0]["title"].startswith("ray::Trainer"), (unreached, doc["nodes"])
     assert unreached[0]["pid"] != stranger(out_b)
     run = mp.load(run_dir)
     assert any("1 worker process(es)" in w and "ray::Trainer" in w for w in run.warnings), run.warnings
