@@ -1,6 +1,11 @@
-"""The benchmark's Ray job: one actor per node runs STEPS steps of fixed CPU work (about 30 ms each),
-each step a `train` phase, and the driver prints the steps' durations and its own `ray.init` time as JSON.
-Usage: python bench/ray_step_job.py STEPS   (RAY_ADDRESS names the cluster)"""
+"""The benchmark's Ray job: on each node two actors of the same class run the same steps of fixed CPU work
+(about 30 ms each, each step a `train` phase), one recorded, one not (its runtime env blanks
+MILES_PROFILE_RUN_DIR, so its phases stay one function call). The driver asks them in turn, step by step,
+in ABBA order (recorded first on even steps, plain first on odd ones): a machine whose load drifts
+slows both alike, and the pair's ratio keeps the recorder's cost.
+
+Prints {"init_s": driver's ray.init, "steps": {node: {"recorded": [[wall s, cpu s]...], "plain": [...]}}}.
+Usage: python bench/ray_step_job.py STEPS   (RAY_ADDRESS names the cluster; STEPS 0: ray.init only)"""
 import json
 import os
 import sys
@@ -10,19 +15,19 @@ import ray
 
 import miles_profile as mp
 
+NODES = ("head", "node2")  # the custom resources of bench_ray's cluster (tests/ray_cluster.py)
+
 
 @ray.remote(num_cpus=0)
 class Stepper:
-    def run(self, steps: int) -> list[float]:
-        durations = []
-        for i in range(steps):
-            start = time.perf_counter()
-            with mp.phase("train", rollout_id=i):
-                total = 0
-                for k in range(300_000):  # pure Python: the GIL is what a sampler thread competes for
-                    total += k * k
-            durations.append(time.perf_counter() - start)
-        return durations
+    def step(self, i: int) -> tuple[float, float]:
+        """(wall s, CPU s of the whole process: the recorder's sampler thread included)."""
+        start, cpu = time.perf_counter(), time.process_time()
+        with mp.phase("train", rollout_id=i):
+            total = 0
+            for k in range(300_000):  # pure Python: the GIL is what a sampler thread competes for
+                total += k * k
+        return time.perf_counter() - start, time.process_time() - cpu
 
 
 def main() -> int:
@@ -30,9 +35,18 @@ def main() -> int:
     start = time.perf_counter()
     ray.init(address=os.environ["RAY_ADDRESS"], logging_level="ERROR")
     init_s = time.perf_counter() - start
-    actors = [Stepper.options(resources={r: 0.1}).remote() for r in ("head", "node2")]
-    durations = ray.get([a.run.remote(steps) for a in actors])
-    print(json.dumps({"init_s": init_s, "durations": durations}), flush=True)
+    out: dict = {"init_s": init_s, "steps": {}}
+    if steps:
+        pairs = {node: {"recorded": Stepper.options(resources={node: 0.1}).remote(),
+                        "plain": Stepper.options(resources={node: 0.1},
+                                                 runtime_env={"env_vars": {"MILES_PROFILE_RUN_DIR": ""}}).remote()}
+                 for node in NODES}
+        out["steps"] = {node: {"recorded": [], "plain": []} for node in NODES}
+        for i in range(steps):
+            for node, pair in pairs.items():
+                for mode in (("recorded", "plain") if i % 2 == 0 else ("plain", "recorded")):
+                    out["steps"][node][mode].append(ray.get(pair[mode].step.remote(i)))
+    print(json.dumps(out), flush=True)
     return 0
 
 

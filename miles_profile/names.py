@@ -83,6 +83,7 @@ HEAP_ENV = "MILES_PROFILE_HEAP"
 # Process roles in a run's metas (docs/log-format.md).
 ROLE_ACTOR = "actor"
 ROLE_ENGINE = "engine"
+ROLE_CRITIC = "critic"  # PPO's value model in a process of its own (the trainer's `--launcher ray`, as Miles)
 
 # One vocabulary for iterations in every view (report, dashboard, CLI, JSON messages): a number, or
 # "setup" for the phases before the first iteration (the reader's iteration -1).

@@ -125,26 +125,40 @@ def _init_adamw_state(optimizer: torch.optim.AdamW, p: nn.Parameter) -> None:
                           "exp_avg_sq": torch.zeros_like(p, memory_format=torch.preserve_format)}
 
 
+def state_region(owner: object, device: torch.device, offload_target: str, offload_backend: str):
+    """Where a process allocates its training state: with torch_memory_saver, one tagged region."""
+    if offload_backend != TORCH_MEMORY_SAVER:
+        return contextlib.nullcontext()
+    if device.type != "cuda" or offload_target != "cpu":
+        raise ValueError("the torch_memory_saver offload backend needs CUDA and target cpu")
+    return SaverOffloader.region(owner)
+
+
+def make_offloader(state: list[StateTensor], owner: object, offload_target: str, disk_dir: Path | None,
+                   offload_backend: str):
+    if offload_backend == TORCH_MEMORY_SAVER:
+        return SaverOffloader(state, owner)
+    return DiskOffloader(state, disk_dir) if offload_target == "disk" else HostOffloader(state)
+
+
 class Actor:
+    """`critic`: the value model in another process (`--launcher ray` runs it as an actor of its own, as
+    Miles does; trainer/critic.py): this process then holds the policy alone and asks it for values,
+    its training step and its offloads. Without it, `use_critic` puts the critic in this process."""
+
     def __init__(self, cfg: ModelConfig, device: torch.device, *, lr: float, seed: int, use_critic: bool,
                  optimizer_cpu_offload: bool, micro_batch_size: int, offload_target: str = "cpu",
-                 disk_dir: Path | None = None, chunk_bytes: int, offload_backend: str = BUILTIN):
+                 disk_dir: Path | None = None, chunk_bytes: int, offload_backend: str = BUILTIN, critic=None):
         self.device, self.micro_batch_size, self.chunk_bytes = device, micro_batch_size, chunk_bytes
-        saver = offload_backend == TORCH_MEMORY_SAVER
-        if saver and (device.type != "cuda" or offload_target != "cpu"):
-            raise ValueError("the torch_memory_saver offload backend needs CUDA and target cpu")
+        self.remote_critic = critic
         # With torch_memory_saver every device buffer of the training state lives in one tagged region.
-        with SaverOffloader.region(self) if saver else contextlib.nullcontext():
+        with state_region(self, device, offload_target, offload_backend):
             self.policy = TrainModel("policy", cfg, None, device, lr, optimizer_cpu_offload, seed)
             self.critic = (TrainModel("critic", cfg, 1, device, lr, optimizer_cpu_offload, seed + 1)
-                           if use_critic else None)
+                           if use_critic and critic is None else None)
         state = [t for m in self.models for t in m.state_tensors(chunk_bytes)]
         self.state = state
-        if saver:
-            self.offloader = SaverOffloader(state, self)
-        else:
-            self.offloader = (DiskOffloader(state, disk_dir) if offload_target == "disk"
-                              else HostOffloader(state))
+        self.offloader = make_offloader(state, self, offload_target, disk_dir, offload_backend)
         self.declare_memory()
 
     @property
@@ -153,11 +167,17 @@ class Actor:
 
     # --- training -------------------------------------------------------------------------------
 
-    def train(self, batch: Batch) -> TrainStats:
-        """One optimizer step on a rollout batch (gradients accumulated over micro-batches)."""
+    def train(self, batch: Batch, rollout_id: int | None = None) -> TrainStats:
+        """One optimizer step on a rollout batch (gradients accumulated over micro-batches). A critic in
+        another process trains on the same micro-batches meanwhile; its value losses come back and are
+        added as the one-process loss adds them (the same float32 sums: the same printed loss)."""
         tokens = torch.cat([batch.prompts, batch.responses], dim=1).to(self.device)
         prompt_len, n = batch.prompts.shape[1], len(tokens)
         adv, returns = self._advantages(batch, tokens)
+        remote = None
+        if self.remote_critic is not None:
+            remote = self.remote_critic.start_train(tokens, prompt_len, returns, self.micro_batch_size, rollout_id)
+        policy_losses = []
         total = 0.0
         for i in range(0, n, self.micro_batch_size):
             part = slice(i, i + self.micro_batch_size)
@@ -168,17 +188,23 @@ class Actor:
                 if self.critic is not None:
                     loss = loss + algo.value_loss(self._values(tokens[part], prompt_len), returns[part])
             (loss * (len(tokens[part]) / n)).backward()
-            total += loss.item() * len(tokens[part]) / n
+            policy_losses.append((loss.detach(), len(tokens[part]) / n))
         norms = [m.step() for m in self.models]
+        value_losses = self.remote_critic.result(remote) if remote is not None else [None] * len(policy_losses)
+        for (loss, weight), value in zip(policy_losses, value_losses):
+            total += (loss if value is None else loss + value).item() * weight
         return TrainStats(loss=total, grad_norm=norms[0])
 
     def _advantages(self, batch: Batch, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         rewards = batch.rewards.to(self.device)
-        if self.critic is None:
+        if self.critic is None and self.remote_critic is None:
             return algo.grpo_advantages(rewards, batch.group_size, batch.responses.shape[1]), None
-        with torch.no_grad(), self._autocast():
-            values = torch.cat([self._values(tokens[i:i + self.micro_batch_size], batch.prompts.shape[1])
-                                for i in range(0, len(tokens), self.micro_batch_size)]).float()
+        if self.remote_critic is not None:
+            values = self.remote_critic.values(tokens, batch.prompts.shape[1], self.micro_batch_size)
+        else:
+            with torch.no_grad(), self._autocast():
+                values = torch.cat([self._values(tokens[i:i + self.micro_batch_size], batch.prompts.shape[1])
+                                    for i in range(0, len(tokens), self.micro_batch_size)]).float()
         adv, returns = algo.gae_advantages(rewards, values)
         return (_whiten_across_ranks(adv) if dist.is_initialized() else algo.whiten(adv)), returns
 
@@ -193,40 +219,31 @@ class Actor:
 
     # --- memory ---------------------------------------------------------------------------------
 
-    def offload(self) -> None:
+    def offload(self, rollout_id: int | None = None) -> None:
+        """The critic in its own process offloads its state at the same time, in a phase of its own."""
+        pending = self.remote_critic.start("offload", rollout_id) if self.remote_critic is not None else None
         if not self.offloader.offloaded:
             self.offloader.offload()
             self.declare_memory()
+        if pending is not None:
+            self.remote_critic.result(pending)
 
-    def onload(self) -> None:
+    def onload(self, rollout_id: int | None = None) -> None:
+        pending = self.remote_critic.start("onload", rollout_id) if self.remote_critic is not None else None
         if self.offloader.offloaded:
             self.offloader.onload()
             self.declare_memory()
+        if pending is not None:
+            self.remote_critic.result(pending)
 
     def declare_memory(self) -> None:
-        """What the training state holds where, for the recorder's ledger (miles_profile.account,
-        docs/ledger.md): weights, gradients and optimizer state on each device (a paused
-        torch_memory_saver region holds nothing there), plus the offloader's host buffers."""
-        held: dict[tuple[str, str], int] = {}
-        paused = self.offloader.backend == TORCH_MEMORY_SAVER and self.offloader.offloaded
-        for s in self.state:
-            where = "host" if s.tensor.device.type == "cpu" else str(s.tensor.device)
-            nbytes = 0 if paused and where != "host" else s.tensor.untyped_storage().nbytes()
-            key = (where, STATE_CATEGORY[s.name.rsplit(".", 1)[1]])
-            held[key] = held.get(key, 0) + nbytes
-        for category, nbytes in self.offloader.host_bytes().items():
-            held[("host", category)] = held.get(("host", category), 0) + nbytes
-        if self.offloader.backend == TORCH_MEMORY_SAVER:  # the paused state stays in the allocator's counters
-            held[(str(self.device), PAUSED)] = self.offloader.expected_bytes() if paused else 0
-        for (where, category), nbytes in held.items():
-            mp.account(category, nbytes, where, owner="actor")
+        declare_memory(self.state, self.offloader, self.device, owner="actor")
 
-    def clear_memory(self) -> None:
-        gc.collect()
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-            torch.cuda.empty_cache()
-        trim_host_heap()
+    def clear_memory(self, rollout_id: int | None = None) -> None:
+        pending = self.remote_critic.start("clear_memory", rollout_id) if self.remote_critic is not None else None
+        clear_memory(self.device)
+        if pending is not None:
+            self.remote_critic.result(pending)
 
     def state_bytes(self) -> int:
         return sum(t.nbytes for t in self.state)
@@ -248,3 +265,30 @@ class Actor:
     def close(self) -> None:
         """Stop the offload threads, unlock pinned buffers, remove stale offload files."""
         self.offloader.close()
+
+
+def declare_memory(state: list[StateTensor], offloader, device: torch.device, owner: str) -> None:
+    """What the training state holds where, for the recorder's ledger (miles_profile.account,
+    docs/ledger.md): weights, gradients and optimizer state on each device (a paused
+    torch_memory_saver region holds nothing there), plus the offloader's host buffers."""
+    held: dict[tuple[str, str], int] = {}
+    paused = offloader.backend == TORCH_MEMORY_SAVER and offloader.offloaded
+    for s in state:
+        where = "host" if s.tensor.device.type == "cpu" else str(s.tensor.device)
+        nbytes = 0 if paused and where != "host" else s.tensor.untyped_storage().nbytes()
+        key = (where, STATE_CATEGORY[s.name.rsplit(".", 1)[1]])
+        held[key] = held.get(key, 0) + nbytes
+    for category, nbytes in offloader.host_bytes().items():
+        held[("host", category)] = held.get(("host", category), 0) + nbytes
+    if offloader.backend == TORCH_MEMORY_SAVER:  # the paused state stays in the allocator's counters
+        held[(str(device), PAUSED)] = offloader.expected_bytes() if paused else 0
+    for (where, category), nbytes in held.items():
+        mp.account(category, nbytes, where, owner=owner)
+
+
+def clear_memory(device: torch.device) -> None:
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.empty_cache()
+    trim_host_heap()

@@ -1,11 +1,12 @@
 """`python -m trainer.train --launcher ray [--nproc-per-node N] <trainer flags>`: the trainer on Ray, as
 Miles runs it. torchrun (`trainer.launch`) stays; this is the other launcher.
 
-One placement group of N bundles (`{"CPU": 1}`, plus `{"GPU": 1}` on CUDA), PACKed. In bundle i, two
-Ray actors share the bundle's resources half and half (fractional GPUs: the colocation Miles sets up):
-rank i (`RankActor`: the training rank, and the critic with --use-critic, in one process as under
-torchrun) and its rollout engine (`EngineActor`, which starts the engine server process and owns it, as
-Miles' SGLang engine actor owns its server). Rank i drives its engine over the same HTTP endpoints as
+One placement group of N bundles (`{"CPU": 1}`, plus `{"GPU": 1}` on CUDA), PACKed. In bundle i, Ray
+actors share the bundle's resources (fractional GPUs: the colocation Miles sets up): rank i
+(`RankActor`, the training rank: the policy), with --use-critic its critic (`CriticActor`, the value
+model in a process of its own, as Miles' critic group; trainer/critic.py), and its rollout engine
+(`EngineActor`, which starts the engine server process and owns it, as Miles' SGLang engine actor owns
+its server). The N critics average their gradients in a process group of their own. Rank i drives its engine over the same HTTP endpoints as
 `--rollout-engine server`, so every offload flag takes the very code path it takes under torchrun; the
 ranks form one gloo/NCCL group (rank 0's node and a free port). Ray sets CUDA_VISIBLE_DEVICES to the
 bundle's GPU, so each rank uses its device 0.
@@ -21,6 +22,7 @@ import os
 import socket
 import sys
 
+from miles_profile.names import ROLE_CRITIC
 from trainer.args import parse_args
 from trainer.errors import TrainerError
 
@@ -31,6 +33,20 @@ class LaunchError(TrainerError):
 
 
 RANK_SHARE = 0.5  # of its bundle's CPU (and GPU): the engine actor has the other half
+CRITIC_SHARE = 0.25  # with --use-critic, taken from the engine's half: rank 0.5, critic 0.25, engine 0.25
+
+
+def _meeting_point() -> tuple[str, int]:
+    """Where a process group meets: this node's address and a free port."""
+    import ray
+    with socket.socket() as sock:
+        sock.bind(("", 0))
+        return ray.util.get_node_ip_address(), sock.getsockname()[1]
+
+
+def _torchrun_env(rank: int, world_size: int, master: tuple[str, int], role: str) -> None:
+    os.environ.update({"RANK": str(rank), "LOCAL_RANK": "0", "WORLD_SIZE": str(world_size),
+                       "MASTER_ADDR": master[0], "MASTER_PORT": str(master[1]), "MILES_PROFILE_ROLE": role})
 
 
 class RankActor:
@@ -40,20 +56,72 @@ class RankActor:
         self.rank, self.world_size = rank, world_size
 
     def address(self) -> tuple[str, int]:
-        """Where the process group meets: this node's address and a free port (rank 0 only)."""
-        import ray
-        with socket.socket() as sock:
-            sock.bind(("", 0))
-            return ray.util.get_node_ip_address(), sock.getsockname()[1]
+        """Where the process group meets (rank 0 only)."""
+        return _meeting_point()
 
-    def run(self, argv: list[str], master: tuple[str, int], engine_url: str) -> list[tuple[float, float]]:
-        os.environ.update({"RANK": str(self.rank), "LOCAL_RANK": "0", "WORLD_SIZE": str(self.world_size),
-                           "MASTER_ADDR": master[0], "MASTER_PORT": str(master[1]),
-                           "MILES_PROFILE_ROLE": "actor"})
+    def run(self, argv: list[str], master: tuple[str, int], engine_url: str,
+            critic=None) -> list[tuple[float, float]]:
+        _torchrun_env(self.rank, self.world_size, master, "actor")
         from trainer import train
         cfg = dataclasses.replace(parse_args(argv, world_size=self.world_size), rollout_engine="server",
                                   rollout_engine_url=engine_url)
-        return [(reward, stats.loss) for reward, stats in train.run(cfg)]
+        remote = RemoteCritic(critic) if critic is not None else None
+        return [(reward, stats.loss) for reward, stats in train.run(cfg, critic=remote)]
+
+
+class CriticActor:
+    """Rank i's critic: trainer.critic.Critic in this process, in the critics' own process group."""
+
+    def __init__(self, rank: int, world_size: int):
+        self.rank, self.world_size = rank, world_size
+        self.critic = None
+
+    def address(self) -> tuple[str, int]:
+        return _meeting_point()
+
+    def setup(self, argv: list[str], master: tuple[str, int]) -> None:
+        """Every critic at once (the group's first collective, the weights' broadcast, waits for all)."""
+        import torch
+
+        from trainer import dist
+        from trainer.critic import Critic
+        _torchrun_env(self.rank, self.world_size, master, ROLE_CRITIC)
+        cfg = parse_args(argv, world_size=self.world_size)
+        torch.set_num_threads(cfg.preset.torch_threads or torch.get_num_threads())
+        device = torch.device("cuda", 0) if cfg.device == "cuda" else torch.device("cpu")
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        dist.init(dist.from_env(), device)
+        self.critic = Critic(cfg, device)
+
+    def call(self, name: str, *args):
+        return getattr(self.critic, name)(*args)
+
+    def close(self) -> None:
+        from trainer import dist
+        if self.critic is not None:
+            self.critic.close()
+        dist.shutdown()
+
+
+class RemoteCritic:
+    """The rank's side of its critic actor: what `Actor(critic=...)` calls (tensors travel by value)."""
+
+    def __init__(self, handle):
+        self.handle = handle
+
+    def values(self, tokens, prompt_len: int, micro_batch_size: int):
+        return self.result(self.start("values", tokens.cpu(), prompt_len, micro_batch_size)).to(tokens.device)
+
+    def start_train(self, tokens, prompt_len: int, returns, micro_batch_size: int, rollout_id: int | None):
+        return self.start("train", tokens.cpu(), prompt_len, returns.cpu(), micro_batch_size, rollout_id)
+
+    def start(self, name: str, *args):
+        return self.handle.call.remote(name, *args)
+
+    def result(self, ref):
+        import ray
+        return ray.get(ref)
 
 
 class EngineActor:
@@ -139,18 +207,25 @@ def main(argv: list[str]) -> int:
     group = placement_group([dict(bundle) for _ in range(nproc)], strategy="PACK")
     try:
         ray.get(group.ready(), timeout=120)
-        share = {"num_cpus": RANK_SHARE, "num_gpus": RANK_SHARE if gpu else 0}
+        engine_share = 1.0 - RANK_SHARE - (CRITIC_SHARE if cfg.use_critic else 0.0)
 
-        def placed(cls, i):
+        def placed(cls, i, share):
             strategy = PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=i)
-            return ray.remote(cls).options(scheduling_strategy=strategy, **share)
+            return ray.remote(cls).options(scheduling_strategy=strategy, num_cpus=share,
+                                           num_gpus=share if gpu else 0)
 
-        engines = [placed(EngineActor, i).remote(rest, i, nproc) for i in range(nproc)]
-        ranks = [placed(RankActor, i).remote(i, nproc) for i in range(nproc)]
+        engines = [placed(EngineActor, i, engine_share).remote(rest, i, nproc) for i in range(nproc)]
+        ranks = [placed(RankActor, i, RANK_SHARE).remote(i, nproc) for i in range(nproc)]
+        critics = ([placed(CriticActor, i, CRITIC_SHARE).remote(i, nproc) for i in range(nproc)]
+                   if cfg.use_critic else [])
+        if critics:  # the critics' group, before the ranks need their values
+            critic_master = ray.get(critics[0].address.remote())
+            ray.get([c.setup.remote(rest, critic_master) for c in critics])
         master = ray.get(ranks[0].address.remote())
         urls = ray.get([e.url.remote() for e in engines])
-        history = ray.get([r.run.remote(rest, master, url) for r, url in zip(ranks, urls)])
-        ray.get([e.close.remote() for e in engines])
+        history = ray.get([r.run.remote(rest, master, url, *critics[i:i + 1])
+                           for i, (r, url) in enumerate(zip(ranks, urls))])
+        ray.get([e.close.remote() for e in engines] + [c.close.remote() for c in critics])
     except ray.exceptions.RayError as exc:
         print(f"trainer: error: {_first_line(exc)}", file=sys.stderr)
         return 1

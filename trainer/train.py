@@ -106,23 +106,23 @@ def resume(engine: RolloutEngine, name: str, tags: tuple[str, ...], i: int) -> N
 def onload_train(actor: Actor, i: int | None) -> None:
     with mp.phase(ONLOAD_TRAIN, **_ids(i), target=actor.offloader.target, backend=actor.offloader.backend,
                   expected_bytes=actor.offloader.expected_bytes()):
-        actor.onload()
+        actor.onload(i)
 
 
 def train(actor: Actor, batch: Batch, i: int) -> TrainStats:
     with mp.phase(TRAIN, rollout_id=i):
-        return actor.train(batch)
+        return actor.train(batch, i)
 
 
 def offload_train(actor: Actor, i: int | None) -> None:
     with mp.phase(OFFLOAD_TRAIN, **_ids(i), target=actor.offloader.target, backend=actor.offloader.backend,
                   expected_bytes=actor.offloader.expected_bytes()):
-        actor.offload()
+        actor.offload(i)
 
 
 def clear_memory(actor: Actor, i: int) -> None:
     with mp.phase(CLEAR_MEMORY, rollout_id=i):
-        actor.clear_memory()
+        actor.clear_memory(i)
 
 
 def update_weights(actor: Actor, engine: RolloutEngine, i: int | None) -> None:
@@ -133,17 +133,18 @@ def update_weights(actor: Actor, engine: RolloutEngine, i: int | None) -> None:
 
 # --- setup ---------------------------------------------------------------------------------------
 
-def run(cfg: RunConfig) -> list[tuple[float, TrainStats]]:
-    """Train; returns (mean reward, stats) per rollout."""
+def run(cfg: RunConfig, critic=None) -> list[tuple[float, TrainStats]]:
+    """Train; returns (mean reward, stats) per rollout. `critic`: the value model in a process of its
+    own (trainer/critic.py; `--launcher ray` passes its actor), else --use-critic keeps it here."""
     threads = torch.get_num_threads()
     torch.set_num_threads(cfg.preset.torch_threads or threads)
     try:
-        return _run(cfg)
+        return _run(cfg, critic)
     finally:
         torch.set_num_threads(threads)  # `record` runs us in process: leave its settings as found
 
 
-def _run(cfg: RunConfig) -> list[tuple[float, TrainStats]]:
+def _run(cfg: RunConfig, critic=None) -> list[tuple[float, TrainStats]]:
     torch.manual_seed(cfg.seed)
     rank = dist.from_env()
     mp.annotate(forecast=forecast(cfg).to_json())  # the report sets it beside what was measured
@@ -153,19 +154,19 @@ def _run(cfg: RunConfig) -> list[tuple[float, TrainStats]]:
     device = _device(cfg, rank)
     dist.init(rank, device)  # nothing without torchrun's environment
     try:
-        return _run_rank(cfg, device)
+        return _run_rank(cfg, device, critic)
     finally:
         dist.shutdown()
 
 
-def _run_rank(cfg: RunConfig, device: torch.device) -> list[tuple[float, TrainStats]]:
+def _run_rank(cfg: RunConfig, device: torch.device, critic=None) -> list[tuple[float, TrainStats]]:
     model_cfg = model_config(cfg.preset, cfg.digits)
-    disk_dir = _own_disk_dir(cfg)
+    disk_dir = own_disk_dir(cfg)
     engine = None
     actor = Actor(model_cfg, device, lr=cfg.lr, seed=cfg.seed, use_critic=cfg.use_critic,
                   optimizer_cpu_offload=cfg.optimizer_cpu_offload, micro_batch_size=cfg.micro_batch_size,
                   offload_target=cfg.offload_train_target, disk_dir=disk_dir, chunk_bytes=cfg.chunk_bytes,
-                  offload_backend=cfg.offload_train_backend)
+                  offload_backend=cfg.offload_train_backend, critic=critic)
     engine = None
     try:
         if cfg.offload_train:  # before the engine exists (as in Miles): the two footprints never meet
@@ -218,7 +219,7 @@ def _start_engine(cfg: RunConfig, model_cfg, device: torch.device) -> RolloutEng
                          memory_backend=cfg.rollout_memory_backend)
 
 
-def _own_disk_dir(cfg: RunConfig) -> Path | None:
+def own_disk_dir(cfg: RunConfig) -> Path | None:
     """A subdirectory of --offload-train-disk-dir that this process alone writes and removes; those
     left by trainers killed before they could remove theirs are removed (or named) first."""
     if cfg.offload_train_target != "disk":

@@ -267,7 +267,8 @@ def ray_oom_kills(since: float, job_id: str | None = None) -> list[dict[str, Any
                                              str(oom.get("error_message") or ""))
     for worker in map(_as_dict, workers):
         end = (worker.get("end_time_ms") or 0) / 1000.0
-        if worker.get("pid") and end >= since and int(worker["pid"]) not in kills:
+        other_job = job_id is not None and worker.get("job_id") not in (None, "", job_id)  # the cluster's other jobs
+        if worker.get("pid") and end >= since and int(worker["pid"]) not in kills and not other_job:
             kills[int(worker["pid"])] = _kill(worker.get("node_id"), int(worker["pid"]), end,
                                               str(worker.get("exit_detail") or ""))
     return list(kills.values())

@@ -21,6 +21,8 @@ HOOK_ENV = "RAY_RUNTIME_ENV_HOOK"
 NODE_LOG_DIR_ENV = "MILES_PROFILE_NODE_LOG_DIR"
 # Ray sets it in every worker process it starts (ray_constants.RAY_INTERNAL_FLAGS).
 RAY_JOB_ID_ENV = "RAY_JOB_ID"
+# Also set by the raylet in each worker it starts: which node (raylet) a worker belongs to.
+RAY_RAYLET_PID_ENV = "RAY_RAYLET_PID"
 # Set by the job submission in the entrypoint's environment (job_supervisor.py).
 RAY_JOB_CONFIG_ENV = "RAY_JOB_CONFIG_JSON_ENV_VAR"
 # Every variable a recorded process reads (record sets them for its child; workers get them from the job).

@@ -18,7 +18,7 @@ from typing import Any
 import ray
 
 from miles_profile import host_sampler, names
-from miles_profile.cluster.env import RAY_JOB_ID_ENV, node_run_dir
+from miles_profile.cluster.env import RAY_JOB_ID_ENV, RAY_RAYLET_PID_ENV, node_run_dir
 from miles_profile.identity import host_name
 from miles_profile.logdir.layout import HOST_LOCK_SUFFIX, PROCESS_META_SUFFIX, RUN_META
 from miles_profile.logdir.writer import EventWriter, write_json
@@ -27,6 +27,10 @@ from miles_profile.oom import RAY_OOM_KILL, alive
 # Recorders flush their rows every 0.5 s (writer.py): the last pull waits that long, plus a margin.
 FLUSH_S = 0.6
 APPENDED = (".csv", ".jsonl")  # files a writer only appends to: sent from the last offset on
+# Ray starts a worker with a runtime env as `python .../setup_worker.py ...`, which has the job's RAY_JOB_ID
+# but not yet the env's variables (ray/_private/runtime_env/context.py sets them, then execs the worker
+# under the same pid): caught in that moment, it looked like a worker without the run directory.
+RAY_WORKER_LAUNCHER = b"setup_worker.py"
 
 
 class NodeSampler:
@@ -40,6 +44,7 @@ class NodeSampler:
         self._sent: dict[str, tuple[int, int]] = {}
         self._offsets: dict[str, int] = {}
         self.job_id = os.environ.get(RAY_JOB_ID_ENV, "")
+        self.raylet_pid = os.environ.get(RAY_RAYLET_PID_ENV, "")
         self.start_s = time.monotonic() - started
 
     def info(self) -> dict[str, Any]:
@@ -134,8 +139,16 @@ class NodeSampler:
 
     def _unreached(self) -> list[dict[str, Any]]:
         """This job's worker processes on this node whose environment lacks the run directory (an actor's
-        runtime env that replaced it): whatever phases they tag are not recorded."""
+        runtime env that replaced it): whatever phases they tag are not recorded.
+
+        A job id alone does not make a worker ours: each cluster counts its jobs from 1, so another cluster
+        on this machine (another user's, or a second node's raylet here) runs workers with the same
+        RAY_JOB_ID. A worker is this job's on this node when its raylet (RAY_RAYLET_PID, set by the raylet
+        that started it) is ours too."""
         found = []
+        mine = [f"{RAY_JOB_ID_ENV}={self.job_id}".encode()]
+        if self.raylet_pid:  # set by every Ray we know; without it, the job id alone (as before)
+            mine.append(f"{RAY_RAYLET_PID_ENV}={self.raylet_pid}".encode())
         for entry in os.listdir("/proc"):
             if not entry.isdigit():
                 continue
@@ -143,16 +156,18 @@ class NodeSampler:
                 environ = Path(f"/proc/{entry}/environ").read_bytes().split(b"\0")
             except OSError:
                 continue
-            if f"{RAY_JOB_ID_ENV}={self.job_id}".encode() not in environ:
+            if not all(item in environ for item in mine):
                 continue
             prefix = f"{names.RUN_DIR_ENV}=".encode()
             if any(item.startswith(prefix) and len(item) > len(prefix) for item in environ):
                 continue
             try:
-                title = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")[0].decode(errors="replace")
+                argv = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
             except OSError:
-                title = "?"
-            found.append({"pid": int(entry), "title": title})
+                argv = [b"?"]
+            if any(arg.endswith(RAY_WORKER_LAUNCHER) for arg in argv):
+                continue  # a worker being started: it sets the runtime env's variables, then execs the worker
+            found.append({"pid": int(entry), "title": argv[0].decode(errors="replace")})
         return found
 
 

@@ -89,3 +89,26 @@ def hook_missing_text(drivers: list[int]) -> str:
     return (f"a Ray driver ran (pid {pids}) but the recorder's runtime-env hook never ran in it (a Ray "
             f"without RAY_RUNTIME_ENV_HOOK, `uv run`, or a program that replaced it): phases its workers "
             f"tagged were not recorded (docs/ray.md)")
+
+
+def mark_ray_restarts(processes: list[dict[str, Any]]) -> list[str]:
+    """A Ray actor restarted by Ray (`max_restarts`) is two processes (or more) under one actor id: each
+    but the last gets `ray_restarted_as` (the pid that took over), so the reader and the `oom` check say
+    killed and restarted, never a rank that ended or was lost. One line per restarted actor."""
+    by_actor: dict[tuple[Any, Any], list[dict[str, Any]]] = {}
+    for p in processes:
+        if p.get("ray_actor_id"):
+            by_actor.setdefault((p.get("ray_job_id"), p["ray_actor_id"]), []).append(p)
+    lines = []
+    for (_, actor_id), procs in by_actor.items():
+        if len(procs) < 2:
+            continue
+        procs.sort(key=lambda p: (p.get("start_time") or 0.0, bool(p.get("ray_restarted"))))
+        for before, after in zip(procs, procs[1:]):
+            before["ray_restarted_as"] = after.get("pid")
+        name = f" {procs[0]['ray_actor_name']!r}" if procs[0].get("ray_actor_name") else ""
+        chain = " -> ".join(f"pid {p.get('pid')} ({p.get('host', '?')})" for p in procs)
+        lines.append(f"Ray restarted actor {procs[0].get('ray_actor_class') or '?'}{name} (actor "
+                     f"{str(actor_id)[:8]}) {len(procs) - 1} time(s): {chain}, one actor id; each process but the "
+                     f"last ended without its end (killed) and Ray started the next (the oom check says how)")
+    return lines

@@ -22,7 +22,7 @@ import pyarrow.csv as pacsv
 from miles_profile import names
 from miles_profile.command_exit import stop_signal
 from miles_profile.logdir import completeness
-from miles_profile.logdir.cluster import cluster_warnings
+from miles_profile.logdir.cluster import cluster_warnings, mark_ray_restarts
 from miles_profile.logdir.merge import alias_event_pids, copied_stems, pid_aliases
 from miles_profile.errors import MilesProfileError
 from miles_profile.logdir.events import EventProblems, parse_event_lines
@@ -220,6 +220,7 @@ def load_run(*paths: str | Path, sample_pids=None) -> Run:
     events = event_frames[0] if len(event_frames) == 1 else events_frame(
         [row for frame in event_frames for row in frame.to_dict("records")])
     events = alias_event_pids(events, aliases)
+    warnings += mark_ray_restarts(processes)  # before _mark_dead: a restarted actor's first process is said so
     _mark_dead(processes, warnings)
     completeness.warn_incomplete(processes, warnings)
     completeness.warn_unended([d for d, _ in dirs], processes, warnings)
@@ -292,6 +293,7 @@ def _mark_dead(processes: list[dict[str, Any]], warnings: list[str]) -> None:
     dead = [p for p in processes if not p.get("end_time") and p.get("role") != "exec_parent"]
     for p in dead:
         p["died"] = True
+    dead = [p for p in dead if not p.get("ray_restarted_as")]  # mark_ray_restarts said how those ended
     if dead:
         who = ", ".join(f"{p.get('role', 'process')} rank {p.get('rank', '?')} (pid {p.get('pid')}, "
                         f"{p.get('host', '?')})" for p in dead[:4])

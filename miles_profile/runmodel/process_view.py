@@ -15,7 +15,7 @@ from miles_profile.logdir.reader import Run
 from miles_profile.runmodel import engine_server
 
 # "in_process": the trainer recorded in record's own process (no torchrun), the rank, engine server or not
-_JUDGED_ROLES = ("actor", "in_process", "engine")
+_JUDGED_ROLES = ("actor", "in_process", "engine", "critic")
 
 
 def phase_processes(run) -> set:

@@ -242,6 +242,10 @@ def finding_of(run, death: dict) -> Finding:
     elif status == "warn":
         message += (f"; {room:.0%} of the memory was still free and no OOM kill was counted: not judged a memory "
                     "failure")
+    restarted = _restarted_as(run, death)
+    if restarted is not None:  # the actor lived on in a new process: a restart, not a lost rank
+        message += f"; Ray restarted the actor as pid {restarted} (max_restarts), which went on"
+        numbers["ray_restarted_as"] = restarted
     return Finding(status, message, span=(t - WINDOW_S, t), numbers=numbers, cause=death.get("cause"),
                    series=grew[0]["series"] if grew else None)
 
@@ -277,6 +281,13 @@ def cut_recording(run, now: float | None = None) -> Finding | None:
     return Finding("warn", message, span=(t - WINDOW_S, t), numbers={"pid": pid, "t": t}, cause="vanished")
 
 
+def _restarted_as(run, death: dict):
+    """The pid Ray restarted this process's actor as (logdir/cluster.py, mark_ray_restarts), else None."""
+    meta = next((p for p in run.processes if p.get("pid") == death.get("process_pid")
+                 and str(p.get("host")) == str(death.get("host"))), {})
+    return meta.get("ray_restarted_as")
+
+
 def _is_recorder(run, death: dict) -> bool:
     meta = next((p for p in run.processes if p.get("pid") == death.get("process_pid")
                  and str(p.get("host")) == str(death.get("host"))), {})
@@ -299,7 +310,8 @@ def check_oom(run) -> CheckResult:
     # signal stopped it (SIGTERM: Python ends without writing anything), what vanished with it, in the
     # STOP_WINDOW_S before its end, was stopped by it.
     stopped = stopped_by(run)
-    vanished = [d for d in deaths if d.get("cause") == "vanished"]
+    # A Ray actor's process that Ray replaced (max_restarts) was killed, whatever the command's exit: kept
+    vanished = [d for d in deaths if d.get("cause") == "vanished" and _restarted_as(run, d) is None]
     if command_exit(run) == 0:
         unseen = vanished
     elif stopped is not None:
@@ -310,7 +322,7 @@ def check_oom(run) -> CheckResult:
     # A worker that vanished with memory to spare and no kill seen (a Pool worker, a forked subprocess, an
     # os._exit) ended; whatever the command's exit code, it is no death. `record` itself vanishing is kept.
     ended = [d for d in deaths if d.get("cause") == "vanished" and not _is_recorder(run, d)
-             and (_room_at(run, d, _limit(run, d)) or 0.0) >= LOW_ROOM_SHARE]
+             and _restarted_as(run, d) is None and (_room_at(run, d, _limit(run, d)) or 0.0) >= LOW_ROOM_SHARE]
     deaths = [d for d in deaths if d not in ended]
     cut = cut_recording(run)
     if not deaths and cut is not None:

@@ -3,14 +3,19 @@ each node (custom resources `head` and `node2`), each generating, training, then
 state (freed from the host, as a disk offload does). The second actor passes env_vars of its own.
 
     python two_actors.py [--iterations N] [--tolerate-loss] [--drop-hook] [--blank-run-dir] [--fail-early]
+                         [--stranger]
 
 --tolerate-loss: when the node2 actor dies (its node lost), go on with the head actor and exit 3.
 --drop-hook: remove RAY_RUNTIME_ENV_HOOK before ray.init (a program that replaces it; as an old Ray).
 --blank-run-dir: the node2 actor's runtime env blanks MILES_PROFILE_RUN_DIR (it replaced ours).
 --fail-early: raise after ray.init, before any actor starts.
+--stranger: a worker of another cluster on this machine with this job's id (each cluster counts its jobs
+  from 1): `ray::Trainer.step`, RAY_JOB_ID of this job, another raylet's pid, no run directory. Not ours.
 RAY_ADDRESS names the cluster."""
 import argparse
+import atexit
 import os
+import subprocess
 import sys
 import time
 
@@ -39,12 +44,19 @@ class Trainer:
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--iterations", type=int, default=2)
-    for flag in ("--tolerate-loss", "--drop-hook", "--blank-run-dir", "--fail-early"):
+    for flag in ("--tolerate-loss", "--drop-hook", "--blank-run-dir", "--fail-early", "--stranger"):
         parser.add_argument(flag, action="store_true")
     args = parser.parse_args()
     if args.drop_hook:
         os.environ.pop("RAY_RUNTIME_ENV_HOOK", None)
+    strangers: list[subprocess.Popen] = []
+    atexit.register(lambda: [p.kill() for p in strangers])  # before ray.init: runs after the recorder's last pull
     ray.init(address=os.environ.get("RAY_ADDRESS", "auto"), logging_level="ERROR")
+    if args.stranger:
+        env = {key: value for key, value in os.environ.items() if not key.startswith("MILES_PROFILE")}
+        env.update(RAY_JOB_ID=ray.get_runtime_context().get_job_id(), RAY_RAYLET_PID=str(os.getpid()))
+        strangers.append(subprocess.Popen(["ray::Trainer.step", "60"], executable="/bin/sleep", env=env))
+        print(f"stranger pid {strangers[0].pid}", flush=True)
     if args.fail_early:
         raise SystemExit("job failed before its actors started")
     env_vars = {"USER_FLAG": "1", **({"MILES_PROFILE_RUN_DIR": ""} if args.blank_run_dir else {})}
