@@ -99,7 +99,7 @@ class StepPhases:
         if not claim(self.integration, self.cannot_see):
             return
         try:
-            opened = phases.phase(self.name, **attrs)
+            opened = phases.step_phase(self.name, **attrs)
             opened.__enter__()
             self._open, self._opened_at = opened, time.monotonic()
             self.phases += 1
