@@ -372,7 +372,7 @@ class Recorder:
         """Probes a boundary row leaves unread. An integration's step phase (`light`, integrations/steps.py)
         skips glibc's heap: it is read at boundaries for offload_drop (the level before an offload, at its
         end and in the next phase), an integration never tags an offload, and the two mallinfo2 walks were
-        the largest part of a step phase's cost (bench/integration_cost.py). Once the process opens a phase
+        the largest part of a step phase's cost (bench/step_phase_cost.py). Once the process opens a phase
         of its own (an offload among them, maybe), every boundary reads it again."""
         if not light:
             self._own_phases = True
