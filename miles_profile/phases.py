@@ -88,13 +88,13 @@ def _allocator_state() -> dict[str, Any]:
 
 
 class _Phase:
-    __slots__ = ("_rec", "_name", "_attrs", "_id")
+    __slots__ = ("_rec", "_name", "_attrs", "_id", "_light")
 
-    def __init__(self, rec: "recorder.Recorder", name: str, attrs: dict[str, Any]):
-        self._rec, self._name, self._attrs, self._id = rec, name, attrs, 0
+    def __init__(self, rec: "recorder.Recorder", name: str, attrs: dict[str, Any], light: bool = False):
+        self._rec, self._name, self._attrs, self._id, self._light = rec, name, attrs, 0, light
 
     def __enter__(self) -> None:
-        self._id = self._rec.begin(self._name, self._attrs)
+        self._id = self._rec.begin(self._name, self._attrs, self._light)
 
     def __exit__(self, exc_type, exc, tb) -> bool:
         status = "ok"
@@ -109,7 +109,7 @@ class _Phase:
                     exc._miles_profile_logged = True
                 except AttributeError:
                     pass
-        self._rec.end(self._id, self._name, status)
+        self._rec.end(self._id, self._name, status, self._light)
         return False  # never swallow
 
 
@@ -117,6 +117,14 @@ def phase(name: str, **attrs: Any):
     """`with phase("offload_train", target="disk", expected_bytes=n):` tags samples and logs begin/end."""
     rec = _recorder()
     return _NO_PHASE if rec is None else _Phase(rec, name, attrs)
+
+
+def step_phase(name: str, **attrs: Any):
+    """`phase()` for a training step an integration tags (integrations/steps.py): the same rows and events,
+    but its boundary rows leave glibc's heap unread while the process has opened no phase of its own
+    (the heap at boundaries is for offload_drop, and an integration never tags an offload)."""
+    rec = _recorder()
+    return _NO_PHASE if rec is None else _Phase(rec, name, attrs, light=True)
 
 
 def mark(name: str, **attrs: Any) -> None:

@@ -197,6 +197,7 @@ class Recorder:
         self._faults = WriteFaults()
         self._declared: dict[tuple[str, str, str], int] = {}  # (device, category, owner) -> bytes last written
         self._declared_lock = threading.Lock()
+        self._own_phases = False  # a phase not `light` was opened: every boundary reads the heap from then on
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> "Recorder":
@@ -367,7 +368,18 @@ class Recorder:
         open_phases = self._open
         return next(reversed(open_phases.values()), "") if open_phases else ""
 
-    def begin(self, name: str, attrs: dict[str, Any]) -> int:
+    def _boundary_skip(self, light: bool) -> tuple[str, ...]:
+        """Probes a boundary row leaves unread. An integration's step phase (`light`, integrations/steps.py)
+        skips glibc's heap: it is read at boundaries for offload_drop (the level before an offload, at its
+        end and in the next phase), an integration never tags an offload, and the two mallinfo2 walks were
+        the largest part of a step phase's cost (bench/step_phase_cost.py). Once the process opens a phase
+        of its own (an offload among them, maybe), every boundary reads it again."""
+        if not light:
+            self._own_phases = True
+            return ()
+        return () if self._own_phases else ("heap",)
+
+    def begin(self, name: str, attrs: dict[str, Any], light: bool = False) -> int:
         stack = self._stack()
         phase_id = next(self._ids)
 
@@ -383,7 +395,8 @@ class Recorder:
         # Before the "before" row: a process without the host role reads NVML only for its own GPU, known
         # once CUDA is noted, and the first phase after CUDA init needs that reading before it.
         self._note_cuda()
-        t = self._guarded("samples", sampler.sample, then=opened)  # the "before" row, in the enclosing phase
+        skip = self._boundary_skip(light)
+        t = self._guarded("samples", sampler.sample, then=opened, skip=skip)  # the "before" row, in the enclosing phase
         if t is None:  # the row failed before `opened` ran
             t = opened(time.time())
         self._guarded("events", events.write, names.BEGIN, name, attrs, t=t, id=phase_id,
@@ -393,7 +406,7 @@ class Recorder:
             self._stacks.begin(phase_id, name, attrs)
         return phase_id
 
-    def end(self, phase_id: int, name: str, status: str = "ok") -> None:
+    def end(self, phase_id: int, name: str, status: str = "ok", light: bool = False) -> None:
         def closed(t_row: float) -> tuple[float, dict[str, Any] | None]:  # likewise, after the "after" row
             summary = self._summaries.close(phase_id)
             with self._phase_lock:
@@ -404,7 +417,7 @@ class Recorder:
         if sampler is None or phase_id == 0:
             return
         # The "after" row: its peak covers the phase's last stretch.
-        done = self._guarded("samples", sampler.sample, phase=name, then=closed)
+        done = self._guarded("samples", sampler.sample, phase=name, then=closed, skip=self._boundary_skip(light))
         t, summary = done if done is not None else closed(time.time())
         attrs: dict[str, Any] = {"status": status}
         if summary is not None:

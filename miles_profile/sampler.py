@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Container, Sequence
 
 from miles_profile.logdir.writer import SampleWriter
 from miles_profile.probes import Probe
@@ -41,14 +41,19 @@ class Sampler:
         self.sample()
         self._thread.start()
 
-    def sample(self, phase: str | None = None, full: bool = True, then: Callable[[float], Any] | None = None) -> Any:
+    def sample(self, phase: str | None = None, full: bool = True, then: Callable[[float], Any] | None = None,
+               skip: Container[str] = ()) -> Any:
         """Take one row now; `phase` overrides the current phase (a phase's closing sample). Periodic
         rows are not `full`: probes with `partial_reads` may then leave their costly columns empty.
         `then(t)` runs in the same hold of the lock right after the row taken at `t` (a phase opening
-        or closing there, so no other row falls between); its result is returned."""
+        or closing there, so no other row falls between); its result is returned. Probes named in
+        `skip` are not read for this row (their columns empty, as in a periodic row)."""
         with self._lock:
             values: list[int | None] = []
             for probe, width, partial in self._plan:
+                if skip and probe.name in skip:
+                    values.extend((None,) * width)
+                    continue
                 values.extend(self._read(probe, width, partial, full))
             t = time.time()
             self._writer.append(t, self._current_phase() if phase is None else phase, values)

@@ -11,8 +11,9 @@ only adds an import hook; nothing is imported or started until the program impor
 
 The environment (PYTHONPATH, MILES_PROFILE_RUN_DIR) passes through `accelerate launch` and `torchrun`
 to every rank, and each rank records itself (its rank from torchrun's RANK/LOCAL_RANK). A version
-we do not know, or anything failing here, is one line on stderr and the process runs untagged (the
-report then judges it by time); the user's training never sees an error from us.
+we do not know, or anything failing here, is one line on stderr and the process runs without the
+callback: torch's optimizer step hook tags its optimizer steps where it sees them, else the report judges
+it by time; the user's training never sees an error from us.
 
 Every Python process of the command imports this file at start-up, so it imports only the standard
 library there (sitecustomize loads it by path, without the miles_profile package: 0.25 s a process
@@ -80,8 +81,11 @@ def known_version(package: str) -> bool:
         major = -1
     if major in KNOWN.get(package, ()):
         return True
+    # No callback then; torch's optimizer step hook (a public torch API, whatever the trainer's version) still
+    # tags the optimizer steps it sees, and a process it never sees stays untagged and is judged by time.
     warn_once(package, f"{package} {version or '(version unknown)'} is a version miles_profile does not know: "
-                             "its steps are not tagged; the report judges this process by time")
+                             "no callback; its optimizer steps are tagged by torch's optimizer step hook where "
+                             "it sees them, else the report judges this process by time")
     return False
 
 

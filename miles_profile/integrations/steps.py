@@ -69,8 +69,8 @@ def when_claimed(hook: Callable[[str | None], None]) -> None:
 
 
 # The integrations' shortest phase: a step shorter than this joins the open phase, so that the phase's
-# begin and end rows (one sample each, ~0.3 ms of the recorder's) stay within 0.5% of the time they tag
-# (bench/integration_cost.py). The phase's `rollout_id` is its first step, so floors stay per step.
+# begin and end rows and events (~0.5 ms of CPU on a loaded 2-core VM, ~0.1 ms back to back) stay within
+# 0.5% of the time they tag (0.26% of a 50 ms step: bench/integration_cost.py). The phase's `rollout_id` is its first step, so floors stay per step.
 MIN_PHASE_S = 0.2
 
 
@@ -99,7 +99,7 @@ class StepPhases:
         if not claim(self.integration, self.cannot_see):
             return
         try:
-            opened = phases.phase(self.name, **attrs)
+            opened = phases.step_phase(self.name, **attrs)
             opened.__enter__()
             self._open, self._opened_at = opened, time.monotonic()
             self.phases += 1

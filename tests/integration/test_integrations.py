@@ -5,6 +5,7 @@ that is not Python, and an untagged run judged by time (leak and --baseline). Th
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -181,3 +182,77 @@ def test_a_version_we_do_not_know_is_one_line_and_no_hook(monkeypatch, capsys):
     said = capsys.readouterr().err.splitlines()
     assert len(said) == 1 and "lightning 9.0.0 is a version miles_profile does not know" in said[0]
     assert "judges this process by time" in said[0]
+
+
+# A Lightning as far as our hook sees it (lightning/pytorch/trainer/trainer.py, `Callback`, `__version__`), with a
+# Trainer whose fit() runs a torch loop and calls the callbacks' batch hooks: real enough to be hooked, light
+# enough to import (torch only). The program's subclass overrides fit() with a loop of its own that calls no
+# callback: the Trainer subclass that overrides the hooked methods.
+FAKE_LIGHTNING = {
+    "lightning/__init__.py": "__version__ = {version!r}\n",
+    "lightning/pytorch/__init__.py": "class Callback:\n    pass\n",
+    "lightning/pytorch/trainer/__init__.py": "",
+    "lightning/pytorch/trainer/trainer.py": textwrap.dedent("""
+        import time, torch
+
+        class Trainer:
+            def __init__(self, steps=40):
+                self.callbacks, self.steps, self.global_step, self.sanity_checking = [], steps, 0, False
+
+            def fit(self, model):
+                optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+                for batch_idx in range(self.steps):
+                    for cb in self.callbacks:
+                        cb.on_train_batch_start(self, model, None, batch_idx)
+                    self.step(model, optimizer)
+                    for cb in self.callbacks:
+                        cb.on_train_batch_end(self, model, None, None, batch_idx)
+
+            def step(self, model, optimizer):
+                model(torch.randn(8, 64)).pow(2).mean().backward()
+                optimizer.step()
+                optimizer.zero_grad()
+                self.global_step += 1
+                time.sleep(0.03)
+    """),
+}
+FAKE_PROGRAM = textwrap.dedent("""
+    import sys, torch
+    from lightning.pytorch.trainer.trainer import Trainer
+
+    class MyTrainer(Trainer):
+        def fit(self, model):  # a loop of its own: Lightning's callbacks are never called
+            optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+            for _ in range(self.steps):
+                self.step(model, optimizer)
+
+    (MyTrainer if sys.argv[1] == "subclass" else Trainer)().fit(torch.nn.Linear(64, 64))
+    print("fitted")
+""")
+
+
+@pytest.mark.parametrize("version, kind", [("9.0.0", "plain"), ("2.6.0", "subclass")])
+def test_an_unknown_lightning_or_a_subclass_with_its_own_loop_is_never_an_error(tmp_path, version, kind):
+    """Bad input (issue 37): a Lightning version we don't know is one line on stderr and no callback; a Trainer
+    subclass whose loop never calls the callbacks gets none to see. Either way the training runs as it would,
+    and torch's optimizer step hook tags its steps (the fallback record names at the end)."""
+    for name, text in FAKE_LIGHTNING.items():
+        path = tmp_path / "pkgs" / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text.format(version=version) if name == "lightning/__init__.py" else text)
+    program = tmp_path / "fit.py"
+    program.write_text(FAKE_PROGRAM)
+    env = dict(python_env(), PYTHONPATH=f"{tmp_path / 'pkgs'}{os.pathsep}{python_env()['PYTHONPATH']}")
+    done = subprocess.run([sys.executable, "-m", "miles_profile.record", "--log-dir", str(tmp_path / "logs"),
+                           "--exec", "--", sys.executable, str(program), kind],
+                          env=env, cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and "fitted" in done.stdout, done.stderr
+    assert "Traceback" not in done.stderr, done.stderr
+    warned = [line for line in done.stderr.splitlines() if "warning" in line]
+    if kind == "plain":
+        assert len(warned) == 1 and "lightning 9.0.0 is a version miles_profile does not know" in warned[0], warned
+        assert "tagged by torch's optimizer step hook" in warned[0], warned  # what happens next, said truly
+    else:
+        assert warned == [], warned
+    assert "steps tagged by torch optimizer step hook" in done.stderr, done.stderr
+    assert set(mp.load(tmp_path / "logs").phases["name"]) == {"train"}

@@ -65,3 +65,28 @@ def test_by_default_the_heap_is_read_at_phase_boundaries_only(tmp_path, monkeypa
     assert heap.notna().sum() >= 6 and heap.isna().sum() > heap.notna().sum()  # boundaries, not the 5 ms rows
     probe = next(p for p in run.processes[0]["probes"] if p["name"] == "heap")
     assert probe["reads"] == "phase boundaries"
+
+
+def test_an_integrations_step_phase_leaves_the_heap_unread_until_the_program_opens_a_phase_of_its_own(
+        tmp_path, monkeypatch):
+    """A step phase (integrations/steps.py) skips the two mallinfo2 walks, its largest cost: the heap at
+    boundaries is for offload_drop, and an integration tags no offload. Once the program opens a phase of
+    its own (an offload, maybe), every boundary reads the heap again, the steps' too."""
+    from miles_profile.integrations import steps as integration_steps
+    monkeypatch.delenv("MILES_PROFILE_HEAP", raising=False)
+    monkeypatch.setattr(integration_steps, "_owner", None)  # the process's claim is undone after the test
+    steps = integration_steps.StepPhases("bench")
+    with mp.Recorder(tmp_path, interval_ms=60_000):  # no periodic rows: boundary rows only
+        for n in range(2):
+            steps.begin(step=n)
+            steps.end()
+        with mp.phase("offload_train"):
+            pass
+        steps.begin(step=2)
+        steps.end()
+    run = mp.load(next(tmp_path.iterdir()))
+    rows = run.samples.sort_values("t")
+    read = rows["heap_used"].notna().tolist()
+    # the start row, 2 steps x (before, after), the offload's two rows, the third step's two, the last row
+    assert len(read) == 1 + 4 + 2 + 2 + 1, rows[["t", "phase", "heap_used"]]
+    assert read[1:5] == [False] * 4 and read[5:9] == [True] * 4, rows[["t", "phase", "heap_used"]]
