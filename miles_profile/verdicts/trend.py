@@ -208,10 +208,11 @@ STEP_CAUSES = {
 }
 
 
-def step_cause_of(series_kind: str) -> str:
-    """`series_kind`: a column kind (`rss`, `heap_used`, `reserved`, `proc`, `used`, `alloc`)."""
+def step_cause_of(series_kind: str, offloads: bool = True) -> str:
+    """`series_kind`: a column kind (`rss`, `heap_used`, `reserved`, `proc`, `used`, `alloc`); `offloads`:
+    whether the run (or process) has an offload_* phase: without one, no round trip is blamed."""
     if series_kind in ("rss", "rss_peak", "heap_used", "host"):
-        return STEP_CAUSES["host"]
+        return STEP_CAUSES["host" if offloads else "host_no_offload"]
     if series_kind in ("alloc", "alloc_peak"):
         return STEP_CAUSES["allocated"]
     return STEP_CAUSES["device"]
