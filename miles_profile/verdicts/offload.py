@@ -18,14 +18,13 @@ from miles_profile.names import instance_label
 from miles_profile.runmodel.engine_server import engine_of, holder_track, moves_rollout
 from miles_profile.runmodel.stats import phase_instances
 from miles_profile.verdicts.common import (
-    nanmin,
     not_applicable,
     open_finding,
     still_open,
     tags_of,
     verdict,
-    window,
 )
+from miles_profile.verdicts.offload_late import LateWindow, late_drop, late_windows
 from miles_profile.verdicts.offload_series import (
     ALLOCATED,
     DRIVER,
@@ -56,14 +55,12 @@ class Reading:
     at_end: float = np.nan
     later_low: float = np.nan
     residual: float = np.nan            # declared bytes still there at the phase's end
+    late: float = np.nan                # bytes gone by the end of the late window (offload_late.py)
+    own_doing: str = ""                 # what of the next phase's own doing was taken out of `late`
 
     @property
     def inside(self) -> float:
         return self.before - self.at_end
-
-    @property
-    def late(self) -> float:
-        return self.before - self.later_low
 
     @property
     def label(self) -> str:
@@ -82,7 +79,7 @@ def check_offload_drop(run, th: Thresholds) -> CheckResult:
     offloads = inst[inst["name"].str.startswith(names.OFFLOAD_PREFIX)] if len(inst) else inst
     if offloads.empty:
         return not_applicable(name, title, explanation, "no offload_* phase in this run")
-    late = _late_windows(inst, max(int(th.offload_late_phases), 0))
+    late = late_windows(inst, max(int(th.offload_late_phases), 0))
     findings = [_offload_finding(run, k, row, late[k], th) for k, row in offloads.iterrows()]
     findings = _swapped_references(offloads, findings)
     return verdict(name, title, explanation, findings, _series_text(run),
@@ -122,27 +119,7 @@ def _series_text(run) -> str:
     return "glibc heap and host RSS" if pids_with_heap(run) else "host RSS (no GPU columns)"
 
 
-def _late_windows(inst, count: int) -> dict:
-    """Per offload instance: (end of its late window, name of the next phase or None). The window runs
-    from the offload's end to the end of the next `count` phase instances of the same process; none
-    after it (the process's last phase): empty, so the process's exit is never taken for a late free."""
-    out = {}
-    for _, group in inst.groupby("pid", sort=False):
-        g = group.sort_values("start", kind="stable")
-        starts, ends, names_ = g["start"].to_numpy(float), g["end"].to_numpy(float), g["name"].to_numpy()
-        for k, end in zip(g.index, ends):
-            if not str(g.at[k, "name"]).startswith(names.OFFLOAD_PREFIX):
-                continue
-            j = int(np.searchsorted(starts, end, "left"))
-            nxt = slice(j, j + count)
-            if j >= len(starts) or count == 0 or not np.isfinite(end):
-                out[k] = (end, None)
-            else:  # an open next phase has not ended: everything recorded since is in it
-                out[k] = (np.inf if np.isnan(ends[nxt]).any() else float(ends[nxt].max()), str(names_[j]))
-    return out
-
-
-def _offload_finding(run, k, row, late: tuple, th: Thresholds) -> Finding:
+def _offload_finding(run, k, row, late: LateWindow, th: Thresholds) -> Finding:
     phases = run.phases
     label = instance_label(row['name'], row['iteration'])
     where = dict(span=(row["start"], row["end"]), phase=row["name"], iteration=int(row["iteration"]))
@@ -164,9 +141,9 @@ def _offload_finding(run, k, row, late: tuple, th: Thresholds) -> Finding:
         return Finding("n/a", f"{label}: no memory series for its process"
                               + (" that sees a torch_memory_saver pause (NVML)" if paused else ""), **where)
     need = th.offload_min_drop_share * expected
-    readings = [_read(s, row["start"], row["end"], late[0], expected, need) for s in series]
+    readings = [_read(s, row["start"], row["end"], late, expected, need) for s in series]
     finding = _combine(readings, label, expected, need, paused, where, th)
-    finding.numbers.update(backend=backend, next_phase=late[1], late_window_end=late[0])
+    finding.numbers.update(backend=backend, next_phase=late.next_phase, late_window_end=late.end)
     if paused:
         finding.message += " (torch_memory_saver: judged on NVML; the allocator's counters do not see a pause)"
     if holder is not None:  # say where it was judged: not the declaring process's own memory
@@ -188,14 +165,17 @@ def _holder_series(run, holder: dict, paused: bool) -> list[OffloadSeries]:
     return [OffloadSeries(LEVEL, track, ("used",), resolution_of("used"), False)]
 
 
-def _read(s: OffloadSeries, start: float, end: float, late_end: float, expected: float, need: float) -> Reading:
+def _read(s: OffloadSeries, start: float, end: float, late: LateWindow, expected: float, need: float) -> Reading:
     track = s.track
     gap = _gap(s, start, end)
     if gap:
         return Reading(s, note=f"not judged, {gap}")
     r = Reading(s, before=track.at_or_before(start), at_end=track.at_or_before(end))
-    later = nanmin(track.value[window(track, end, late_end)]) if late_end > end else np.nan
-    r.later_low = min(r.at_end, later) if np.isfinite(later) else r.at_end
+    # the next phase's own doing adds up only on what tensors hold: on the driver's series its allocations
+    # reuse cached blocks first (an onload after an offload that kept its cache rose by less: no late free)
+    own = late if s.role == ALLOCATED else replace(late, own=())
+    r.late, r.own_doing = late_drop(track, r.before, r.at_end, end, own, s.resolution)
+    r.later_low = r.before - r.late
     r.residual = max(expected - max(r.inside, 0.0), 0.0)
     if expected < s.resolution:
         r.outcome, r.note = TOO_SMALL, f"expected {gib(expected)} below the resolution {gib(s.resolution)} of {r.label}"
@@ -290,9 +270,10 @@ def _failure_message(cause: str, r: Reading, held: Reading | None, label: str, e
                      th: Thresholds) -> str:
     short = f"dropped {gib(r.inside)}, expected more than {gib(need)} ({th.offload_min_drop_share:.0%} of {gib(expected)})"
     gpu = r.series.track.name == "device"
+    own = f"; {r.own_doing}" if r.own_doing else ""
     if cause == "still_referenced":
         what = "allocated" if gpu else "the glibc heap"
-        return f"{label}: tensors still referenced ({what} kept {gib(r.residual)}; {short})"
+        return f"{label}: tensors still referenced ({what} kept {gib(r.residual)}; {short}{own})"
     if cause == "cached_not_returned":
         if gpu:
             return (f"{label}: cached, not returned to the driver: call torch.cuda.empty_cache() (allocated fell by "
@@ -301,10 +282,10 @@ def _failure_message(cause: str, r: Reading, held: Reading | None, label: str, e
                 f"RSS by only {gib(r.inside)} of {gib(expected)} expected; malloc_trim(0) returns them)")
     if cause == "freed_late":
         return (f"{label}: returned having dropped {gib(r.inside)} ({_word(r)}); {gib(r.late)} was freed only after "
-                f"the phase ended, in the next phase (expected {gib(expected)} inside)")
+                f"the phase ended, in the next phase (expected {gib(expected)} inside{own})")
     if cause == "paused_not_released":
         return f"{label}: the torch_memory_saver pause did not return the memory to the driver ({short})"
-    return f"{label}: never freed, neither inside the phase nor in the next one ({_word(r)} {short})"
+    return f"{label}: never freed, neither inside the phase nor in the next one ({_word(r)} {short}{own})"
 
 
 def _finding(status, message: str, r: Reading, numbers: dict, where: dict, cause: str | None, *,

@@ -59,3 +59,19 @@ def test_the_healthy_twin_passes_with_heap_accounting_at_phase_boundaries(tmp_pa
     verdict, checks = _judged(tmp_path, "healthy")
     assert checks["offload_drop"].status == "pass" and "heap" in checks["offload_drop"].findings[0].series
     assert verdict.status == "pass" and verdict.exit_code == 0
+
+
+def test_a_free_on_a_thread_inside_the_next_phase_is_freed_late_not_still_referenced(tmp_path):
+    # issue 30, class 8: read at phase boundaries, generate's own 96 MiB rollout hid the 128 MiB freed by the
+    # thread during it; before: still_referenced on every offload_train
+    _, checks = _judged(tmp_path, "late_thread")
+    trains = [f for f in checks["offload_drop"].findings if f.phase == "offload_train"]
+    assert [f.cause for f in trains[:-1]] == ["freed_late"] * 3, [f.message for f in trains]
+    assert "generate's own doing taken out" in trains[0].message
+
+
+def test_the_next_phases_own_free_is_not_credited_to_an_offload_that_never_freed(tmp_path):
+    # issue 30, class 8: generate drops 160 MiB of prefetched prompts; before: freed_late for a state never freed
+    _, checks = _judged(tmp_path, "own_free")
+    trains = [f for f in checks["offload_drop"].findings if f.phase == "offload_train"]
+    assert [f.cause for f in trains[:-1]] == ["still_referenced"] * 3, [f.message for f in trains]
