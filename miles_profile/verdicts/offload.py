@@ -36,6 +36,7 @@ from miles_profile.verdicts.offload_series import (
 from miles_profile.verdicts.resolution import resolution_of
 from miles_profile.verdicts.types import (
     TOO_SMALL,
+    WARN,
     CheckResult,
     Finding,
     Thresholds,
@@ -229,6 +230,11 @@ def _combine(readings: list[Reading], label: str, expected: float, need: float, 
     failing = next((r for r in (held, driver) if r is not None and r.outcome in (LATE, KEPT)), None)
     if failing is not None:
         cause = _cause(failing, held, paused)
+        if cause == "cached_not_returned" and _fragmented(failing, held, expected):
+            stuck = max(min(held.inside, expected) - failing.inside, 0.0)
+            numbers.update(stuck=stuck)
+            return _finding(WARN, _fragmentation_message(failing, held, label, stuck), failing, numbers, where,
+                            "fragmentation")
         return _finding("fail", _failure_message(cause, failing, held, label, expected, need, th), failing,
                         numbers, where, cause)
     passed = [r for r in readings if r.outcome == PASS]
@@ -256,6 +262,25 @@ def _cause(failing: Reading, held: Reading | None, paused: bool) -> str:
     if failing.series.role == DRIVER and held is not None and held.outcome == PASS:
         return "cached_not_returned"
     return "paused_not_released" if paused else "never_freed"
+
+
+# The driver's series fell by at least this share of the declared bytes (and FRAGMENT_RESOLUTIONS times its
+# resolution): the cache was returned (torch.cuda.empty_cache(); the allocator returns nothing by itself),
+# and what stayed is held by segments that still hold live blocks (issue 30, class 8: a healthy disk offload,
+# allocated fell by 3.0 GiB, NVML by 2.1 GiB, was told to call the empty_cache() it had called).
+FRAGMENT_SHARE, FRAGMENT_RESOLUTIONS = 0.25, 4.0
+
+
+def _fragmented(driver: Reading, held: Reading | None, expected: float) -> bool:
+    return (driver.series.track.name == "device" and held is not None
+            and driver.inside >= max(FRAGMENT_SHARE * expected, FRAGMENT_RESOLUTIONS * driver.series.resolution))
+
+
+def _fragmentation_message(r: Reading, held: Reading, label: str, stuck: float) -> str:
+    return (f"{label}: fragmentation: the cache was returned ({_word(r)} fell by {gib(r.inside)}), but "
+            f"{gib(stuck)} of the {gib(held.inside)} allocated freed stays in segments that still hold live blocks "
+            "(a WARN: the offload freed its tensors; PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True returns "
+            "such memory)")
 
 
 def _word(r: Reading) -> str:

@@ -210,3 +210,16 @@ def test_a_pause_that_returns_nothing_to_the_driver_is_named():
     _, finding = _offload(_boundary_run(free=False))
     assert finding.status == "fail" and finding.cause == "paused_not_released"
     assert "gpu0_boundary_proc" in finding.series
+
+
+def test_a_cache_returned_but_held_by_live_blocks_is_fragmentation_a_warning_not_a_missing_empty_cache():
+    # issue 30, class 8: a healthy plain-torch disk offload that called torch.cuda.empty_cache(): allocated fell
+    # by 3.0 GiB, NVML by 2.1 GiB (segments still holding live blocks); it was told to call empty_cache()
+    moved = 3 * GiB
+    run = _gpu_run(alloc=[(0, GiB), (1, GiB + moved), (3.4, GiB)],
+                   driver=[(0, 2 * GiB), (1, 2 * GiB + moved), (3.4, 2 * GiB + moved - int(2.1 * GiB))],
+                   phases=[dict(p, expected_bytes=moved) if p["name"] == "offload_train" else p for p in PHASES])
+    result, finding = _offload(run)
+    assert result.status == "warn" and finding.status == "warn" and finding.cause == "fragmentation", finding.message
+    assert "empty_cache()" not in finding.message.split("(a WARN")[0] and "0.900 GiB" in finding.message
+    assert abs(finding.numbers["stuck"] - 0.9 * GiB) < MiB and finding.cause in CAUSES
