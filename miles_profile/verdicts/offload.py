@@ -43,14 +43,14 @@ from miles_profile.verdicts.types import (
     gib,
 )
 
-PASS, LATE, KEPT, NOT_JUDGED = "pass", "late", "kept", "n/a"
+PASS, LATE, KEPT, NOT_JUDGED, NOISE = "pass", "late", "kept", "n/a", "noise"
 
 
 @dataclass
 class Reading:
     """One series around one offload: its levels, and what they say."""
     series: OffloadSeries
-    outcome: str = NOT_JUDGED           # PASS, LATE, KEPT, TOO_SMALL or NOT_JUDGED
+    outcome: str = NOT_JUDGED           # PASS, LATE, KEPT, NOISE (within the series' noise), TOO_SMALL or NOT_JUDGED
     note: str = ""                      # why not judged, or what was too small
     before: float = np.nan
     at_end: float = np.nan
@@ -182,9 +182,16 @@ def _read(s: OffloadSeries, start: float, end: float, late: LateWindow, expected
         r.outcome, r.note = TOO_SMALL, f"expected {gib(expected)} below the resolution {gib(s.resolution)} of {r.label}"
     elif r.inside > need:
         r.outcome = PASS
+        if r.inside < s.resolution:  # above the share, but no drop this series can tell from its noise
+            r.outcome, r.note = NOISE, (f"dropped {gib(r.inside)}, under the resolution {gib(s.resolution)} of "
+                                        f"{r.label}: too small to tell from noise")
     elif max(r.residual, need - r.inside) < s.resolution:  # the shortfall (need > expected when a share > 1)
         short = max(r.residual, need - r.inside)
         r.outcome, r.note = TOO_SMALL, f"{gib(short)} left below the resolution {gib(s.resolution)} of {r.label}"
+    elif need - r.inside < s.resolution and not r.late > need:
+        # short of the share by less than the series resolves: neither a clear pass nor a clear failure
+        r.outcome, r.note = NOISE, (f"dropped {gib(r.inside)}, {gib(need - r.inside)} short of the {gib(need)} "
+                                    f"needed: within the resolution {gib(s.resolution)} of {r.label}")
     else:
         r.outcome = LATE if r.late > need else KEPT
     return r
@@ -206,7 +213,7 @@ def _host_retention(readings: list[Reading]) -> None:
     an offload's late free from the next phase's own frees: RSS never fails an offload. Beside the heap
     probe it is a note (the heap says whether the tensors went, and when); alone it is not judged."""
     for r in readings:
-        if r.series.track.name == "host" and r.series.role in (DRIVER, LEVEL) and r.outcome in (KEPT, LATE):
+        if r.series.track.name == "host" and r.series.role in (DRIVER, LEVEL) and r.outcome in (KEPT, LATE, NOISE):
             r.outcome = NOT_JUDGED
             r.note = (f"RSS fell {gib(r.inside)} inside the phase: glibc may keep freed memory resident and free "
                       "other memory later, so RSS cannot tell a kept reference or a late free from retention"
@@ -240,13 +247,18 @@ def _combine(readings: list[Reading], label: str, expected: float, need: float, 
     passed = [r for r in readings if r.outcome == PASS]
     if passed:
         least = min(passed, key=lambda r: r.inside)
-        notes = [f"{r.label}: {r.note}" if r.outcome == NOT_JUDGED else f"too small to judge ({r.note})"
+        notes = [f"{r.label}: {r.note}" if r.outcome == NOT_JUDGED else r.note if r.outcome == NOISE
+                 else f"too small to judge ({r.note})"
                  for r in readings if r.outcome != PASS]
         drops = ", ".join(f"{_word(r)} {gib(r.inside)}" for r in passed)
         message = f"{label}: dropped {gib(least.inside)} of {gib(expected)} expected ({drops})"
         return _finding("pass", message + "".join(f"; {n}" for n in notes), least, numbers, where, None,
                         series=" and ".join(r.label for r in passed),
                         resolution=max(r.series.resolution for r in passed))
+    noisy = [r for r in readings if r.outcome == NOISE]
+    if noisy:  # a drop within noise (issue 30): ambiguous evidence, a WARN with its reason
+        return _finding(WARN, f"{label}: a drop within noise ({noisy[0].note})", noisy[0], numbers, where,
+                        "within_noise")
     small = [r for r in readings if r.outcome == TOO_SMALL]
     if small:
         return _finding(TOO_SMALL, f"{label}: too small to judge ({small[0].note})", small[0], numbers, where, None)
