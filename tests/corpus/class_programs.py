@@ -7,6 +7,7 @@ case; tests/integration/test_verdict_classes.py records each under a plain `reco
     python tests/corpus/class_programs.py healthy      # the same loop, offloads that free what they declare
     python tests/corpus/class_programs.py late_thread  # offload_train's state freed by a thread inside generate
     python tests/corpus/class_programs.py own_free     # offload_train never frees; generate drops prefetched prompts
+    python tests/corpus/class_programs.py planned      # a loop whose meta holds a forecast of its phases
 """
 from __future__ import annotations
 
@@ -103,6 +104,19 @@ def own_free(iters: int = 4) -> None:
     print("done", int(state[0]))
 
 
+def planned(iters: int = 6) -> None:
+    """A loop that writes a forecast of its phases into its meta, as the trainer does (mp.annotate)."""
+    mp.annotate(forecast={"version": 1, "device": "cpu", "phases": [
+        {"phase": "offload_train", "device": "host", "peak": 64 * MiB, "allocator": 64 * MiB, "process": "trainer"}]})
+    for it in range(iters):
+        with mp.phase("train", rollout_id=it):
+            state = np.ones(64 * MiB, dtype=np.uint8)
+            time.sleep(0.2)
+        with mp.phase("offload_train", rollout_id=it, target="disk", expected_bytes=64 * MiB):
+            del state
+            time.sleep(0.1)
+
+
 if __name__ == "__main__":
     mode = sys.argv[1]
     if mode == "memmap":
@@ -113,6 +127,8 @@ if __name__ == "__main__":
         late_thread()
     elif mode == "own_free":
         own_free()
+    elif mode == "planned":
+        planned()
     elif mode == "swap_kept":
         _loop(4, keep_batches=False, swap_kept=True)
     else:
