@@ -191,3 +191,15 @@ def warn_phases_without_events(samples, without_events: dict[str, int], warnings
         warnings.append(f"{', '.join(s + '.events.jsonl' for s in lost[:5])}{', ...' if len(lost) > 5 else ''}: "
                         "no events, while the samples name phases (the file was emptied or lost its lines); "
                         "those phases are not judged")
+
+
+def warn_planned_without_events(processes: list[dict], events, warnings: list[str]) -> None:
+    """A process whose meta plans phases (the trainer's `forecast` annotation) and wrote no event at all:
+    its events file was emptied or lost; a run judged without them would pass on nothing (issue 30)."""
+    have = set(events["pid"].unique().tolist()) if events is not None and len(events) and "pid" in events else set()
+    for p in processes:
+        annotations = p.get("annotations")
+        plan = annotations.get("forecast") if isinstance(annotations, dict) else None
+        if isinstance(plan, dict) and plan.get("phases") and p.get("pid") not in have:
+            warnings.append(f"{p.get('stem', p.get('pid'))}: its meta plans phases (a forecast) but no event was read "
+                            "(the events file was emptied or lost its lines); its phases are not judged")

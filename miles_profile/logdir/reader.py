@@ -232,6 +232,7 @@ def load_run(*paths: str | Path, sample_pids=None) -> Run:
     with_rows = {s for s in without_events for folder, _ in dirs if _has_rows(folder / f"{s}{SAMPLES_SUFFIX}")}
     completeness.warn_phases_without_events(
         samples, {s: aliases.get(s, _pid_of(Path(s + EVENTS_SUFFIX), EVENTS_SUFFIX)) for s in with_rows}, warnings)
+    completeness.warn_planned_without_events(processes, events, warnings)
     phases = phases_from_events(events, samples)
     outside = [p["pid"] for p in processes if p.get("role") == "exec_parent"]
     if outside and len(samples):

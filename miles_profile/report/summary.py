@@ -230,7 +230,8 @@ def _kind(name: str, found: list[Finding]) -> OffloadKind:
         return g / d if d and g is not None else np.inf
 
     judged = [f for f in found if f.status in ("pass", "fail")]
-    worst = failed[0] if failed else (min(judged, key=freed_share) if judged else None)
+    warned = [f for f in found if f.status == "warn"]  # fragmentation: shown before a pass
+    worst = failed[0] if failed else warned[0] if warned else (min(judged, key=freed_share) if judged else None)
     return OffloadKind(name, len(found), len(failed), sum(f.status == TOO_SMALL for f in found),
                        sum(f.status == "n/a" for f in found),
                        float(np.median(declared)) if declared else None,

@@ -174,3 +174,28 @@ def tags_of(value) -> list[str]:
     return [str(value)] if isinstance(value, str) else []
 
 
+
+
+def lost_phases(run) -> str | None:
+    """Why this run's phases are known to be lost, or None: a process whose meta plans phases (the
+    trainer's `forecast` annotation) or whose samples name phases has no phase event (its events file was
+    emptied or lost its lines). Such a run is no "run without phases" to judge by time (issue 30, class 9:
+    an emptied events file beside a forecast printed PASS with no word)."""
+    phases = run.phases
+    have = set(phases["pid"].unique().tolist()) if len(phases) and "pid" in phases else set()
+    for p in run.processes:
+        annotations = p.get("annotations")
+        plan = annotations.get("forecast") if isinstance(annotations, dict) else None
+        planned = plan.get("phases") if isinstance(plan, dict) else None
+        if isinstance(planned, list) and planned and p.get("pid") not in have:
+            kinds = sorted({str(e.get("phase")) for e in planned if isinstance(e, dict)})
+            return (f"pid {p.get('pid')}'s meta plans phases ({', '.join(kinds[:4])}: its forecast) but no phase of "
+                    "it was recorded: its events file was emptied or lost its lines")
+    samples = run.samples
+    if len(samples) and "phase" in samples and "pid" in samples:
+        named = samples["phase"].fillna("").astype(str)
+        labelled = set(samples.loc[(named != "") & (named != "nan"), "pid"].unique().tolist()) - have
+        if labelled:
+            return (f"the samples of pid {min(labelled)} name phases but no phase of it was recorded: its events "
+                    "file was emptied or lost its lines")
+    return None

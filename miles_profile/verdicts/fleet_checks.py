@@ -336,6 +336,8 @@ def check_floor_trend_leak(table: pd.DataFrame, th: FleetThresholds) -> FleetChe
     df = fleet.normalize(table)
     lane_rows = {r["lane"]: r for r in fleet.lanes(df).to_dict("records")}
     findings, worst, judged = [], None, {"lanes": 0, "processes": 0}
+    # a host step in a fleet without offloads blames no offload round trip (issue 30, class 8)
+    offloads = "phase" in df and bool(df["phase"].astype(str).str.startswith("offload").any())
     for key in ("lane", "pid"):
         floors = floor_trend.dense_floors(df, key)
         parts = list(floor_trend.groups(floors, key, th.floor_trend_skip_iterations))
@@ -344,7 +346,7 @@ def check_floor_trend_leak(table: pd.DataFrame, th: FleetThresholds) -> FleetChe
         rows = dict(zip(ends, floors[columns].iloc[ends].to_dict("records")))
         fits = slopes_of([(x, y) for _, x, y in parts])  # one numpy pass for all, not one call each
         for (at, x, y), fit in zip(parts, fits):
-            finding = _floor_finding(rows[at[0]], rows[at[-1]], x, y, fit, key, lane_rows, th)
+            finding = _floor_finding(rows[at[0]], rows[at[-1]], x, y, fit, key, lane_rows, th, offloads)
             findings.append(finding)
             if finding.status == "n/a":
                 continue
@@ -374,7 +376,7 @@ def _measured(n: dict) -> str:
 
 
 def _floor_finding(first: dict, last: dict, x: np.ndarray, y: np.ndarray, fit, key: str, lane_rows: dict,
-                   th: FleetThresholds) -> Finding:
+                   th: FleetThresholds, offloads: bool = True) -> Finding:
     """One lane's or process's floors after warm-up (the rows of its first and last, the iterations, the
     bytes) judged by verdicts/trend.py."""
     lane = lane_rows[last["lane"]]
@@ -385,7 +387,7 @@ def _floor_finding(first: dict, last: dict, x: np.ndarray, y: np.ndarray, fit, k
                   th.floor_trend_resolution_multiple * res)
     kind = "host" if series == "rss" else ("alloc" if series == "alloc" else "device")
     judged = judge_floors(x, y, resolution=res, allowed=allowed,
-                          min_iterations=th.floor_trend_min_iterations, step_cause=step_cause_of(kind), fit=fit)
+                          min_iterations=th.floor_trend_min_iterations, step_cause=step_cause_of(kind, offloads), fit=fit)
     pid = int(last["pid"]) if key == "pid" else None
     who = lane["label"] + (f" pid {pid} ({role_text(last['role'])} rank {last['rank']})" if pid is not None else "")
     what = "NVML used" if series == "used" else f"own memory ({series})"

@@ -18,9 +18,9 @@ import pandas as pd
 from miles_profile.runmodel.series import Track, main_pid, series_arrays
 from miles_profile.runmodel.stats import phase_instances
 from miles_profile.verdicts.common import (
-    Tracks, nanmax, nanmin, not_applicable, unfinished_iterations, verdict, window)
+    Tracks, lost_phases, nanmax, nanmin, not_applicable, unfinished_iterations, verdict, window)
 from miles_profile.verdicts.resolution import resolution_of
-from miles_profile.verdicts.trend import STEP_CAUSES, judge_floors, step_cause_of
+from miles_profile.verdicts.trend import judge_floors, step_cause_of
 from miles_profile.verdicts.types import TOO_SMALL, CheckResult, Finding, Thresholds, gib
 
 
@@ -34,6 +34,9 @@ def check_leak(run, th: Thresholds) -> CheckResult:
                    f"{th.leak_resolution_multiple:g}x the series' resolution. A floor that steps up once and "
                    "stays flat is a one-time step (allocator or glibc retention), reported, not failed.")
     inst = phase_instances(run)
+    lost = lost_phases(run) if inst.empty else None
+    if lost:  # phases there were, their events are gone: judged by time, the start-up read as a leak
+        return not_applicable(name, title, explanation, f"not judged: {lost}")
     if inst.empty:  # nothing tagged the iterations: the floor over windows of time (leak_by_time.py)
         from miles_profile.verdicts.leak_by_time import check_leak_by_time
         return check_leak_by_time(run, th, name, title, explanation)
@@ -73,9 +76,7 @@ def _judge_track(run, track: Track, spans, instances, th: Thresholds) -> Finding
     moved = ""
     if track.name == "host" and np.isfinite(floors).sum() < th.leak_min_iterations:
         floors, moved = _without_declared_host_state(run, track.pid, floors)
-    cause = step_cause_of(kind)
-    if kind == "host" and not _has_offload(run, track.pid):  # never blame an offload round trip without one
-        cause = STEP_CAUSES["host_no_offload"]
+    cause = step_cause_of(kind, offloads=_has_offload(run, track.pid))  # no round trip blamed without one
     judged = judge_floors(spans.index.to_numpy(), floors, resolution=resolution, allowed=allowed,
                           min_iterations=th.leak_min_iterations, step_cause=cause, over=over)
     text = judged.text + moved + (file_backed_note(run, track, spans) if track.name == "host" else "")

@@ -52,7 +52,7 @@ def judge_track_by_time(track: Track, th: Thresholds) -> Finding:
     seconds = float(ends[0] - starts[0]) if len(starts) else 0.0
     judged = judge_floors(minutes, floors, resolution=resolution, allowed=allowed,
                           min_iterations=th.leak_min_iterations, unit="min",
-                          step_cause=step_cause_of("host" if track.name == "host" else "device"),
+                          step_cause=step_cause_of("host" if track.name == "host" else "device", offloads=False),
                           over=f"{np.isfinite(floors).sum()} windows of {seconds:.1f} s")
     text = judged.text.replace(f"needs {th.leak_min_iterations} iterations", f"needs {th.leak_min_iterations} windows")
     span = (float(starts[0]), float(ends[-1])) if len(starts) else None

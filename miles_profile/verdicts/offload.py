@@ -18,14 +18,13 @@ from miles_profile.names import instance_label
 from miles_profile.runmodel.engine_server import engine_of, holder_track, moves_rollout
 from miles_profile.runmodel.stats import phase_instances
 from miles_profile.verdicts.common import (
-    nanmin,
     not_applicable,
     open_finding,
     still_open,
     tags_of,
     verdict,
-    window,
 )
+from miles_profile.verdicts.offload_late import LateWindow, late_drop, late_windows
 from miles_profile.verdicts.offload_series import (
     ALLOCATED,
     DRIVER,
@@ -37,33 +36,32 @@ from miles_profile.verdicts.offload_series import (
 from miles_profile.verdicts.resolution import resolution_of
 from miles_profile.verdicts.types import (
     TOO_SMALL,
+    WARN,
     CheckResult,
     Finding,
     Thresholds,
     gib,
 )
 
-PASS, LATE, KEPT, NOT_JUDGED = "pass", "late", "kept", "n/a"
+PASS, LATE, KEPT, NOT_JUDGED, NOISE = "pass", "late", "kept", "n/a", "noise"
 
 
 @dataclass
 class Reading:
     """One series around one offload: its levels, and what they say."""
     series: OffloadSeries
-    outcome: str = NOT_JUDGED           # PASS, LATE, KEPT, TOO_SMALL or NOT_JUDGED
+    outcome: str = NOT_JUDGED           # PASS, LATE, KEPT, NOISE (within the series' noise), TOO_SMALL or NOT_JUDGED
     note: str = ""                      # why not judged, or what was too small
     before: float = np.nan
     at_end: float = np.nan
     later_low: float = np.nan
     residual: float = np.nan            # declared bytes still there at the phase's end
+    late: float = np.nan                # bytes gone by the end of the late window (offload_late.py)
+    own_doing: str = ""                 # what of the next phase's own doing was taken out of `late`
 
     @property
     def inside(self) -> float:
         return self.before - self.at_end
-
-    @property
-    def late(self) -> float:
-        return self.before - self.later_low
 
     @property
     def label(self) -> str:
@@ -82,7 +80,7 @@ def check_offload_drop(run, th: Thresholds) -> CheckResult:
     offloads = inst[inst["name"].str.startswith(names.OFFLOAD_PREFIX)] if len(inst) else inst
     if offloads.empty:
         return not_applicable(name, title, explanation, "no offload_* phase in this run")
-    late = _late_windows(inst, max(int(th.offload_late_phases), 0))
+    late = late_windows(inst, max(int(th.offload_late_phases), 0))
     findings = [_offload_finding(run, k, row, late[k], th) for k, row in offloads.iterrows()]
     findings = _swapped_references(offloads, findings)
     return verdict(name, title, explanation, findings, _series_text(run),
@@ -122,27 +120,7 @@ def _series_text(run) -> str:
     return "glibc heap and host RSS" if pids_with_heap(run) else "host RSS (no GPU columns)"
 
 
-def _late_windows(inst, count: int) -> dict:
-    """Per offload instance: (end of its late window, name of the next phase or None). The window runs
-    from the offload's end to the end of the next `count` phase instances of the same process; none
-    after it (the process's last phase): empty, so the process's exit is never taken for a late free."""
-    out = {}
-    for _, group in inst.groupby("pid", sort=False):
-        g = group.sort_values("start", kind="stable")
-        starts, ends, names_ = g["start"].to_numpy(float), g["end"].to_numpy(float), g["name"].to_numpy()
-        for k, end in zip(g.index, ends):
-            if not str(g.at[k, "name"]).startswith(names.OFFLOAD_PREFIX):
-                continue
-            j = int(np.searchsorted(starts, end, "left"))
-            nxt = slice(j, j + count)
-            if j >= len(starts) or count == 0 or not np.isfinite(end):
-                out[k] = (end, None)
-            else:  # an open next phase has not ended: everything recorded since is in it
-                out[k] = (np.inf if np.isnan(ends[nxt]).any() else float(ends[nxt].max()), str(names_[j]))
-    return out
-
-
-def _offload_finding(run, k, row, late: tuple, th: Thresholds) -> Finding:
+def _offload_finding(run, k, row, late: LateWindow, th: Thresholds) -> Finding:
     phases = run.phases
     label = instance_label(row['name'], row['iteration'])
     where = dict(span=(row["start"], row["end"]), phase=row["name"], iteration=int(row["iteration"]))
@@ -164,9 +142,9 @@ def _offload_finding(run, k, row, late: tuple, th: Thresholds) -> Finding:
         return Finding("n/a", f"{label}: no memory series for its process"
                               + (" that sees a torch_memory_saver pause (NVML)" if paused else ""), **where)
     need = th.offload_min_drop_share * expected
-    readings = [_read(s, row["start"], row["end"], late[0], expected, need) for s in series]
+    readings = [_read(s, row["start"], row["end"], late, expected, need) for s in series]
     finding = _combine(readings, label, expected, need, paused, where, th)
-    finding.numbers.update(backend=backend, next_phase=late[1], late_window_end=late[0])
+    finding.numbers.update(backend=backend, next_phase=late.next_phase, late_window_end=late.end)
     if paused:
         finding.message += " (torch_memory_saver: judged on NVML; the allocator's counters do not see a pause)"
     if holder is not None:  # say where it was judged: not the declaring process's own memory
@@ -188,22 +166,32 @@ def _holder_series(run, holder: dict, paused: bool) -> list[OffloadSeries]:
     return [OffloadSeries(LEVEL, track, ("used",), resolution_of("used"), False)]
 
 
-def _read(s: OffloadSeries, start: float, end: float, late_end: float, expected: float, need: float) -> Reading:
+def _read(s: OffloadSeries, start: float, end: float, late: LateWindow, expected: float, need: float) -> Reading:
     track = s.track
     gap = _gap(s, start, end)
     if gap:
         return Reading(s, note=f"not judged, {gap}")
     r = Reading(s, before=track.at_or_before(start), at_end=track.at_or_before(end))
-    later = nanmin(track.value[window(track, end, late_end)]) if late_end > end else np.nan
-    r.later_low = min(r.at_end, later) if np.isfinite(later) else r.at_end
+    # the next phase's own doing adds up only on what tensors hold: on the driver's series its allocations
+    # reuse cached blocks first (an onload after an offload that kept its cache rose by less: no late free)
+    own = late if s.role == ALLOCATED else replace(late, own=())
+    r.late, r.own_doing = late_drop(track, r.before, r.at_end, end, own, s.resolution)
+    r.later_low = r.before - r.late
     r.residual = max(expected - max(r.inside, 0.0), 0.0)
     if expected < s.resolution:
         r.outcome, r.note = TOO_SMALL, f"expected {gib(expected)} below the resolution {gib(s.resolution)} of {r.label}"
     elif r.inside > need:
         r.outcome = PASS
+        if r.inside < s.resolution:  # above the share, but no drop this series can tell from its noise
+            r.outcome, r.note = NOISE, (f"dropped {gib(r.inside)}, under the resolution {gib(s.resolution)} of "
+                                        f"{r.label}: too small to tell from noise")
     elif max(r.residual, need - r.inside) < s.resolution:  # the shortfall (need > expected when a share > 1)
         short = max(r.residual, need - r.inside)
         r.outcome, r.note = TOO_SMALL, f"{gib(short)} left below the resolution {gib(s.resolution)} of {r.label}"
+    elif need - r.inside < s.resolution and not r.late > need:
+        # short of the share by less than the series resolves: neither a clear pass nor a clear failure
+        r.outcome, r.note = NOISE, (f"dropped {gib(r.inside)}, {gib(need - r.inside)} short of the {gib(need)} "
+                                    f"needed: within the resolution {gib(s.resolution)} of {r.label}")
     else:
         r.outcome = LATE if r.late > need else KEPT
     return r
@@ -225,7 +213,7 @@ def _host_retention(readings: list[Reading]) -> None:
     an offload's late free from the next phase's own frees: RSS never fails an offload. Beside the heap
     probe it is a note (the heap says whether the tensors went, and when); alone it is not judged."""
     for r in readings:
-        if r.series.track.name == "host" and r.series.role in (DRIVER, LEVEL) and r.outcome in (KEPT, LATE):
+        if r.series.track.name == "host" and r.series.role in (DRIVER, LEVEL) and r.outcome in (KEPT, LATE, NOISE):
             r.outcome = NOT_JUDGED
             r.note = (f"RSS fell {gib(r.inside)} inside the phase: glibc may keep freed memory resident and free "
                       "other memory later, so RSS cannot tell a kept reference or a late free from retention"
@@ -249,18 +237,28 @@ def _combine(readings: list[Reading], label: str, expected: float, need: float, 
     failing = next((r for r in (held, driver) if r is not None and r.outcome in (LATE, KEPT)), None)
     if failing is not None:
         cause = _cause(failing, held, paused)
+        if cause == "cached_not_returned" and _fragmented(failing, held, expected):
+            stuck = max(min(held.inside, expected) - failing.inside, 0.0)
+            numbers.update(stuck=stuck)
+            return _finding(WARN, _fragmentation_message(failing, held, label, stuck), failing, numbers, where,
+                            "fragmentation")
         return _finding("fail", _failure_message(cause, failing, held, label, expected, need, th), failing,
                         numbers, where, cause)
     passed = [r for r in readings if r.outcome == PASS]
     if passed:
         least = min(passed, key=lambda r: r.inside)
-        notes = [f"{r.label}: {r.note}" if r.outcome == NOT_JUDGED else f"too small to judge ({r.note})"
+        notes = [f"{r.label}: {r.note}" if r.outcome == NOT_JUDGED else r.note if r.outcome == NOISE
+                 else f"too small to judge ({r.note})"
                  for r in readings if r.outcome != PASS]
         drops = ", ".join(f"{_word(r)} {gib(r.inside)}" for r in passed)
         message = f"{label}: dropped {gib(least.inside)} of {gib(expected)} expected ({drops})"
         return _finding("pass", message + "".join(f"; {n}" for n in notes), least, numbers, where, None,
                         series=" and ".join(r.label for r in passed),
                         resolution=max(r.series.resolution for r in passed))
+    noisy = [r for r in readings if r.outcome == NOISE]
+    if noisy:  # a drop within noise (issue 30): ambiguous evidence, a WARN with its reason
+        return _finding(WARN, f"{label}: a drop within noise ({noisy[0].note})", noisy[0], numbers, where,
+                        "within_noise")
     small = [r for r in readings if r.outcome == TOO_SMALL]
     if small:
         return _finding(TOO_SMALL, f"{label}: too small to judge ({small[0].note})", small[0], numbers, where, None)
@@ -278,6 +276,25 @@ def _cause(failing: Reading, held: Reading | None, paused: bool) -> str:
     return "paused_not_released" if paused else "never_freed"
 
 
+# The driver's series fell by at least this share of the declared bytes (and FRAGMENT_RESOLUTIONS times its
+# resolution): the cache was returned (torch.cuda.empty_cache(); the allocator returns nothing by itself),
+# and what stayed is held by segments that still hold live blocks (issue 30, class 8: a healthy disk offload,
+# allocated fell by 3.0 GiB, NVML by 2.1 GiB, was told to call the empty_cache() it had called).
+FRAGMENT_SHARE, FRAGMENT_RESOLUTIONS = 0.25, 4.0
+
+
+def _fragmented(driver: Reading, held: Reading | None, expected: float) -> bool:
+    return (driver.series.track.name == "device" and held is not None
+            and driver.inside >= max(FRAGMENT_SHARE * expected, FRAGMENT_RESOLUTIONS * driver.series.resolution))
+
+
+def _fragmentation_message(r: Reading, held: Reading, label: str, stuck: float) -> str:
+    return (f"{label}: fragmentation: the cache was returned ({_word(r)} fell by {gib(r.inside)}), but "
+            f"{gib(stuck)} of the {gib(held.inside)} allocated freed stays in segments that still hold live blocks "
+            "(a WARN: the offload freed its tensors; PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True returns "
+            "such memory)")
+
+
 def _word(r: Reading) -> str:
     kinds = {c.split("_", 1)[1] if c.startswith("gpu") else c for c in r.series.columns}
     if r.series.role == ALLOCATED:
@@ -290,9 +307,10 @@ def _failure_message(cause: str, r: Reading, held: Reading | None, label: str, e
                      th: Thresholds) -> str:
     short = f"dropped {gib(r.inside)}, expected more than {gib(need)} ({th.offload_min_drop_share:.0%} of {gib(expected)})"
     gpu = r.series.track.name == "device"
+    own = f"; {r.own_doing}" if r.own_doing else ""
     if cause == "still_referenced":
         what = "allocated" if gpu else "the glibc heap"
-        return f"{label}: tensors still referenced ({what} kept {gib(r.residual)}; {short})"
+        return f"{label}: tensors still referenced ({what} kept {gib(r.residual)}; {short}{own})"
     if cause == "cached_not_returned":
         if gpu:
             return (f"{label}: cached, not returned to the driver: call torch.cuda.empty_cache() (allocated fell by "
@@ -301,10 +319,10 @@ def _failure_message(cause: str, r: Reading, held: Reading | None, label: str, e
                 f"RSS by only {gib(r.inside)} of {gib(expected)} expected; malloc_trim(0) returns them)")
     if cause == "freed_late":
         return (f"{label}: returned having dropped {gib(r.inside)} ({_word(r)}); {gib(r.late)} was freed only after "
-                f"the phase ended, in the next phase (expected {gib(expected)} inside)")
+                f"the phase ended, in the next phase (expected {gib(expected)} inside{own})")
     if cause == "paused_not_released":
         return f"{label}: the torch_memory_saver pause did not return the memory to the driver ({short})"
-    return f"{label}: never freed, neither inside the phase nor in the next one ({_word(r)} {short})"
+    return f"{label}: never freed, neither inside the phase nor in the next one ({_word(r)} {short}{own})"
 
 
 def _finding(status, message: str, r: Reading, numbers: dict, where: dict, cause: str | None, *,

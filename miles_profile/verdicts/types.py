@@ -99,6 +99,10 @@ CAUSES = {
     "still_referenced": "the declared tensors are still allocated: something keeps a reference to them",
     "cached_not_returned": "freed, but the allocator kept the blocks cached: call torch.cuda.empty_cache()",
     "freed_late": "freed only after the phase ended, within the next phase of the same process",
+    "within_noise": "the drop lies within the series' noise of what the check needs: neither a clear pass nor a "
+                    "clear failure, a warning",
+    "fragmentation": "the tensors left and the cache was returned, but segments that still hold live blocks "
+                     "kept part of it: a warning",
     "never_freed": "the memory was never freed",
     "paused_not_released": "a torch_memory_saver pause that did not return memory to the driver",
     # leak and floor_trend_leak

@@ -5,10 +5,14 @@ case; tests/integration/test_verdict_classes.py records each under a plain `reco
     python tests/corpus/class_programs.py short_leak   # 4 iterations, 96 MiB of batches kept per iteration
     python tests/corpus/class_programs.py swap_kept    # each offload keeps the new state, drops the old one
     python tests/corpus/class_programs.py healthy      # the same loop, offloads that free what they declare
+    python tests/corpus/class_programs.py late_thread  # offload_train's state freed by a thread inside generate
+    python tests/corpus/class_programs.py own_free     # offload_train never frees; generate drops prefetched prompts
+    python tests/corpus/class_programs.py planned      # a loop whose meta holds a forecast of its phases
 """
 from __future__ import annotations
 
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -56,12 +60,75 @@ def _loop(iters: int, keep_batches: bool, swap_kept: bool, state_mib: int = 128)
     print("done", len(history), kept is not None)
 
 
+def late_thread(iters: int = 4) -> None:
+    """An async release: offload_train hands its 128 MiB state to a thread that frees it 0.15 s later,
+    while generate (0.5 s) builds its 96 MiB rollout. Read at phase boundaries, generate's end shows the
+    free less its own rollout: 32 MiB, where 128 MiB went (it was freed late, not still referenced)."""
+    for it in range(iters):
+        with mp.phase("generate", rollout_id=it):
+            rollout = np.ones(96 * MiB, dtype=np.uint8)
+            time.sleep(0.5)
+        with mp.phase("offload_rollout", rollout_id=it, target="disk", expected_bytes=96 * MiB):
+            del rollout
+            time.sleep(0.05)
+        with mp.phase("train", rollout_id=it):
+            state = [np.ones(128 * MiB, dtype=np.uint8)]
+            time.sleep(0.2)
+        with mp.phase("offload_train", rollout_id=it, target="disk", expected_bytes=128 * MiB):
+            threading.Timer(0.15, state.clear).start()  # "released in the background"
+            del state
+            time.sleep(0.05)
+    time.sleep(0.3)
+
+
+def own_free(iters: int = 4) -> None:
+    """offload_train declares the 128 MiB optimizer state and never frees it (kept by `state`), while train
+    prefetches the next 160 MiB of prompts that generate drops once encoded: generate's own free, seen in
+    its first instance too (the first prompts are loaded before the loop), is no late free of the state."""
+    state = np.ones(128 * MiB, dtype=np.uint8)
+    prompts = np.ones(160 * MiB, dtype=np.uint8)
+    for it in range(iters):
+        with mp.phase("generate", rollout_id=it):
+            del prompts  # encoded
+            rollout = np.ones(32 * MiB, dtype=np.uint8)
+            time.sleep(0.3)
+        with mp.phase("offload_rollout", rollout_id=it, target="disk", expected_bytes=32 * MiB):
+            del rollout
+            time.sleep(0.05)
+        with mp.phase("train", rollout_id=it):
+            state += 1
+            prompts = np.ones(160 * MiB, dtype=np.uint8)  # the next step's prompts, prefetched
+            time.sleep(0.2)
+        with mp.phase("offload_train", rollout_id=it, target="disk", expected_bytes=128 * MiB):
+            time.sleep(0.05)  # saved to disk, but `state` still holds it
+    print("done", int(state[0]))
+
+
+def planned(iters: int = 6) -> None:
+    """A loop that writes a forecast of its phases into its meta, as the trainer does (mp.annotate)."""
+    mp.annotate(forecast={"version": 1, "device": "cpu", "phases": [
+        {"phase": "offload_train", "device": "host", "peak": 64 * MiB, "allocator": 64 * MiB, "process": "trainer"}]})
+    for it in range(iters):
+        with mp.phase("train", rollout_id=it):
+            state = np.ones(64 * MiB, dtype=np.uint8)
+            time.sleep(0.2)
+        with mp.phase("offload_train", rollout_id=it, target="disk", expected_bytes=64 * MiB):
+            del state
+            time.sleep(0.1)
+
+
 if __name__ == "__main__":
     mode = sys.argv[1]
     if mode == "memmap":
         memmap(Path(sys.argv[2]))
     elif mode == "short_leak":
         _loop(4, keep_batches=True, swap_kept=False)
+    elif mode == "late_thread":
+        late_thread()
+    elif mode == "own_free":
+        own_free()
+    elif mode == "planned":
+        planned()
     elif mode == "swap_kept":
         _loop(4, keep_batches=False, swap_kept=True)
     else:

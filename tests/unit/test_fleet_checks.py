@@ -172,3 +172,12 @@ def test_host_lane_whose_training_state_stays_in_host_memory_is_not_judged():
     t = _gpu(engine_keeps=20 * GiB, uuid="", series="rss")
     t.loc[t["phase"] == "offload_train", "expected_bytes"] = float("nan")
     assert check_serialized_peaks_per_gpu(t, TH).status == "n/a"
+
+
+def test_a_host_step_in_a_fleet_without_offloads_never_blames_an_offload_round_trip():
+    # issue 30, class 8: floor_trend_leak blamed "glibc ... after an offload round trip" on runs with none
+    floors = [GiB] * 4 + [2 * GiB] * 5
+    rows = [row("n0", "", 7, 0, "actor", "train", it, 10.0 * it, 10.0 * it + 5, total=16 * GiB,
+                rss=(f + GiB, f, f, f)) for it, f in enumerate(floors)]
+    step = next(f for f in check_floor_trend_leak(table(rows), TH).findings if f.cause == "one_time_step")
+    assert "glibc keeps freed memory" in step.message and "offload round trip" not in step.message

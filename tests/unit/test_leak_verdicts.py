@@ -267,3 +267,15 @@ def test_a_host_step_in_a_run_without_offloads_never_blames_an_offload_round_tri
     step = _host(result)
     assert step.cause == "one_time_step", step.message
     assert "glibc keeps freed memory" in step.message and "offload round trip" not in step.message
+
+
+def test_a_floor_that_fell_is_not_called_growth_and_a_leak_after_the_fall_still_fails():
+    # issue 30, class 8: "floor 0.095 GiB -> 0.036 GiB" (a warm-up buffer freed) was reported as growth, and a
+    # leak after such a fall passed (first against last, and the fall in Theil-Sen's interval, hid it)
+    fell = judge_floors(np.arange(1, 7), np.array([0.095, 0.0361, 0.0362, 0.0363, 0.0364, 0.0365]) * GiB,
+                        resolution=8 * MiB, allowed=40 * MiB, min_iterations=5)
+    assert fell.status == "pass" and fell.text.startswith("the floor fell") and "not growth" in fell.text
+    leak = judge_floors(np.arange(1, 9), np.array([0.5, 0.036, 0.05, 0.065, 0.08, 0.095, 0.11, 0.125]) * GiB,
+                        resolution=8 * MiB, allowed=40 * MiB, min_iterations=5)
+    assert leak.status == "fail" and leak.cause == "sustained_growth", leak.text
+    assert "floor 0.036 GiB → 0.125 GiB" in leak.text and "+15.4 MiB/iteration" in leak.text
