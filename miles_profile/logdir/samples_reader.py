@@ -122,23 +122,35 @@ def _concat_by_time(frames: list[pd.DataFrame]) -> pd.DataFrame:
     sizes = [len(f) for f in frames]
     starts = np.cumsum([0, *sizes[:-1]])
     order = np.argsort(np.concatenate([f["t"].to_numpy(np.float64) for f in frames]), kind="stable")
+    # where each frame's rows go: each column is scattered there frame by frame, so a column only a few
+    # processes have (gpu3_proc) moves only their rows, and no concatenated copy is made to be sorted
+    where = np.empty_like(order)
+    where[order] = np.arange(len(order))
+    slots = [where[a:a + n] for a, n in zip(starts, sizes)]
     columns = list(dict.fromkeys(c for f in frames for c in f.columns))
     out = {}
     for column in columns:
         have = [column in f for f in frames]
         if column == "phase":
-            codes = np.concatenate([f["phase"].cat.codes.to_numpy() for f in frames])
-            out[column] = pd.Categorical.from_codes(codes[order], dtype=frames[0]["phase"].dtype)
+            codes = np.empty(len(order), dtype=frames[0]["phase"].cat.codes.dtype)
+            for f, slot in zip(frames, slots):
+                codes[slot] = f["phase"].cat.codes.to_numpy()
+            out[column] = pd.Categorical.from_codes(codes, dtype=frames[0]["phase"].dtype)
             continue
         dtypes = {f[column].dtype for f in frames if column in f}
-        if all(have) and len(dtypes) == 1 and next(iter(dtypes)) != object:
-            values = np.concatenate([f[column].to_numpy() for f in frames])
+        dtype = next(iter(dtypes))
+        if all(have) and len(dtypes) == 1 and isinstance(dtype, np.dtype) and dtype != object:
+            values = np.empty(len(order), dtype=dtype)
+            for f, slot in zip(frames, slots):
+                values[slot] = f[column].to_numpy()
+        elif all(have) and len(dtypes) == 1 and dtype != object:  # an extension dtype: as pd.concat would
+            values = np.concatenate([f[column].to_numpy() for f in frames])[order]
         else:
-            values = np.full(sum(sizes), np.nan)
-            for f, start, size in zip(frames, starts, sizes):
+            values = np.full(len(order), np.nan)
+            for f, slot in zip(frames, slots):
                 if column in f:
-                    values[start:start + size] = f[column].to_numpy(np.float64, na_value=np.nan)
-        out[column] = values[order]
+                    values[slot] = f[column].to_numpy(np.float64, na_value=np.nan)
+        out[column] = values
     return pd.DataFrame(out)
 
 
