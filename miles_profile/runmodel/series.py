@@ -196,7 +196,12 @@ def series_arrays(run, pid: int, column: str) -> tuple[np.ndarray, np.ndarray]:
         y = _column(run, column)
         if y is None:
             y = np.full(len(t), np.nan)
-        cache[key] = (t, y) if rows is None else (t[rows], y[rows])
+        if rows is not None:  # one copy of a process's times for all its columns (not one per column)
+            times = _cache(run).setdefault("times", {})
+            if pid not in times:
+                times[pid] = t[rows]
+            t, y = times[pid], y[rows]
+        cache[key] = (t, y)
     return cache[key]
 
 
