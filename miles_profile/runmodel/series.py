@@ -150,7 +150,7 @@ def take_rows(samples, rows: np.ndarray, columns: list[str]):
             out[c] = pd.Categorical.from_codes(column.cat.codes.to_numpy()[rows], dtype=column.dtype)
         else:
             out[c] = column.to_numpy()[rows]
-    return pd.DataFrame(out, columns=columns)
+    return pd.DataFrame(out, columns=columns, copy=False)  # no 2-D block built by copying the columns again
 
 
 def _value_counts(run, column: str) -> dict[int, int]:
