@@ -162,12 +162,13 @@ sys.stderr.write(done.stdout[-3000:] + done.stderr[-3000:])
 """
 
 
-def measure(run_dir: Path, lanes: str | None) -> dict:
+def measure(run_dir: Path, lanes: str | None, repo: Path = REPO) -> dict:
+    """visualize of `run_dir` with the code of `repo` (another checkout: an A/B in one session)."""
     command = [sys.executable, "-m", "miles_profile.visualize", str(run_dir), "-o", str(run_dir / "report.html")]
     if lanes:
         command += ["--lanes", lanes]
-    env = {**os.environ, "PYTHONPATH": str(REPO), "MILES_PROFILE_CACHE": "0"}
-    done = subprocess.run([sys.executable, "-c", MEASURE, *command], capture_output=True, text=True, env=env, cwd=REPO)
+    env = {**os.environ, "PYTHONPATH": str(repo), "MILES_PROFILE_CACHE": "0"}
+    done = subprocess.run([sys.executable, "-c", MEASURE, *command], capture_output=True, text=True, env=env, cwd=repo)
     code, wall, rss, cpu = done.stdout.split()
     return {"exit": int(code), "wall_s": float(wall), "peak_rss": int(rss), "cpu_s": float(cpu), "output": done.stderr,
             "html_bytes": (run_dir / "report.html").stat().st_size if (run_dir / "report.html").exists() else 0}

@@ -71,3 +71,12 @@ def new_run_dir(log_dir: Path) -> Path:
         except FileExistsError:
             continue
     raise RuntimeError(f"could not create a run directory under {log_dir}")
+
+
+def pid_of(path: Path, suffix: str) -> int:
+    """The pid in a process file's name (`<host>-<pid><suffix>`); -1 when it holds none."""
+    stem = path.name[: -len(suffix)]
+    try:
+        return int(stem.rsplit("-", 1)[1])
+    except (IndexError, ValueError):
+        return -1

@@ -47,7 +47,7 @@ from miles_profile.logdir.damaged_csv import quiet_invalid_rows, usable_header
 from miles_profile.logdir.files import NotRegularFile, map_regular, open_regular
 from miles_profile.logdir.layout import SAMPLES_SUFFIX
 from miles_profile.logdir.merge import copied_stems
-from miles_profile.logdir.reader import _clean_times, _read_samples
+from miles_profile.logdir.samples_reader import clean_times, read_samples
 from miles_profile.logdir.summaries import SUMMARY_COLUMNS, summaries_frame
 from miles_profile.phase_summary import series_plan
 
@@ -262,7 +262,7 @@ class _Plan:
         self.truncated = False
         if not self.size:
             return
-        # the header as reader._read_samples decodes it (the first line of the first 4 KiB)
+        # the header as samples_reader.read_samples decodes it (the first line of the first 4 KiB)
         self.header = bytes(self.mapped[:4096]).split(b"\n", 1)[0].decode(errors="replace").split(",")
         first_nl = self.mapped.find(b"\n", 0, min(self.size, 4097))
         if not usable_header(self.header) or first_nl < 0:
@@ -298,7 +298,7 @@ def _summaries_of(file: _File, windows: _Windows) -> pd.DataFrame:
 
 
 def _from_frame(samples: pd.DataFrame, file: _File) -> pd.DataFrame:
-    """The damage-tolerant path's frame (reader._read_samples, times cleaned) reduced in one piece."""
+    """The damage-tolerant path's frame (samples_reader.read_samples, times cleaned) reduced in one piece."""
     header = list(samples.columns)
     values = [c for c in header if c not in ("t", "phase")]
     plan = [(name, header.index(values[li]), None if pi is None else header.index(values[pi]))
@@ -312,13 +312,13 @@ def _from_frame(samples: pd.DataFrame, file: _File) -> pd.DataFrame:
 
 def _read_whole(file: _File) -> pd.DataFrame:
     try:
-        samples = _read_samples(file.path, file.warnings)
+        samples = read_samples(file.path, file.warnings)
     except NotRegularFile as exc:
         file.warnings.append(str(exc))
         return _empty()
     if samples is None or not len(samples):
         return _empty()
-    return _from_frame(_clean_times(samples, file.warnings, file.path.name), file)
+    return _from_frame(clean_times(samples, file.warnings, file.path.name), file)
 
 
 # -- the cache ------------------------------------------------------------------------------------------

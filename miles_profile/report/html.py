@@ -177,6 +177,11 @@ def _checks_html(results: list[checks_mod.CheckResult], t0: float, table_id: str
     if not results:
         return '<p class="muted">Checks were not run (--no-check).</p>'
     rows = []
+    # Checks that cannot apply (an RL check on a plain training loop) fold into one row when there are
+    # several, as the CLI folds them into one line: the run's own findings stay on the first screen.
+    not_applicable = [r for r in results if r.status == "n/a"]
+    if len(not_applicable) >= 2:
+        results = [r for r in results if r.status != "n/a"]
     for r in results:
         cls, text = _BADGE[r.status]
         span = "–" if r.span is None else f"{r.span[0] - t0:.2f} s – {r.span[1] - t0:.2f} s"
@@ -193,8 +198,23 @@ def _checks_html(results: list[checks_mod.CheckResult], t0: float, table_id: str
             f'<td><span class="badge {cls}">{text}</span></td>'
             f"<td>{_e(r.summary)}{details}</td><td class=\"nowrap\">{_e(span)}</td>"
             f'<td class="small">{_e(r.explanation)}<div class="muted">judged on: {_e(r.series or "–")}</div></td></tr>')
+    if len(not_applicable) >= 2:
+        rows.append(_not_applicable_row(not_applicable))
     return (f'<table id="{table_id}" class="checks"><thead><tr><th>check</th><th>verdict</th><th>numbers</th>'
             f"<th>time span</th><th>what it means</th></tr></thead><tbody>{''.join(rows)}</tbody></table>")
+
+
+def _not_applicable_row(results: list[checks_mod.CheckResult]) -> str:
+    """One row for the checks that cannot apply to this run: their names, and each one's reason folded."""
+    names = ", ".join(r.name for r in results)
+    reasons = "".join(f'<li data-check="{_e(r.name)}"><b>{_e(r.title)}</b> ({_e(r.name)}): {_e(r.summary)}</li>'
+                      for r in results)
+    return (f'<tr class="check-na" data-check="not_applicable" data-status="n/a" data-checks="{_e(names)}">'
+            f'<td><b>Cannot apply to this run</b><div class="muted small">{len(results)} checks</div></td>'
+            f'<td><span class="badge na">n/a</span></td>'
+            f'<td>{_e(names)}<details><summary>why, check by check</summary><ul>{reasons}</ul></details></td>'
+            f'<td class="nowrap">–</td><td class="small">Each looks for something this run did not do or record '
+            f'(why: above): nothing was judged, which is not a pass.</td></tr>')
 
 
 def _facts_html(run) -> str:

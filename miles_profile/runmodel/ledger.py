@@ -37,7 +37,7 @@ import pandas as pd
 
 from miles_profile import names
 from miles_profile.logdir.accounts import declared_at
-from miles_profile.runmodel.series import pids, process_rows, process_samples, series_arrays
+from miles_profile.runmodel.series import own_columns, pids, process_rows, process_samples, series_arrays, take_rows
 from miles_profile.runmodel.stats import _iterations
 
 ACTIVATIONS, ALLOCATOR_CACHE, NON_PYTORCH, OTHER_PROCESSES = (
@@ -90,7 +90,8 @@ def _process_states(run, only: set[tuple[str, int]] | None = None) -> dict[tuple
         at = np.searchsorted(t, np.sort(ends["end"].to_numpy(float)), "right") - 1
         at = np.unique(at[at >= 0])
         positions = process_rows(run, int(pid))
-        picked = samples.iloc[at if positions is None else positions[at]].drop(columns=["phase", "pid"], errors="ignore")
+        columns = [c for c in own_columns(run, int(pid)) if c not in ("phase", "pid")]  # not every process's
+        picked = take_rows(samples, at if positions is None else positions[at], columns)
         states[(host, int(pid))] = picked.set_index("t").apply(pd.to_numeric, errors="coerce").astype(float)
     return states
 

@@ -31,7 +31,7 @@ import numpy as np
 import pandas as pd
 
 from miles_profile.logdir.sample_summaries import processes_read, summaries_from_samples
-from miles_profile.runmodel.series import series_arrays
+from miles_profile.runmodel.series import own_columns, pids, process_rows, series_arrays, take_rows
 from miles_profile.runmodel.stats import _iterations
 
 _GPU_COLUMN = re.compile(r"^gpu(\d+)_(proc|alloc|reserved|used|boundary_proc)$")
@@ -205,15 +205,14 @@ def _fill_from_summaries(run, table: pd.DataFrame, info: dict, summaries: pd.Dat
 def _loaded_samples(run, pid: int) -> pd.DataFrame | None:
     """A process's samples when the run holds them in memory (the reader read them): the summaries come
     from there instead of a second parse of its file."""
-    from miles_profile.runmodel.series import pids, pids_with, process_rows
     sample_pids = getattr(run, "sample_pids", None)
     if run.samples.empty or (sample_pids is not None and pid not in sample_pids) or pid not in pids(run):
         return None
     # only the columns this process wrote: the run's frame holds every process's (gpu3_proc beside
     # gpu5_proc), empty for the others, and a summary has no row for a series without a value anyway
-    own = [c for c in run.samples.columns if c in ("t", "phase") or pid in pids_with(run, c)]
+    own = [c for c in own_columns(run, pid) if c != "pid"]
     rows = process_rows(run, pid)
-    return run.samples[own] if rows is None else run.samples[own].take(rows)
+    return run.samples[own] if rows is None else take_rows(run.samples, rows, own)
 
 
 def _fill_from_samples(run, table: pd.DataFrame, info: dict) -> None:

@@ -13,6 +13,7 @@ import pandas as pd
 
 from miles_profile.logdir.reader import Run
 from miles_profile.runmodel import engine_server
+from miles_profile.runmodel.series import own_columns, take_rows
 
 # "in_process": the trainer recorded in record's own process (no torchrun), the rank, engine server or not
 _JUDGED_ROLES = ("actor", "in_process", "engine", "critic")
@@ -42,7 +43,11 @@ def process_view(run, host: str, pid: int, rows_of: dict):
     engine = engine_server.engine_of(run.processes, meta[0]) if meta else None
     parts = [rows_of[p] for p in (pid, engine and int(engine["pid"])) if p is not None and p in rows_of]
     rows = np.sort(np.concatenate(parts)) if parts else None
-    samples = run.samples.iloc[rows].reset_index(drop=True) if rows is not None else run.samples.iloc[:0]
+    # only the columns these processes have values in (series.own_columns): the run's frame carries
+    # every process's columns, and copying them all was most of the per-process checks' time
+    columns = list(dict.fromkeys(c for p in (pid, engine and int(engine["pid"])) if p is not None and p in rows_of
+                                 for c in own_columns(run, p)))
+    samples = take_rows(run.samples, rows, columns) if rows is not None else run.samples.iloc[:0]
     ph = run.phases
     ph_host = ph["host"].fillna("").astype(str) if "host" in ph else pd.Series("", index=ph.index)
     phases = _inherit_rollout_ids(ph[(ph["pid"] == pid) & (ph_host == host)].reset_index(drop=True), run, meta)

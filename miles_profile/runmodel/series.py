@@ -11,7 +11,8 @@ Public API (stable; shared with the Dash dashboard):
     timeline_series(run) -> list[Series]  # what the timeline plots, grouped "gpu0", ..., "host"
     series_arrays(run, pid, column) -> (t, y)   # float64 arrays, t sorted
     process_rows(run, pid) -> positions | None  # one process's rows, all processes indexed in one pass
-    process_samples(run, pid) -> DataFrame      # those rows
+    process_samples(run, pid) -> DataFrame      # those rows, its own columns only
+    own_columns(run, pid) -> [column]           # t, phase, pid and the columns it has values in
     process_label(run, pid) -> str
     Track(name, label, pid, t, value, peak)     # one memory level and its true-peak envelope;
                                                 #   .sample_gap(start, end): why it can't judge a span
@@ -24,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import pandas as pd
 
 GiB = 1024 ** 3
 
@@ -125,9 +127,52 @@ def process_rows(run, pid: int) -> np.ndarray | None:
 
 
 def process_samples(run, pid: int):
-    """One process's rows of `run.samples` (a frame of its own), through process_rows."""
+    """One process's rows of `run.samples` (a frame of its own), through process_rows, holding only the
+    columns it has a value in (own_columns)."""
     rows = _rows_of(run, pid)
-    return run.samples if rows is None else run.samples.iloc[rows]
+    return run.samples if rows is None else take_rows(run.samples, rows, own_columns(run, pid))
+
+
+def own_columns(run, pid: int) -> list[str]:
+    """The samples columns of one process: t, phase, pid and every column it has a value in. The run's
+    frame holds every process's columns (gpu3_proc beside gpu5_proc), empty but for their owner's rows;
+    a copy of them per process was most of the checks' and the ledger's time on a 32-process run."""
+    return [c for c in run.samples.columns if c in ("t", "phase", "pid") or pid in _value_counts(run, c)]
+
+
+def take_rows(samples, rows: np.ndarray, columns: list[str]):
+    """`samples[columns].iloc[rows].reset_index(drop=True)`, copying only those columns' rows (pandas
+    copies every column of the whole frame to select columns, then takes)."""
+    out = {}
+    for c in columns:
+        column = samples[c]
+        if isinstance(column.dtype, pd.CategoricalDtype):
+            out[c] = pd.Categorical.from_codes(column.cat.codes.to_numpy()[rows], dtype=column.dtype)
+        else:
+            out[c] = column.to_numpy()[rows]
+    return pd.DataFrame(out, columns=columns, copy=False)  # no 2-D block built by copying the columns again
+
+
+def _value_counts(run, column: str) -> dict[int, int]:
+    """{pid: values it has in `column`} for the processes with any, from the run's one index: one pass
+    over the column, not a groupby of it per call."""
+    cache = _cache(run).setdefault("value_counts", {})
+    if column not in cache:
+        samples = run.samples
+        if column not in samples or not len(samples):
+            cache[column] = {}
+        else:
+            values = samples[column]
+            present = values.notna().to_numpy() if values.hasnans or values.dtype == object else None
+            found = {}
+            for pid in pids(run):
+                rows = _rows_of(run, pid)
+                n = (len(samples) if rows is None else len(rows)) if present is None else \
+                    int(present.sum() if rows is None else present[rows].sum())
+                if n:
+                    found[pid] = n
+            cache[column] = found
+    return cache[column]
 
 
 def _column(run, column: str) -> np.ndarray:
@@ -151,7 +196,12 @@ def series_arrays(run, pid: int, column: str) -> tuple[np.ndarray, np.ndarray]:
         y = _column(run, column)
         if y is None:
             y = np.full(len(t), np.nan)
-        cache[key] = (t, y) if rows is None else (t[rows], y[rows])
+        if rows is not None:  # one copy of a process's times for all its columns (not one per column)
+            times = _cache(run).setdefault("times", {})
+            if pid not in times:
+                times[pid] = t[rows]
+            t, y = times[pid], y[rows]
+        cache[key] = (t, y)
     return cache[key]
 
 
@@ -168,13 +218,8 @@ def pids_with(run, column: str) -> list[int]:
         return []
     cache = _cache(run).setdefault("pids_with", {})
     if column not in cache:
-        values = run.samples[column]
-        if len(pids(run)) == 1:  # the common case: no per-process split needed
-            cache[column] = pids(run) if values.notna().any() else []
-        else:
-            counts = values.notna().groupby(run.samples["pid"].to_numpy()).sum()
-            counts = counts[counts > 0].sort_index()
-            cache[column] = [int(p) for p in counts.sort_values(ascending=False, kind="stable").index]
+        counts = _value_counts(run, column)
+        cache[column] = sorted(counts, key=lambda p: -counts[p])  # stable: equal counts by pid
     return cache[column]
 
 

@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from miles_profile.logdir import reader
+from miles_profile.logdir import samples_cache
 from miles_profile.logdir.reader import load_run
 
 
@@ -35,7 +35,7 @@ def _wait_for_cache_writer():
 
 @pytest.fixture
 def small_cache_threshold(monkeypatch):
-    monkeypatch.setattr(reader, "CACHE_MIN_BYTES", 1)
+    monkeypatch.setattr(samples_cache, "CACHE_MIN_BYTES", 1)
     monkeypatch.delenv("MILES_PROFILE_CACHE", raising=False)
 
 

@@ -243,8 +243,8 @@ def test_rows_out_of_time_order_are_sorted_as_the_reader_does(tmp_path, referenc
 @pytest.mark.parametrize("damage", ["truncated", "other_schema"])
 def test_a_damaged_columnar_samples_cache_is_never_trusted(tmp_path, monkeypatch, damage):
     """The reader's copy of a large file's samples (`.<name>.arrow`) is held to the same rule."""
-    from miles_profile.logdir import reader
-    monkeypatch.setattr(reader, "CACHE_MIN_BYTES", 1)
+    from miles_profile.logdir import samples_cache
+    monkeypatch.setattr(samples_cache, "CACHE_MIN_BYTES", 1)
     monkeypatch.delenv("MILES_PROFILE_CACHE", raising=False)
     run_dir = _write_run(tmp_path)
     intact = load_run(run_dir).samples

@@ -248,3 +248,15 @@ def test_too_small_to_judge_renders_in_the_cli_html_and_json():
     assert '<span class="badge small">TOO SMALL</span>' in table and 'data-status="too small to judge"' in table
     assert verdict.to_dict()["checks"][0]["status"] == TOO_SMALL
     assert verdict.to_dict()["status"] == "warn"  # nothing judged: the run warns, never a bare small or pass
+
+
+def test_checks_that_cannot_apply_fold_into_one_row_of_the_html_table():
+    """As in the CLI: several n/a checks are one row naming them, each one's reason folded under it."""
+    from miles_profile.report.html import _checks_html
+    checks = [_check("leak", "pass"), _check("offload_drop", "n/a"), _check("oom", "n/a"), _check("headroom", "fail")]
+    table = _checks_html(checks, 0.0, "checks")
+    assert table.count('data-status="n/a"') == 1 and table.count("<tr") == 4  # head, leak, headroom, the fold
+    assert 'data-checks="offload_drop, oom"' in table and "offload_drop is n/a" in table and "oom is n/a" in table
+    assert 'data-check="leak"' in table and 'data-check="headroom"' in table
+    alone = _checks_html([_check("leak", "pass"), _check("oom", "n/a")], 0.0, "checks")
+    assert 'data-check="oom" data-status="n/a"' in alone  # one n/a check keeps its own row, as in the CLI

@@ -1,0 +1,155 @@
+"""A run's events files read into the events frame, and the phase table built from it."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from miles_profile import names
+from miles_profile.logdir.events import EventProblems, parse_event_lines
+from miles_profile.logdir.files import EVENT_LINE_MAX, NotRegularFile, bounded_lines
+from miles_profile.logdir.layout import EVENTS_SUFFIX, pid_of
+
+PHASE_COLUMNS = ["name", "start", "end", "duration", "pid", "host", "id", "parent", "depth", "status", "attrs"]
+EVENT_COLUMNS = ["t", "kind", "name", "pid", "host", "id", "parent", "attrs"]
+
+
+def read_all_events(run_dir: Path, warnings: list[str], skip: set[str] | None = None,
+                    without_events: list[str] | None = None) -> pd.DataFrame:
+    rows, problems, too_long = [], EventProblems(), [0]
+    for path in sorted(run_dir.glob(f"*{EVENTS_SUFFIX}")):
+        if skip and path.name[: -len(EVENTS_SUFFIX)] in skip:
+            continue
+        host = path.name[: -len(EVENTS_SUFFIX)].rsplit("-", 1)[0]
+        try:  # a regular file; no line over EVENT_LINE_MAX (dropped and counted)
+            data = b"".join(bounded_lines(path, too_long=too_long))
+        except NotRegularFile as exc:
+            warnings.append(str(exc))
+            continue
+        events, duplicated = drop_duplicated_events(parse_event_lines(data, pid_of(path, EVENTS_SUFFIX), problems))
+        if not events and without_events is not None:
+            without_events.append(path.name[: -len(EVENTS_SUFFIX)])
+        if duplicated:
+            warnings.append(f"{path.name}: dropped {duplicated} duplicated event line{'s' * (duplicated != 1)} "
+                            "(a phase begun or ended twice under one id, or a line repeated; the first kept)")
+        for event in events:
+            if not isinstance(event.get("host"), str):
+                event["host"] = host
+            rows.append(event)
+    warnings.extend(problems.warnings())
+    if too_long[0]:
+        warnings.append(f"skipped {too_long[0]} event lines over {EVENT_LINE_MAX:,} bytes")
+    return events_frame(rows)
+
+
+def drop_duplicated_events(events: list[dict]) -> tuple[list[dict], int]:
+    """One file's events without repeats, and how many were dropped. A phase id is begun and ended once
+    per process, so a second begin (or end) of an id is a copied line (`cat E E > E`, a re-sent log); any
+    other event repeated whole (same time, kind, name and attributes) is too. Every view keys phases by
+    (host, pid, id): a repeat would make that key ambiguous."""
+    seen: set = set()
+    kept = []
+    for event in events:
+        if event["kind"] in (names.BEGIN, names.END) and event.get("id") is not None:
+            key = (event["kind"], event["pid"], event["id"])
+        else:
+            key = (event["kind"], event["pid"], event["name"], event["t"], repr(event.get("attrs")))
+        if key not in seen:
+            seen.add(key)
+            kept.append(event)
+    return kept, len(events) - len(kept)
+
+
+def events_frame(rows: list[dict]) -> pd.DataFrame:
+    """Event dicts as the `Run.events` frame: dict attrs, float times, sorted by time."""
+    events = pd.DataFrame(rows, columns=EVENT_COLUMNS)
+    events["attrs"] = events["attrs"].map(lambda a: a if isinstance(a, dict) else {})
+    events["t"] = events["t"].astype(float)
+    return events.sort_values("t", kind="stable").reset_index(drop=True)
+
+
+def phases_from_events(events: pd.DataFrame, samples: pd.DataFrame) -> pd.DataFrame:
+    """One row per phase instance; a phase never ended (a crash) ends at the last sample, status 'open'."""
+    begins = events[events["kind"] == names.BEGIN]
+    if begins.empty:
+        return pd.DataFrame(columns=PHASE_COLUMNS)
+    ends = events[events["kind"] == names.END]
+    last_t = float(samples["t"].max()) if len(samples) else float(events["t"].max())
+    # ends matched to begins by (host, pid, id) as columns (a 1,024-process run has 150,000 phases)
+    def keys(frame):
+        ids = pd.to_numeric(frame["id"], errors="coerce").fillna(-1).astype(np.int64)
+        return pd.MultiIndex.from_arrays([_hosts(frame), frame["pid"].astype(np.int64).to_numpy(), ids.to_numpy()])
+    end_keys = keys(ends)
+    last_end = ~end_keys.duplicated(keep="last")  # as a dict would: the last end of an id wins
+    at = end_keys[last_end].get_indexer(keys(begins))
+    found = at >= 0
+    # padded by one: a begin without an end (at = -1) reads the pad, replaced below
+    end_t = np.append(ends["t"].to_numpy(float)[last_end], np.nan)[at]
+    end_status = np.append(np.array([a.get("status", "ok") for a in ends["attrs"]], dtype=object)[last_end],
+                           "open")[at]
+    t = begins["t"].to_numpy(float)
+    end = np.where(found, end_t, np.maximum(last_t, t))
+    ids, parents = begins["id"], begins["parent"]
+    rows = {"name": begins["name"].to_numpy(), "start": t, "end": end, "duration": end - t,
+            "pid": begins["pid"].astype(int).to_numpy(), "host": _hosts(begins),
+            "id": pd.to_numeric(ids, errors="coerce").fillna(-1).astype(int).to_numpy(),
+            "parent": pd.to_numeric(parents, errors="coerce").fillna(-1).astype(int).to_numpy(),
+            "status": np.where(found, end_status, "open"), "attrs": begins["attrs"].to_numpy()}
+    phases = pd.DataFrame(rows)
+    phases["status"] = phases["status"].astype(object)
+    phases["depth"] = _depths(phases)
+    extra = pd.DataFrame([{k: v for k, v in a.items() if k not in PHASE_COLUMNS} for a in phases["attrs"]],
+                         index=phases.index)
+    phases = pd.concat([phases[PHASE_COLUMNS], extra], axis=1)
+    return phases.sort_values(["start", "depth"], kind="stable").reset_index(drop=True)
+
+
+def _hosts(events: pd.DataFrame) -> list[str]:
+    """The host of each event ("" where unknown: fakes, tails of old logs)."""
+    if "host" not in events:
+        return [""] * len(events)
+    return ["" if h is None or h != h else str(h) for h in events["host"].tolist()]
+
+
+def _depths(phases: pd.DataFrame) -> list[int]:
+    keys = list(zip(phases["host"], phases["pid"]))
+    parent_of = {(*k, i): par for k, i, par in zip(keys, phases["id"], phases["parent"])}
+    depths = []
+    for key, phase_id in zip(keys, phases["id"]):
+        depth, parent = 0, parent_of.get((*key, phase_id), -1)
+        while parent != -1 and depth < 64:
+            depth, parent = depth + 1, parent_of.get((*key, parent), -1)
+        depths.append(depth)
+    return depths
+
+
+def fill_phases_from_timeline(samples: pd.DataFrame, events: pd.DataFrame, pids: list[int]) -> pd.DataFrame:
+    """Rows sampled from outside (`record --exec`) get the innermost phase open at their time."""
+    times, labels = phase_timeline(events)
+    if not len(times):
+        return samples
+    mask = samples["pid"].isin(pids).to_numpy()
+    at = np.searchsorted(times, samples["t"].to_numpy()[mask], side="right") - 1
+    filled = np.where(at >= 0, np.asarray(labels, dtype=object)[np.maximum(at, 0)], "")
+    phase = samples["phase"].astype(str).to_numpy(dtype=object)
+    phase[mask] = filled
+    samples["phase"] = pd.Categorical(phase)
+    return samples
+
+
+def phase_timeline(events: pd.DataFrame) -> tuple[np.ndarray, list[str]]:
+    """Step function: from times[k] on, the innermost open phase is labels[k] ('' when none)."""
+    open_phases: dict[tuple, str] = {}
+    times, labels = [], []
+    for kind, host, pid, phase_id, name, t in zip(events["kind"], _hosts(events), events["pid"], events["id"],
+                                                  events["name"], events["t"]):
+        if kind == names.BEGIN:
+            open_phases[(host, pid, phase_id)] = name
+        elif kind == names.END:
+            open_phases.pop((host, pid, phase_id), None)
+        else:
+            continue
+        times.append(t)
+        labels.append(next(reversed(open_phases.values()), ""))
+    return np.asarray(times, dtype=float), labels
