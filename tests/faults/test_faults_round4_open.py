@@ -1,0 +1,87 @@
+"""Issue 33, what the first sweep left open: false FAILs and silent PASSes on damaged data. Each test builds
+the damaged input for real (a log dir written by the project's writers, a Miles CSV, a Miles dump) and
+failed before its fix; unit-level and fast."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from miles_profile.logdir.layout import new_run_dir
+from miles_profile.logdir.reader import load_run
+from miles_profile.logdir.writer import EventWriter, SampleWriter, write_process_meta, write_run_meta
+from miles_profile.runmodel.fleet_synthetic import GiB, synthetic_table
+from miles_profile.runmodel.phase_table import phase_table
+from miles_profile.verdicts.fleet_checks import FleetThresholds, check_rank_imbalance
+
+MiB = 1024 ** 2
+
+
+# -- item 9: one unreadable process meta is not an imbalanced rank -------------------------------------
+def _host_lanes(ranks: int, hot=None):
+    """A CPU fleet (host-memory lanes: one rank's actor and engine share one) of `ranks` ranks."""
+    t = synthetic_table(hosts=1, gpus=ranks, iterations=6, with_used=False, hot_rank=hot)
+    t["gpu_uuid"], t["gpu_total"], t["identified"] = "", float(200 * GiB), True
+    for k in ("peak", "floor", "first", "last"):
+        t[f"rss_{k}"], t[f"proc_{k}"] = t[f"proc_{k}"], np.nan
+    return t
+
+
+def _lose_meta(t, pids):
+    """What the phase table holds for a process whose meta was unreadable: no rank, no role."""
+    lost = t["pid"].isin(pids)
+    t.loc[lost, "rank"], t.loc[lost, "role"], t.loc[lost, "identified"] = -1, "", False
+    return t
+
+
+def test_processes_without_a_readable_meta_are_left_out_of_rank_imbalance_not_failed():
+    # three ranks, rank 0's engine and rank 1's actor unreadable: ranks 0 and 1 each lack a process, and
+    # rank 2 (complete) stood out as "+100 %" over the median: a FAIL before
+    t = _lose_meta(_host_lanes(3), [10_001, 10_002])
+    result = check_rank_imbalance(t, FleetThresholds())
+    assert result.status != "fail", result.summary
+    assert "without a readable meta (pid 10001, 10002" in result.summary, result.summary
+    assert "node0:rank0, node0:rank1" in result.summary, result.summary  # the lanes that may lack them
+
+
+def test_a_real_imbalance_among_the_readable_ranks_still_fails():
+    # four ranks, rank 0 trains 30 GiB over its peers; rank 3's actor meta is unreadable
+    t = _lose_meta(_host_lanes(4, hot=(0, 30 * GiB)), [10_006])
+    result = check_rank_imbalance(t, FleetThresholds())
+    assert result.status == "fail", result.summary
+    assert "node0:rank0" in result.summary and "pid 10006" in result.summary, result.summary
+
+
+def _write_process(run: Path, pid: int, rank: int, role: str, level: int) -> None:
+    stem = f"h-{pid}"
+    write_process_meta(run, stem, {"pid": pid, "rank": rank, "role": role, "host": "h", "stem": stem,
+                                   "end_time": 1100.0})
+    samples = SampleWriter(run, stem, ["rss"])
+    events = EventWriter(run, stem, pid=pid, host="h")
+    name = "train" if role == "actor" else "generate"
+    for it in range(4):
+        t0 = 1000.0 + 10 * it + (0 if role == "actor" else 5)
+        events.write("begin", name, {"rollout_id": it}, t=t0, id=it + 1, parent=None)
+        for k in range(5):
+            samples.append(t0 + 0.5 + k * 0.5, name, [level + k * MiB])
+        events.write("end", name, {"status": "ok"}, t=t0 + 3, id=it + 1, parent=None)
+    samples.close()
+    events.close()
+
+
+def test_a_run_whose_process_meta_is_unreadable_marks_that_process_unidentified(tmp_path):
+    run = new_run_dir(tmp_path)
+    write_run_meta(run, {"interval_ms": 500.0, "start_time": 1000.0})
+    for r in range(3):
+        _write_process(run, 100 + r, r, "actor", 2 * GiB)
+        _write_process(run, 200 + r, r, "engine", 1 * GiB)
+    (run / "h-101.meta.json").write_text("")  # rank 1's actor: an emptied meta
+    loaded = load_run(run)
+    assert any("h-101.meta.json" in w for w in loaded.warnings), loaded.warnings
+    table = phase_table(loaded)
+    by_pid = table.groupby("pid")["identified"].all()
+    assert not by_pid[101] and by_pid.drop(101).all(), by_pid
+    result = check_rank_imbalance(table, FleetThresholds())
+    assert result.status != "fail" and "pid 101" in result.summary, result.summary
+    json.dumps(result.summary)  # plain text
