@@ -85,3 +85,70 @@ def test_a_run_whose_process_meta_is_unreadable_marks_that_process_unidentified(
     result = check_rank_imbalance(table, FleetThresholds())
     assert result.status != "fail" and "pid 101" in result.summary, result.summary
     json.dumps(result.summary)  # plain text
+
+
+# -- transition_spikes next to a phase the reader dropped; Miles CSV damage said ---------------------
+def _miles_csv(path: Path) -> list[str]:
+    """The sweep's Miles CPU CSV: 3 steps of generate then train (used 14 GB in train, 10 outside)."""
+    lines = ["time_s,used_gb,available_gb,percent,marker"]
+    for k in range(60):
+        step, at = divmod(k, 20)
+        marker = {0: f"step_{step}/generate_start", 6: f"step_{step}/generate_end",
+                  8: f"step_{step}/train_start", 16: f"step_{step}/train_end"}.get(at, "")
+        lines.append(f"{k * 0.5:.3f},{10 + (at > 8) * 4 + k * 0.001:.3f},{50 - (at > 8) * 4:.3f},20.0,{marker}")
+    path.write_text("\n".join(lines) + "\n")
+    return lines
+
+
+def _spikes(run):
+    from miles_profile.verdicts.engine import judge
+    return next(c for c in judge(run).checks if c.name == "transition_spikes")
+
+
+def test_a_boundary_next_to_a_miles_phase_the_reader_dropped_is_not_judged(tmp_path):
+    from miles_profile.importers.miles_csv import load_miles_csv
+    path = tmp_path / "cpu_memory.csv"
+    lines = _miles_csv(path)
+    assert _spikes(load_miles_csv(path)).status == "pass"
+    # step 0's train_start row lost its time: the train phase is gone, its 14 GB sit between generate and
+    # the next generate, and read as "held outside any phase" (a FAIL before)
+    lines[9] = "x" + lines[9][lines[9].index(","):]
+    path.write_text("\n".join(lines) + "\n")
+    run = load_miles_csv(path)
+    assert any("line 10" in w and "time_s" in w for w in run.warnings), run.warnings
+    assert any("end markers without a start (first: line 18)" in w for w in run.warnings), run.warnings
+    result = _spikes(run)
+    assert result.status != "fail", result.summary
+    assert any(f.status == "n/a" and "reader dropped" in f.message for f in result.findings), result.summary
+
+
+def test_a_cut_miles_dashboard_phases_file_judges_no_boundary_it_may_have_held(tmp_path):
+    from miles_profile.importers.miles_dashboard import load_miles_dashboard
+    from tests.unit.test_miles_dashboard_import import write_miles_dashboard
+    root = write_miles_dashboard(tmp_path / "dashboard", iterations=2)
+    assert _spikes(load_miles_dashboard(root)).status == "pass"
+    part = sorted((root / "phases").glob("*.jsonl"))[0]
+    data = part.read_bytes()
+    part.write_bytes(data[: len(data) * 2 // 3 + 7])  # cut mid-line: the rest of that hour's intervals lost
+    run = load_miles_dashboard(root)
+    assert any("dropped a truncated last line (line" in w for w in run.warnings), run.warnings
+    result = _spikes(run)
+    assert result.status != "fail", result.summary
+    assert any(f.status == "n/a" and "reader dropped" in f.message for f in result.findings), result.summary
+
+
+def test_miles_csv_garbage_lines_and_bad_cells_are_said_naming_the_line(tmp_path):
+    from miles_profile.importers.miles_csv import load_miles_csv
+    path = tmp_path / "cpu_memory.csv"
+    lines = _miles_csv(path)
+    lines.insert(5, '1,2,3,4,5,{x,"é')  # more cells than the header, and a stray quote
+    lines[30] = lines[30].replace(",20.0,", ",x,")
+    lines[40] = lines[40].replace(",20.0,", ",nan,")
+    lines[51] = lines[51].replace(",20.0,", ",20.0,nan")
+    path.write_text("\n".join(lines) + "\n")
+    run = load_miles_csv(path)
+    said = "\n".join(run.warnings)
+    assert "malformed line (more cells than the header; first: line 6)" in said, said
+    assert "2 percent value(s) that are no percentage, ignored (first: line 31, 'x')" in said, said
+    assert "1 marker label(s) 'nan' (first: line 52)" in said, said
+    assert len(run.samples) == 60  # the stray quote swallowed no row after it
