@@ -437,7 +437,8 @@ def _read_samples(path: Path, warnings: list[str], cache: bool = False) -> pd.Da
                 str(path) if end == len(data) else pa.py_buffer(data[:end]),
                 read_options=pacsv.ReadOptions(column_names=header, skip_rows=1),  # names as decoded above
                 parse_options=pacsv.ParseOptions(invalid_row_handler=on_invalid),
-                convert_options=pacsv.ConvertOptions(column_types=types, strings_can_be_null=False),
+                # only an empty cell is absent: pyarrow's default null words ("nan", "NULL", "N/A") are damage to say
+                convert_options=pacsv.ConvertOptions(column_types=types, strings_can_be_null=False, null_values=[""]),
             )
             if skipped:
                 warnings.append(f"{path.name}: skipped {len(skipped)} malformed rows")
@@ -556,7 +557,8 @@ def _read_all_events(run_dir: Path, warnings: list[str], skip: set[str] | None =
         except NotRegularFile as exc:
             warnings.append(str(exc))
             continue
-        events, duplicated = drop_duplicated_events(parse_event_lines(data, _pid_of(path, EVENTS_SUFFIX), problems))
+        events, duplicated = drop_duplicated_events(parse_event_lines(data, _pid_of(path, EVENTS_SUFFIX), problems,
+                                                                        path.name))
         if not events and without_events is not None:
             without_events.append(path.name[: -len(EVENTS_SUFFIX)])
         if duplicated:

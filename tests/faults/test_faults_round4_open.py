@@ -152,3 +152,39 @@ def test_miles_csv_garbage_lines_and_bad_cells_are_said_naming_the_line(tmp_path
     assert "2 percent value(s) that are no percentage, ignored (first: line 31, 'x')" in said, said
     assert "1 marker label(s) 'nan' (first: line 52)" in said, said
     assert len(run.samples) == 60  # the stray quote swallowed no row after it
+
+
+# -- silent PASSes: damage skipped without a word ------------------------------------------------------
+def test_an_account_of_10_to_the_20_bytes_is_dropped_with_a_warning_naming_file_and_line(tmp_path):
+    from tests.faults.test_faults_files import make_run
+    run = make_run(tmp_path)
+    with open(run / "h-7.events.jsonl", "a") as f:  # line 3, after the train phase's two lines
+        f.write(json.dumps({"t": 1002.0, "kind": "account", "name": "kv_cache", "pid": 7,
+                            "attrs": {"device": "host", "bytes": 10 ** 20}}) + "\n")
+    loaded = load_run(run)
+    assert any("h-7.events.jsonl line 3: account bytes=100000000000000000000" in w for w in loaded.warnings), \
+        loaded.warnings
+    assert loaded.accounts.empty
+
+
+def test_a_null_word_in_a_byte_cell_is_said_not_read_as_absent(tmp_path):
+    from tests.faults.test_faults_files import make_run
+    run = make_run(tmp_path)
+    path = run / "h-7.samples.csv"
+    lines = path.read_text().splitlines()
+    lines[4] = lines[4].rsplit(",", 1)[0] + ",nan"  # pyarrow read "nan" (and "NULL", "N/A") as absent, silently
+    path.write_text("\n".join(lines) + "\n")
+    loaded = load_run(run)
+    assert any("h-7.samples.csv: 1 unreadable values set to absent (first: line 5, column rss_peak)" in w
+               for w in loaded.warnings), loaded.warnings
+
+
+def test_a_host_meta_whose_stem_is_a_path_is_said(tmp_path):
+    from tests.faults.test_faults_files import make_run
+    run = make_run(tmp_path)
+    (run / "h-9.host.json").write_text(json.dumps({"format_version": 1, "host": "h", "stem": "../../../etc/passwd"}))
+    (run / "h-9.host.csv").write_text("t,host_available\n1000.5,5\n")
+    loaded = load_run(run)
+    loaded.hosts  # read on first use
+    assert any("h-9.host.json: its stem '../../../etc/passwd' is not its file's name; read as 'h-9'" in w
+               for w in loaded.warnings), loaded.warnings
