@@ -88,7 +88,8 @@ def normalize(table: pd.DataFrame) -> pd.DataFrame:
     df["pid"] = df["pid"].astype(np.int64)
     df["rank"] = pd.to_numeric(df["rank"], errors="coerce").fillna(-1).astype(np.int64)
     df["iteration"] = pd.to_numeric(df["iteration"], errors="coerce").fillna(-1).astype(np.int64)
-    df["identified"] = df["identified"].astype(object).where(df["identified"].notna(), True).astype(bool)
+    if df["identified"].dtype != bool:  # a column of bools is kept as it is (600,000 rows on a large fleet)
+        df["identified"] = df["identified"].astype(object).where(df["identified"].notna(), True).astype(bool)
     for column in ("t0", "t1", "gpu_total", "expected_bytes"):
         df[column] = pd.to_numeric(df[column], errors="coerce").astype(float)
     # lane ids are built once per (host, gpu, rank, pid), not per row: string work on 600,000 rows costs seconds
