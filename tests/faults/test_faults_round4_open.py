@@ -188,3 +188,43 @@ def test_a_host_meta_whose_stem_is_a_path_is_said(tmp_path):
     loaded.hosts  # read on first use
     assert any("h-9.host.json: its stem '../../../etc/passwd' is not its file's name; read as 'h-9'" in w
                for w in loaded.warnings), loaded.warnings
+
+
+# -- an actor whose engine server's meta is unreadable: its rollout offloads are not its own memory ---
+def _actor_and_engine(run: Path) -> None:
+    """A CPU run: rank 0's actor declares offload_kv (kv_cache, 1 GiB) that its engine server frees."""
+    write_run_meta(run, {"interval_ms": 100.0, "start_time": 1000.0})
+    for pid, role in ((10, "actor"), (20, "engine")):
+        stem = f"h-{pid}"
+        write_process_meta(run, stem, {"pid": pid, "rank": 0, "role": role, "host": "h", "stem": stem,
+                                       "end_time": 1030.0})
+        samples = SampleWriter(run, stem, ["rss", "heap_used"])  # the heap: what an offload on CPU is judged on
+        events = EventWriter(run, stem, pid=pid, host="h")
+        for it in range(3):
+            t0 = 1000.0 + 10 * it
+            if role == "engine":
+                events.write("begin", "generate", {}, t=t0, id=2 * it + 1, parent=None)
+                events.write("end", "generate", {"status": "ok"}, t=t0 + 4, id=2 * it + 1, parent=None)
+            else:
+                events.write("begin", "offload_kv", {"rollout_id": it, "tags": ["kv_cache"],
+                                                     "expected_bytes": GiB}, t=t0 + 5, id=2 * it + 2, parent=None)
+                events.write("end", "offload_kv", {"status": "ok"}, t=t0 + 7, id=2 * it + 2, parent=None)
+            for k in range(100):
+                t = t0 + k * 0.1
+                held = role == "engine" and not 5.5 <= k * 0.1 < 9.9  # the engine frees its KV cache
+                samples.append(t, "", [512 * MiB + (GiB if held else 0), 256 * MiB + (GiB if held else 0)])
+        samples.close()
+        events.close()
+
+
+def test_an_actor_whose_engine_meta_is_unreadable_leaves_its_rollout_offloads_unjudged(tmp_path):
+    from miles_profile.verdicts.engine import judge
+    run = new_run_dir(tmp_path)
+    _actor_and_engine(run)
+    check = next(c for c in judge(load_run(run)).checks if c.name == "offload_drop")
+    assert check.status == "pass" and "judged on the engine server" in " ".join(f.message for f in check.findings)
+    (run / "h-20.meta.json").write_text("")  # the engine's meta emptied
+    check = next(c for c in judge(load_run(run)).checks if c.name == "offload_drop")
+    # before: judged on the actor's own memory, which never held the KV cache: "did not drop", a FAIL
+    assert check.status != "fail", check.summary
+    assert any("its engine server is unknown (pid 20" in f.message for f in check.findings), check.summary
