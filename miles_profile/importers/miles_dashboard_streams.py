@@ -183,6 +183,18 @@ def phase_frame(root: Path, warnings: list[str], lost: list[tuple[float | None, 
         "rank": pd.to_numeric(frame["rank"], errors="coerce").fillna(-1).to_numpy(np.int64),
         "role": frame["role"].fillna("").astype(str).to_numpy(object),
     })
+    # an interval that ends before it starts (a retyped t0 or t1) is no interval: where it began is kept,
+    # so the gap it leaves is not judged as memory held outside any phase
+    backwards = ((out["t1"] != OPEN_T1) & ~(out["t1"] >= out["t0"])).to_numpy()
+    if backwards.any():
+        first = out[backwards].iloc[0]
+        warnings.append(f"phases: skipped {int(backwards.sum())} intervals that end before they start (first: "
+                        f"{first['name']!r} of rank {first['rank']} on {first['node']}, t0 {first['t0']}, "
+                        f"t1 {first['t1']})")
+        if lost is not None:
+            lost += [(t, t) for t in np.r_[out["t0"].to_numpy()[backwards], out["t1"].to_numpy()[backwards]]
+                     if np.isfinite(t)]
+        out = out[~backwards]
     key = pd.MultiIndex.from_frame(out[["node", "rank", "name", "t0"]])
     opened = (out["t1"] == OPEN_T1).to_numpy()
     out = out[~(opened & key.isin(key[~opened]))].drop_duplicates()

@@ -228,3 +228,21 @@ def test_an_actor_whose_engine_meta_is_unreadable_leaves_its_rollout_offloads_un
     # before: judged on the actor's own memory, which never held the KV cache: "did not drop", a FAIL
     assert check.status != "fail", check.summary
     assert any("its engine server is unknown (pid 20" in f.message for f in check.findings), check.summary
+
+
+def test_a_miles_interval_that_ends_before_it_starts_is_dropped_said_and_its_gap_not_judged(tmp_path):
+    from miles_profile.importers.miles_dashboard import load_miles_dashboard
+    from tests.unit.test_miles_dashboard_import import write_miles_dashboard
+    root = write_miles_dashboard(tmp_path / "dashboard", iterations=2)
+    part = sorted((root / "phases").glob("*.jsonl"))[0]
+    lines = part.read_text().splitlines()
+    # a closed train_wait interval (it spans the rollout's 60 GB) with t1 retyped: found by the final sweep
+    k = next(i for i, line in enumerate(lines) if '"train_wait"' in line and '"t1":-1.0' not in line
+             and '"rank":5' in line and json.loads(line)["t0"] > json.loads(lines[0])["t0"])
+    row = json.loads(lines[k])
+    lines[k] = json.dumps({**row, "t1": -10 ** 12})
+    part.write_text("\n".join(lines) + "\n")
+    run = load_miles_dashboard(root)
+    assert any("skipped 1 intervals that end before they start" in w for w in run.warnings), run.warnings
+    result = _spikes(run)
+    assert result.status != "fail", result.summary  # before: "peak 61.5 GiB ... held outside any phase"
