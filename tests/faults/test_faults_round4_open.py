@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from miles_profile.logdir.layout import new_run_dir
 from miles_profile.logdir.reader import load_run
@@ -122,11 +123,21 @@ def test_a_boundary_next_to_a_miles_phase_the_reader_dropped_is_not_judged(tmp_p
     assert any(f.status == "n/a" and "reader dropped" in f.message for f in result.findings), result.summary
 
 
-def test_a_cut_miles_dashboard_phases_file_judges_no_boundary_it_may_have_held(tmp_path):
+@pytest.fixture(scope="module")
+def miles_dump(tmp_path_factory) -> Path:
+    """The sweep's Miles dashboard dump (8 GPUs on 2 hosts, 2 iterations), its transition_spikes PASS intact."""
     from miles_profile.importers.miles_dashboard import load_miles_dashboard
     from tests.unit.test_miles_dashboard_import import write_miles_dashboard
-    root = write_miles_dashboard(tmp_path / "dashboard", iterations=2)
+    root = write_miles_dashboard(tmp_path_factory.mktemp("miles") / "dashboard", iterations=2)
     assert _spikes(load_miles_dashboard(root)).status == "pass"
+    return root
+
+
+@pytest.mark.slow  # ~3 s: a 16-process import judged
+def test_a_cut_miles_dashboard_phases_file_judges_no_boundary_it_may_have_held(miles_dump, tmp_path):
+    import shutil
+    from miles_profile.importers.miles_dashboard import load_miles_dashboard
+    root = Path(shutil.copytree(miles_dump, tmp_path / "dashboard"))
     part = sorted((root / "phases").glob("*.jsonl"))[0]
     data = part.read_bytes()
     part.write_bytes(data[: len(data) * 2 // 3 + 7])  # cut mid-line: the rest of that hour's intervals lost
@@ -230,10 +241,11 @@ def test_an_actor_whose_engine_meta_is_unreadable_leaves_its_rollout_offloads_un
     assert any("its engine server is unknown (pid 20" in f.message for f in check.findings), check.summary
 
 
-def test_a_miles_interval_that_ends_before_it_starts_is_dropped_said_and_its_gap_not_judged(tmp_path):
+@pytest.mark.slow  # ~3 s: a 16-process import judged
+def test_a_miles_interval_that_ends_before_it_starts_is_dropped_said_and_its_gap_not_judged(miles_dump, tmp_path):
+    import shutil
     from miles_profile.importers.miles_dashboard import load_miles_dashboard
-    from tests.unit.test_miles_dashboard_import import write_miles_dashboard
-    root = write_miles_dashboard(tmp_path / "dashboard", iterations=2)
+    root = Path(shutil.copytree(miles_dump, tmp_path / "dashboard"))
     part = sorted((root / "phases").glob("*.jsonl"))[0]
     lines = part.read_text().splitlines()
     # a closed train_wait interval (it spans the rollout's 60 GB) with t1 retyped: found by the final sweep
