@@ -45,7 +45,8 @@ def main(argv: list[str] | None = None) -> int:
                                                ignore=shutil.ignore_patterns("*.arrow", "*.lock", "report.html")))
         (path,) = runs["big"].glob("*.stacks.pickle")
         path.write_bytes(pickle.dumps(big_snapshot(args.entries)))
-        print(f"{path.name}: {path.stat().st_size:,} bytes ({path.stat().st_size / MiB:.1f} MiB), {args.entries:,} entries")
+        size = path.stat().st_size
+        print(f"{path.name}: {size:,} bytes ({size / MiB:.1f} MiB), {args.entries:,} entries")
         env = dict(os.environ, PYTHONPATH=str(REPO))
         for which in ("big", "as_recorded", "big", "as_recorded"):
             out = Path(scratch) / f"out-{which}"

@@ -111,7 +111,9 @@ def _read_csv(path: Path, warnings: list[str]) -> pd.DataFrame | None:
     try:
         with quiet_invalid_rows():  # a malformed row that is not UTF-8 fails inside pyarrow: the fallback below
             frame = pacsv.read_csv(pa.py_buffer(data), parse_options=pacsv.ParseOptions(invalid_row_handler=on_invalid),
-                                   convert_options=pacsv.ConvertOptions(column_types=types, null_values=[""])).to_pandas()
+                                   # only an empty cell is absent: "nan", "NULL", "N/A" are damage to say
+                                   convert_options=pacsv.ConvertOptions(column_types=types, null_values=[""]),
+                                   ).to_pandas()
     except (pa.ArrowInvalid, pa.ArrowTypeError, UnicodeDecodeError):
         bad = []
         frame = pd.read_csv(io.BytesIO(data), dtype=str, keep_default_na=False, na_values=[""],

@@ -384,7 +384,9 @@ def run_report(paths: list[str], out: Path, full: bool = True) -> int:
         import miles_profile.report.html as html
         html.timeline_figure = lambda run, max_points=None: None
         # build imports write_html by name (since the lazy imports moved to the top): both are replaced
-        html.write_html = build.write_html = lambda path, reports, **kw: Path(path).write_text("(left out by the sweep)")
+        def left_out(path, reports, **kw):
+            return Path(path).write_text("(left out by the sweep)")
+        html.write_html = build.write_html = left_out
     return main(_report_argv(paths, out))
 
 
