@@ -258,3 +258,15 @@ def test_a_miles_interval_that_ends_before_it_starts_is_dropped_said_and_its_gap
     assert any("skipped 1 intervals that end before they start" in w for w in run.warnings), run.warnings
     result = _spikes(run)
     assert result.status != "fail", result.summary  # before: "peak 61.5 GiB ... held outside any phase"
+
+
+def test_a_process_meta_whose_columns_or_devices_are_retyped_does_not_break_the_ledger(tmp_path):
+    # found by the final sweep: `columns` holding a list or a bool -> "could not report this log
+    # (AttributeError: 'list' object has no attribute 'startswith')", exit 2
+    from miles_profile.runmodel.ledger import ledger
+    run = new_run_dir(tmp_path)
+    _actor_and_engine(run)
+    meta = json.loads((run / "h-10.meta.json").read_text())
+    meta.update(columns=["rss", ["x"], True], cuda_devices=[7, {"index": "0", "uuid": "GPU-1"}])
+    (run / "h-10.meta.json").write_text(json.dumps(meta))
+    ledger(load_run(run), peaks=True)  # raised before
