@@ -319,8 +319,8 @@ def load_miles_dashboard(path: str | Path) -> Run:
         raise MilesProfileError(f"{given}: not a Miles dashboard directory (no meta.json with run_name and start_ts)")
     meta_in = _meta(root) or {}
     warnings: list[str] = []
-    gpu = gpu_frame(root, warnings)
-    lost: list = []  # where an interval was lost: transition_spikes judges no boundary there
+    lost: list = []  # where an interval or its samples were lost: transition_spikes judges no boundary there
+    gpu = gpu_frame(root, warnings, lost)
     ph = phase_frame(root, warnings, lost)
     for row in ph[~ph["role"].isin([TRAIN, ROLLOUT_MANAGER])].itertuples(index=False):  # _place leaves them out
         lost.append((row.t0, row.t0 if row.t1 == OPEN_T1 else row.t1))

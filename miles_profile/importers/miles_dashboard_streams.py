@@ -114,8 +114,18 @@ def _stream_frame(root: Path, stream: str, schema: pa.Schema, warnings: list[str
     return pd.concat(frames, ignore_index=True)
 
 
-def gpu_frame(root: Path, warnings: list[str]) -> pd.DataFrame:
-    frame = _stream_frame(root, "gpu_util", GPU_SCHEMA, warnings)
+def gpu_frame(root: Path, warnings: list[str], lost: list | None = None) -> pd.DataFrame:
+    """`lost` (when given) gets the time span of each partition that lost lines (cut, malformed): a
+    phase there may have lost the samples that held its peak, so no boundary there is judged."""
+    lossy: list[bool] | None = [] if lost is not None else None
+    frame = _stream_frame(root, "gpu_util", GPU_SCHEMA, warnings, lossy)
+    if lost is not None and lossy and any(lossy):
+        ts = pd.to_numeric(frame["ts"], errors="coerce").to_numpy(float)
+        part = frame["_part"].to_numpy(np.int64) if len(frame) else np.zeros(0, np.int64)
+        for k in (k for k, bad in enumerate(lossy) if bad):
+            before, after = ts[(part < k) & np.isfinite(ts)], ts[(part > k) & np.isfinite(ts)]
+            lost.append((float(before.max()) if len(before) else None, float(after.min()) if len(after) else None))
+    frame = frame.drop(columns="_part", errors="ignore")
     for column in ("ts", "gpu", "mem_mb"):
         frame[column] = pd.to_numeric(frame[column], errors="coerce")
     good = frame[["ts", "gpu", "mem_mb", "node"]].notna().all(axis=1)

@@ -270,3 +270,18 @@ def test_a_process_meta_whose_columns_or_devices_are_retyped_does_not_break_the_
     meta.update(columns=["rss", ["x"], True], cuda_devices=[7, {"index": "0", "uuid": "GPU-1"}])
     (run / "h-10.meta.json").write_text(json.dumps(meta))
     ledger(load_run(run), peaks=True)  # raised before
+
+
+@pytest.mark.slow  # ~3 s: a 16-process import judged
+def test_a_cut_miles_gpu_util_partition_judges_no_boundary_in_its_hour(miles_dump, tmp_path):
+    # found by the final sweep: the samples after the cut lost, a phase's peak read from what was left,
+    # and a sample between two phases read as a 45 GiB spike
+    import shutil
+    from miles_profile.importers.miles_dashboard import load_miles_dashboard
+    root = Path(shutil.copytree(miles_dump, tmp_path / "dashboard"))
+    part = sorted((root / "gpu_util").glob("*.jsonl"))[0]
+    data = part.read_bytes()
+    part.write_bytes(data[: data.index(b"\n", len(data) // 3) + 9])
+    run = load_miles_dashboard(root)
+    assert any("gpu_util/" in w and "truncated last line" in w for w in run.warnings), run.warnings
+    assert _spikes(run).status != "fail", _spikes(run).summary
