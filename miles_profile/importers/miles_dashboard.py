@@ -50,6 +50,7 @@ from miles_profile.importers.miles_topology import topology
 from miles_profile.logdir.files import read_small
 from miles_profile.logdir.host_reader import GPU_PROC_COLUMNS, GPU_SAMPLE_COLUMNS, HOST_COLUMNS
 from miles_profile.logdir.layout import FORMAT_VERSION
+from miles_profile.logdir.lost_phases import add_lost_span
 from miles_profile.logdir.reader import EVENT_COLUMNS, PHASE_COLUMNS, Run
 
 MIB = 2 ** 20  # gpu_sampler.py: `used >> 20`
@@ -318,8 +319,11 @@ def load_miles_dashboard(path: str | Path) -> Run:
         raise MilesProfileError(f"{given}: not a Miles dashboard directory (no meta.json with run_name and start_ts)")
     meta_in = _meta(root) or {}
     warnings: list[str] = []
-    gpu = gpu_frame(root, warnings)
-    ph = phase_frame(root, warnings)
+    lost: list = []  # where an interval or its samples were lost: transition_spikes judges no boundary there
+    gpu = gpu_frame(root, warnings, lost)
+    ph = phase_frame(root, warnings, lost)
+    for row in ph[~ph["role"].isin([TRAIN, ROLLOUT_MANAGER])].itertuples(index=False):  # _place leaves them out
+        lost.append((row.t0, row.t0 if row.t1 == OPEN_T1 else row.t1))
     snapshots = topology(root, warnings)
     if gpu.empty and ph.empty:
         raise MilesProfileError(f"{root}: the Miles dashboard holds no gpu_util samples and no phases")
@@ -373,6 +377,8 @@ def load_miles_dashboard(path: str | Path) -> Run:
             "host": f"{len(hosts)} hosts: " + ", ".join(h["host"] for h in hosts[:8]) + (" ..." if len(hosts) > 8 else ""),
             "interval_ms": interval if np.isfinite(interval) else None, "source": SOURCE,
             "miles_run_name": meta_in.get("run_name"), "miles_schema_version": meta_in.get("schema_version")}
+    for lo, hi in lost:
+        add_lost_span(meta, lo, hi)
     warnings.append("imported from Miles' dashboard: NVML device memory every ~1 s; no true peaks between "
                     "samples, no allocator, no host memory and no device totals (checks that need them are n/a)")
     return ImportedRun(root, meta, processes, samples, events, phases, warnings, [root],

@@ -79,17 +79,20 @@ def _body(data, start: int, end: int, long_lines: list[tuple[int, int]]) -> pa.B
     return pa.py_buffer(b"".join(pieces))
 
 
-def _to_number(column: pa.ChunkedArray, kind: pa.DataType) -> tuple[pa.ChunkedArray, int]:
-    """`column` (raw bytes) cast to `kind`; cells that are no number become null: (result, how many)."""
+def _to_number(column: pa.ChunkedArray, kind: pa.DataType) -> tuple[pa.ChunkedArray, int, int]:
+    """`column` (raw bytes) cast to `kind`; cells that are no number become null: (result, how many,
+    the row of the first, -1 for none)."""
     column = pc.if_else(pc.equal(pc.binary_length(column), 0), pa.scalar(None, pa.binary()), column)  # absent
     try:
-        return pc.cast(pc.cast(column, pa.string()), kind), 0
+        return pc.cast(pc.cast(column, pa.string()), kind), 0, -1
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
         pass
     number = pc.match_substring_regex(column, _INTEGER if pa.types.is_integer(kind) else _FLOAT)
-    bad = pc.sum(pc.cast(pc.invert(number), pa.int64())).as_py() or 0
+    not_number = pc.fill_null(pc.invert(number), False)
+    bad = pc.sum(pc.cast(not_number, pa.int64())).as_py() or 0
+    first = pc.index(not_number, True).as_py() if bad else -1
     kept = pc.if_else(number, column, pa.scalar(None, pa.binary()))
-    return pc.cast(pc.cast(kept, pa.string()), kind), bad
+    return pc.cast(pc.cast(kept, pa.string()), kind), bad, first
 
 
 def _to_phase(column: pa.ChunkedArray) -> pa.Array:
@@ -110,17 +113,20 @@ def _types(header: list[str], raw: set[str]) -> dict[str, pa.DataType]:
 
 def _converted(table: pa.Table, raw: set[str], name: str, warnings: list[str]) -> pa.Table:
     """`table` with its raw (bytes) columns converted: phase to names, the rest to numbers."""
-    columns, bad = {}, 0
+    columns, bad, first = {}, 0, []
     for column in table.column_names:
         if column not in raw:
             columns[column] = table[column]
         elif column == "phase":
             columns[column] = _to_phase(table[column])
         else:
-            columns[column], count = _to_number(table[column], pa.float64() if column == "t" else pa.int64())
+            columns[column], count, at = _to_number(table[column], pa.float64() if column == "t" else pa.int64())
             bad += count
-    if bad:
-        warnings.append(f"{name}: {bad} unreadable values set to absent")
+            if count:
+                first.append((at, column))
+    if bad:  # the line of the first: its row after the header (exact unless rows before it were skipped)
+        at, column = min(first)
+        warnings.append(f"{name}: {bad} unreadable values set to absent (first: line {at + 2}, column {column})")
     return pa.table(columns)
 
 
@@ -140,7 +146,8 @@ def _retry_bad_columns(source: pa.Buffer, header: list[str], error: str, name: s
             table = pacsv.read_csv(source, read_options=pacsv.ReadOptions(column_names=header, skip_rows=1),
                                    parse_options=pacsv.ParseOptions(
                 invalid_row_handler=lambda row: skipped.append(row.number) or "skip"),
-                convert_options=pacsv.ConvertOptions(column_types=_types(header, raw), strings_can_be_null=False))
+                convert_options=pacsv.ConvertOptions(column_types=_types(header, raw), strings_can_be_null=False,
+                                                     null_values=[""]))
         except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
             error = str(exc)
             continue

@@ -31,6 +31,7 @@ class EventProblems:
     first_bad: str = ""
     bad_attrs: int = 0
     attr_examples: list[str] = field(default_factory=list)
+    where: str = ""  # the file and line being read, set by parse_event_lines: named in the examples
 
     def line(self, reason: str) -> None:
         self.bad_lines += 1
@@ -38,6 +39,7 @@ class EventProblems:
 
     def attr(self, example: str) -> None:
         self.bad_attrs += 1
+        example = f"{self.where}: {example}" if self.where else example
         if len(self.attr_examples) < 3 and example not in self.attr_examples:
             self.attr_examples.append(example)
 
@@ -48,7 +50,7 @@ class EventProblems:
             out.append(f"{prefix}dropped {self.bad_lines} bad event line{'s' * (self.bad_lines != 1)} "
                        f"(first: {self.first_bad})")
         if self.bad_attrs:
-            out.append(f"{prefix}ignored {self.bad_attrs} phase attribute{'s' * (self.bad_attrs != 1)} of the wrong "
+            out.append(f"{prefix}ignored {self.bad_attrs} event attribute{'s' * (self.bad_attrs != 1)} of the wrong "
                        f"type ({', '.join(self.attr_examples)}{', ...' if self.bad_attrs > len(self.attr_examples) else ''})")
         return out
 
@@ -146,7 +148,21 @@ def _clean_summary(summary: Any, problems: EventProblems) -> None:
                 problems.attr(f"summary.{str(name)[:20]}.{key}={json.dumps(value)[:30]}")
 
 
-def _clean_attrs(attrs: dict, problems: EventProblems) -> None:
+def _clean_account(attrs: dict, problems: EventProblems) -> None:
+    """An `account` event (miles_profile.account()) whose bytes are no count of bytes (10**20, -1, 1.5)
+    or whose device is no name declares nothing: dropped here, said, rather than skipped in silence."""
+    value, device = attrs.get("bytes"), attrs.get("device")
+    if not _is_bytes(value):
+        attrs.pop("bytes", None)
+        problems.attr(f"account bytes={json.dumps(value)[:40]}")
+    elif not isinstance(device, str):
+        attrs.pop("bytes", None)
+        problems.attr(f"account device={json.dumps(device)[:40]}")
+
+
+def _clean_attrs(attrs: dict, problems: EventProblems, kind: Any = None) -> None:
+    if kind == "account":  # names.ACCOUNT (this module imports nothing of the project)
+        _clean_account(attrs, problems)
     if "summary" in attrs:
         _clean_summary(attrs["summary"], problems)
     for key, ok in _ATTR_TYPES.items():
@@ -179,14 +195,15 @@ def parse_event_line(line: bytes | str, default_pid: int, problems: EventProblem
     if reason:
         problems.line(reason)
         return None
-    _clean_attrs(event["attrs"], problems)
+    _clean_attrs(event["attrs"], problems, event["kind"])
     return event
 
 
-def parse_event_lines(data: bytes, default_pid: int, problems: EventProblems) -> list[dict]:
+def parse_event_lines(data: bytes, default_pid: int, problems: EventProblems, file: str = "") -> list[dict]:
     """Every event of a file's bytes, as `parse_event_line` gives them line by line. A file of plain
     lines (each `_plainly_shallow`, none empty, the last one complete) is parsed in one json call:
-    at 1,024 processes the per-line calls cost seconds."""
+    at 1,024 processes the per-line calls cost seconds. `file` names the file in the problems' examples
+    (with the line)."""
     lines = data.split(b"\n")
     complete = bool(lines) and lines[-1] == b""
     body = lines[:-1] if complete else lines
@@ -197,19 +214,23 @@ def parse_event_lines(data: bytes, default_pid: int, problems: EventProblems) ->
             events = None
         if events is not None and all(isinstance(e, dict) for e in events):
             out = []
-            for event in events:
+            for k, event in enumerate(events):
                 reason = _structure_problem(event, default_pid, True)
                 if reason:
                     problems.line(reason)
                     continue
-                _clean_attrs(event["attrs"], problems)
+                problems.where = f"{file} line {k + 1}" if file else ""
+                _clean_attrs(event["attrs"], problems, event["kind"])
                 out.append(event)
+            problems.where = ""
             return out
     out = []
     for k, line in enumerate(lines):
         if k == len(lines) - 1 and line == b"":
             break
+        problems.where = f"{file} line {k + 1}" if file else ""
         event = parse_event_line(line + b"\n" if k < len(lines) - 1 else line, default_pid, problems)
         if event is not None:
             out.append(event)
+    problems.where = ""
     return out

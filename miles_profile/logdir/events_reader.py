@@ -27,7 +27,8 @@ def read_all_events(run_dir: Path, warnings: list[str], skip: set[str] | None = 
         except NotRegularFile as exc:
             warnings.append(str(exc))
             continue
-        events, duplicated = drop_duplicated_events(parse_event_lines(data, pid_of(path, EVENTS_SUFFIX), problems))
+        events, duplicated = drop_duplicated_events(parse_event_lines(data, pid_of(path, EVENTS_SUFFIX), problems,
+                                                                        path.name))
         if not events and without_events is not None:
             without_events.append(path.name[: -len(EVENTS_SUFFIX)])
         if duplicated:

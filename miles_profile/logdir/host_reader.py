@@ -46,7 +46,11 @@ def host_meta(dirs: Iterable[Path], warnings: list[str] | None = None) -> list[d
             seen.add(path.name)
             meta = _one_host_meta(path, problems)
             if meta is not None:
-                meta["stem"] = path.name[: -len(HOST_META_SUFFIX)]
+                stem = path.name[: -len(HOST_META_SUFFIX)]
+                if meta.get("stem", stem) != stem:  # ignored as it should be, but said: the file was edited
+                    problems.append(f"{path.name}: its stem {str(meta['stem'])[:80]!r} is not its file's name; "
+                                    f"read as {stem!r}")
+                meta["stem"] = stem
                 meta["dir"] = str(run_dir)
                 found.append(meta)
     if warnings is not None:
@@ -107,15 +111,23 @@ def _read_csv(path: Path, warnings: list[str]) -> pd.DataFrame | None:
     try:
         with quiet_invalid_rows():  # a malformed row that is not UTF-8 fails inside pyarrow: the fallback below
             frame = pacsv.read_csv(pa.py_buffer(data), parse_options=pacsv.ParseOptions(invalid_row_handler=on_invalid),
-                                   convert_options=pacsv.ConvertOptions(column_types=types)).to_pandas()
+                                   # only an empty cell is absent: "nan", "NULL", "N/A" are damage to say
+                                   convert_options=pacsv.ConvertOptions(column_types=types, null_values=[""]),
+                                   ).to_pandas()
     except (pa.ArrowInvalid, pa.ArrowTypeError, UnicodeDecodeError):
         bad = []
         frame = pd.read_csv(io.BytesIO(data), dtype=str, keep_default_na=False, na_values=[""],
                             encoding_errors="replace", on_bad_lines=lambda row: bad.append(row), engine="python")
+        first = []  # (row, column) of each column's first cell that is no number
         for column in frame.columns:
             if column != "gpu_uuid":
+                given = frame[column].notna().to_numpy()
                 frame[column] = pd.to_numeric(frame[column], errors="coerce")
-        warnings.append(f"{path.name}: unreadable values set to absent")
+                lost = np.flatnonzero(given & frame[column].isna().to_numpy())
+                if len(lost):
+                    first.append((int(lost[0]), column))
+        at = f" (first: line {min(first)[0] + 2}, column {min(first)[1]})" if first else ""
+        warnings.append(f"{path.name}: unreadable values set to absent{at}")
     if bad:
         warnings.append(f"{path.name}: skipped {len(bad)} malformed rows")
     return drop_impossible_bytes(frame[np.isfinite(frame["t"].to_numpy(dtype=float))].copy(), warnings, path.name)

@@ -60,7 +60,8 @@ def read_samples(path: Path, warnings: list[str], cache: bool = False) -> pd.Dat
                 str(path) if end == len(data) else pa.py_buffer(data[:end]),
                 read_options=pacsv.ReadOptions(column_names=header, skip_rows=1),  # names as decoded above
                 parse_options=pacsv.ParseOptions(invalid_row_handler=on_invalid),
-                convert_options=pacsv.ConvertOptions(column_types=types, strings_can_be_null=False),
+                # only an empty cell is absent: pyarrow's default null words ("nan", "NULL", "N/A") are damage to say
+                convert_options=pacsv.ConvertOptions(column_types=types, strings_can_be_null=False, null_values=[""]),
             )
             if skipped:
                 warnings.append(f"{path.name}: skipped {len(skipped)} malformed rows")

@@ -21,6 +21,8 @@ The input, a `PhaseTable`, is a pandas DataFrame with one row per (lane, process
                  used (NVML, the whole device), proc (NVML, this process), alloc, reserved (torch
                  allocator of this process), rss (this process's host memory)
     gpu_index    int    optional: the GPU's NVML index on its host, only for labels
+    identified   bool   optional (default True): False where the process's meta was unreadable, so its
+                        rank, role and GPU are unknown (rank_imbalance leaves it out: fleet_identity.py)
 
 A *lane* is one GPU (host, gpu_uuid); on a run without GPUs it is one rank's host memory (host,
 rank: the actor and the engine serving it share the lane; rank -1 gives each process its own).
@@ -55,7 +57,7 @@ SERIES = ("used", "proc", "alloc", "reserved", "rss")
 STATS = ("peak", "floor", "first", "last")
 REQUIRED = ("host", "gpu_uuid", "pid", "phase", "t0", "t1")
 _DEFAULTS = {"gpu_total": np.nan, "rank": -1, "role": "", "phase_id": None, "iteration": -1,
-             "expected_bytes": np.nan}
+             "expected_bytes": np.nan, "identified": True}
 # A process's own memory: the first of these with any value (NVML per process includes the CUDA
 # context and anything the allocator does not see; reserved is the next best).
 OWN_GPU_SERIES = ("proc", "reserved", "alloc")
@@ -86,6 +88,8 @@ def normalize(table: pd.DataFrame) -> pd.DataFrame:
     df["pid"] = df["pid"].astype(np.int64)
     df["rank"] = pd.to_numeric(df["rank"], errors="coerce").fillna(-1).astype(np.int64)
     df["iteration"] = pd.to_numeric(df["iteration"], errors="coerce").fillna(-1).astype(np.int64)
+    if df["identified"].dtype != bool:  # a column of bools is kept as it is (600,000 rows on a large fleet)
+        df["identified"] = df["identified"].astype(object).where(df["identified"].notna(), True).astype(bool)
     for column in ("t0", "t1", "gpu_total", "expected_bytes"):
         df[column] = pd.to_numeric(df[column], errors="coerce").astype(float)
     # lane ids are built once per (host, gpu, rank, pid), not per row: string work on 600,000 rows costs seconds

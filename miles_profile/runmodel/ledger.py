@@ -119,9 +119,12 @@ def _nvml(row: pd.Series | None, index: int | None, kind: str) -> float | None:
 def _uuid_by_index(run, process: dict) -> dict[int, str]:
     """This process's CUDA index -> GPU UUID (its own view); else, for a process that names its GPU and
     samples one, that one; else NVML's order; else `gpu<i>`."""
-    found = {int(d["index"]): str(d["uuid"]) for d in process.get("cuda_devices") or [] if d.get("uuid")}
-    own = {int(c[3:].split("_")[0]) for c in process.get("columns") or ()
-           if c.startswith("gpu") and c[3:].split("_")[0].isdigit()}
+    # a meta is a file someone may have edited: entries of another type are no devices or columns
+    devices, columns = process.get("cuda_devices"), process.get("columns")
+    found = {d["index"]: str(d["uuid"]) for d in (devices if isinstance(devices, list) else ())
+             if isinstance(d, dict) and d.get("uuid") and type(d.get("index")) is int}
+    own = {int(c[3:].split("_")[0]) for c in (columns if isinstance(columns, list) else ())
+           if isinstance(c, str) and c.startswith("gpu") and c[3:].split("_")[0].isdigit()}
     if not found and process.get("gpu_uuid") and len(own) == 1:
         found = {own.pop(): str(process["gpu_uuid"])}
     if not found:

@@ -7,7 +7,8 @@ Where each column comes from:
 
 - identity (host, pid, rank, role, gpu_uuid) from the process metas. An engine process carries the
   rank it serves: the trainer spawns it with that rank's `RANK`. A process whose meta has no
-  `gpu_uuid` (a CPU run, or CUDA never initialised) gets "" (a host-memory lane).
+  `gpu_uuid` (a CPU run, or CUDA never initialised) gets "" (a host-memory lane). A process whose
+  meta could not be read gets rank -1 and `identified` False.
 - `gpu_total`, `gpu_index` from the host samplers' metas (`gpus`), else the process metas' `devices`
   and `cuda_devices`; on a host lane the host's total (host probe, else the host samples' MemTotal).
 - `proc/alloc/reserved/rss_*` from the phase summaries of the `end` events (the process's own
@@ -139,7 +140,7 @@ def phase_table(run) -> pd.DataFrame:
     """The run's PhaseTable (fleet.py's schema); an empty frame with those columns when no phases."""
     phases = run.phases
     columns = ["host", "gpu_uuid", "gpu_total", "gpu_index", "pid", "rank", "role", "phase", "phase_id",
-               "iteration", "t0", "t1", "expected_bytes"] + \
+               "iteration", "t0", "t1", "expected_bytes", "identified"] + \
         [f"{s}_{stat}" for s in ("used", "proc", "alloc", "reserved", "rss") for stat in _STATS]
     if phases.empty:
         return pd.DataFrame(columns=columns)
@@ -157,6 +158,7 @@ def phase_table(run) -> pd.DataFrame:
     keys = list(zip(table["host"], table["pid"]))
     for field in ("rank", "role", "gpu_uuid", "gpu_total", "gpu_index"):
         table[field] = [info.get(k, default)[field] for k in keys]
+    table["identified"] = [k in info for k in keys]  # False: its meta was unreadable (rank, role, GPU unknown)
     for s in ("used", "proc", "alloc", "reserved", "rss"):
         for stat in _STATS:
             table[f"{s}_{stat}"] = np.nan

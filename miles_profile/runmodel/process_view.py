@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from miles_profile import names
 from miles_profile.logdir.reader import Run
 from miles_profile.runmodel import engine_server
 from miles_profile.runmodel.series import own_columns, take_rows
@@ -35,12 +36,18 @@ def is_fleet(run) -> bool:
     return len({(p.get("host"), p.get("gpu_uuid")) for p in run.processes if p.get("gpu_uuid")}) > 1
 
 
-def process_view(run, host: str, pid: int, rows_of: dict):
+def process_view(run, host: str, pid: int, rows_of: dict, unidentified: frozenset | set = frozenset()):
     """A view of the run holding one process (its samples, phases, events, meta), plus the meta and
     samples of the engine server it drives where it has one (engine_server.engine_of): an offload it declares
-    is done in that engine, and offload_drop judges it there."""
+    is done in that engine, and offload_drop judges it there. `unidentified`: the (host, pid) of processes
+    with phases but no readable meta; where a non-engine process finds no engine server and such a process
+    is on its host, its meta gets `engine_unreadable` (their pids): its engine may be one of them."""
     meta = [dict(p) for p in run.processes if int(p.get("pid", -1)) == pid and str(p.get("host") or "") == host]
     engine = engine_server.engine_of(run.processes, meta[0]) if meta else None
+    if meta and engine is None and meta[0].get("role") != names.ROLE_ENGINE:
+        maybe = sorted(p for h, p in unidentified if h == host)
+        if maybe:
+            meta[0]["engine_unreadable"] = maybe
     parts = [rows_of[p] for p in (pid, engine and int(engine["pid"])) if p is not None and p in rows_of]
     rows = np.sort(np.concatenate(parts)) if parts else None
     # only the columns these processes have values in (series.own_columns): the run's frame carries

@@ -21,6 +21,7 @@ import pandas as pd
 from miles_profile import names
 from miles_profile.names import instance_label
 from miles_profile.runmodel import fleet, floor_trend
+from miles_profile.runmodel.fleet_identity import unidentified
 from miles_profile.words import role_text
 from miles_profile.verdicts.common import size
 from miles_profile.verdicts.resolution import resolution_of
@@ -134,22 +135,43 @@ def check_rank_imbalance(table: pd.DataFrame, th: FleetThresholds, matrix: fleet
                    f"but below that is too small to judge); each process's own peak likewise against the processes "
                    f"of its role. Cells with fewer than {th.imbalance_min_peers} peers are not judged.")
     df = fleet.normalize(table)
+    # a process whose meta was unreadable has no rank: it is nobody's peer, and the rank it belonged to
+    # lacks it; both are left out (and said) so the readable ranks are still compared
+    df, unknown, incomplete = unidentified(df)
+    if unknown:
+        matrix = fleet.gpu_matrix(df[~df["lane"].isin(incomplete)])
     matrix = matrix if matrix is not None else fleet.gpu_matrix(df)
     lanes = matrix.lanes.assign(resolution=_lane_resolutions(df, matrix.lanes)).to_dict("records")
     findings, worst = _imbalance(matrix.bytes, matrix.columns, lanes, th, _lanes_word(matrix.lanes))
     judged = {"lanes": len(findings), "processes": 0}
-    for who, values, columns in _process_matrices(df, matrix.lanes):
+    for who, values, columns in _process_matrices(df, fleet.lanes(df) if unknown else matrix.lanes):
         more, candidate = _imbalance(values, columns, who, th, f"{who[0]['role'] or 'unknown-role'} processes")
         findings += more
         judged["processes"] += len(more)
         if candidate is not None and (worst is None or candidate["excess"] > worst["excess"]):
             worst = candidate
+    left_out = _left_out(unknown, incomplete, df)
     if not findings:
-        return _na(name, title, explanation, f"needs at least {th.imbalance_min_peers} lanes with the same phase")
+        return _na(name, title, explanation,
+                   f"needs at least {th.imbalance_min_peers} lanes with the same phase" + left_out)
     result = _result(name, title, explanation, findings, judged, worst,
                      " / ".join(sorted(set(matrix.lanes["source"]))) + "; own memory per process",
                      f"{_lanes_word(matrix.lanes)} and processes within their peers' peaks", "above their peers")
-    return _with_small(result, findings)
+    result = _with_small(result, findings)
+    result.summary += left_out
+    return result
+
+
+def _left_out(unknown: list[int], incomplete: list[str], df: pd.DataFrame) -> str:
+    """The summary's words for processes without a readable meta and the lanes that may lack them."""
+    if not unknown:
+        return ""
+    pids = ", ".join(map(str, unknown[:4])) + (f" and {len(unknown) - 4} more" if len(unknown) > 4 else "")
+    text = f"; left out: {_count(len(unknown), 'processes')} without a readable meta (pid {pids}: rank unknown)"
+    if incomplete:
+        labels = fleet.lanes(df[df["lane"].isin(incomplete)])["label"].tolist()
+        text += f" and the {_count(len(labels), 'lanes')} that may lack them ({', '.join(labels[:4])})"
+    return text
 
 
 def _lanes_word(lanes: pd.DataFrame) -> str:

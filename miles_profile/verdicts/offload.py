@@ -137,6 +137,10 @@ def _offload_finding(run, k, row, late: LateWindow, th: Thresholds) -> Finding:
     paused = bool(run.gpu_indices) and backend == names.TORCH_MEMORY_SAVER
     tags = tags_of(phases.loc[k, "tags"]) if "tags" in phases else []
     holder = engine_of(run.processes, _meta(run, pid)) if moves_rollout(tags) else None
+    unread = (_meta(run, pid) or {}).get("engine_unreadable") if moves_rollout(tags) and holder is None else None
+    if unread:  # the engine server that holds it may be a process whose meta is unreadable: not this one's memory
+        return Finding("n/a", f"{label}: not judged, its engine server is unknown (pid "
+                              f"{', '.join(map(str, unread[:3]))} on this host has no readable meta)", **where)
     series = _holder_series(run, holder, paused) if holder is not None else offload_series(run, pid, paused)
     if not series:
         return Finding("n/a", f"{label}: no memory series for its process"

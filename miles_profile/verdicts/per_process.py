@@ -41,8 +41,10 @@ def per_process_checks(run, thresholds: checks_mod.Thresholds | None = None) -> 
     # each process's rows from the run's one index (report/series.process_rows), shared with the figures
     rows_of = {p: np.arange(len(run.samples)) if (r := process_rows(run, p)) is None else r for p in pids(run)}
     per_check: dict[str, list] = {}
+    # processes with phases but no readable meta: an actor's engine server may be one of them
+    unidentified = phase_processes(run) - {(str(p.get("host") or ""), int(p.get("pid", -1))) for p in run.processes}
     for host, pid, meta in judged:
-        sub = process_view(run, host, pid, rows_of)
+        sub = process_view(run, host, pid, rows_of, unidentified)
         for result in checks_mod.run_checks(sub, thresholds):
             per_check.setdefault(result.name, []).append((meta, result))
     if not per_check:  # nothing read (no samples): the checks say why, as on one process

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from miles_profile.logdir.lost_phases import lost_spans, meets_lost_span
 from miles_profile.names import iteration_tag
 from miles_profile.runmodel.stats import phase_instances
 from miles_profile.verdicts.common import (
@@ -28,6 +29,7 @@ def check_transition_spikes(run, th: Thresholds) -> CheckResult:
     if len(inst) < 2:
         return not_applicable(name, title, explanation, "fewer than two phases")
     tracks = Tracks(run)
+    lost = lost_spans(run.meta if isinstance(run.meta, dict) else {})
     findings = []
     for pid, group in inst[inst["depth"] == 0].sort_values("start").groupby("pid"):
         track = tracks.memory(int(pid))
@@ -40,6 +42,11 @@ def check_transition_spikes(run, th: Thresholds) -> CheckResult:
             gap = window(track, a.end, b.start)
             if gap.stop <= gap.start:
                 continue  # no sample between the phases: nothing happened outside them
+            if meets_lost_span(lost, a.end, b.start):  # the gap may be a phase the reader dropped
+                findings.append(Finding("n/a", f"{a.name} → {b.name} ({iteration_tag(b.iteration)}): not judged, a "
+                                               "phase line the reader dropped (see the warnings) may lie between them",
+                                        (a.end, b.start), b.name, int(b.iteration)))
+                continue
             written = track.measured_times(peak=True)
             if not len(written) or written[-1] < b.end:  # b's peak may be in the samples not written yet
                 findings.append(Finding("n/a", f"{a.name} → {b.name} ({iteration_tag(b.iteration)}): not judged, the samples "

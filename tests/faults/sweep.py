@@ -380,9 +380,13 @@ def run_report(paths: list[str], out: Path, full: bool = True) -> int:
     check, the ledger, transitions, what-if and stacks (all in --json) run as in a full report."""
     from miles_profile.visualize import main
     if not full:
+        import miles_profile.report.build as build
         import miles_profile.report.html as html
         html.timeline_figure = lambda run, max_points=None: None
-        html.write_html = lambda path, reports, **kw: Path(path).write_text("(left out by the sweep)")
+        # build imports write_html by name (since the lazy imports moved to the top): both are replaced
+        def left_out(path, reports, **kw):
+            return Path(path).write_text("(left out by the sweep)")
+        html.write_html = build.write_html = left_out
     return main(_report_argv(paths, out))
 
 

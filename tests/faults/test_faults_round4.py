@@ -384,7 +384,7 @@ def test_a_miles_csv_cut_mid_row_drops_that_row_with_a_warning(tmp_path):
     path = tmp_path / "cpu.csv"
     path.write_text("time_s,used_gb,available_gb,percent,marker\n0.0,10.0,50.0,20,\n0.5,12.0,48.0,20,\n1.0,1")
     run = load_miles_csv(path)  # before: the cut row read as used 1 GB, silently
-    assert run.samples["t"].tolist() == [0.0, 0.5] and "cpu.csv: dropped a truncated last line" in run.warnings
+    assert run.samples["t"].tolist() == [0.0, 0.5] and "cpu.csv: dropped a truncated last line (line 4)" in run.warnings
 
 
 @pytest.mark.parametrize("gpus", [[""], [1.5]])
