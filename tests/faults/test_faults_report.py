@@ -179,7 +179,9 @@ def test_a_phase_without_a_sample_inside_is_not_judged():
 
 
 # -- 8: an offload that leaves half its state behind fails --------------------------------------------
-@pytest.mark.parametrize("freed_share, status", [(0.5, "fail"), (0.8, "fail"), (0.85, "pass"), (1.0, "pass")])
+# 0.8 is the default share itself: a drop within the series' resolution of it is a WARN (issue 30, within_noise)
+@pytest.mark.parametrize("freed_share, status", [(0.5, "fail"), (0.75, "fail"), (0.8, "warn"), (0.85, "pass"),
+                                                 (1.0, "pass")])
 def test_the_default_drop_share_catches_half_left_behind(freed_share, status):
     t = np.round(np.arange(0.0, 10.0, 0.1), 6)
     expected = 8 * GiB
