@@ -13,12 +13,14 @@ from __future__ import annotations
 import argparse
 import os
 import random
-import shutil
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.under_record import rerun_under_record  # noqa: E402
 
 
 def busy_step(seconds: float) -> None:
@@ -66,14 +68,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--in-process", action="store_true", help="run here, not under record --exec")
     args = parser.parse_args(argv)
-    if not args.in_process and "MILES_PROFILE_RUN_DIR" not in os.environ:
-        logs = tempfile.mkdtemp(prefix="step_phase_cost_")
-        try:
-            argv = sys.argv[1:] if argv is None else argv
-            return subprocess.call([sys.executable, "-m", "miles_profile.record", "--log-dir", logs, "--exec", "--",
-                                    sys.executable, os.path.abspath(__file__), "--in-process", *argv])
-        finally:
-            shutil.rmtree(logs, ignore_errors=True)
+    if not args.in_process:
+        code = rerun_under_record(__file__, "step_phase_cost_", argv)
+        if code is not None:
+            return code
     measure(args)
     return 0
 
