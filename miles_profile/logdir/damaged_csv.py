@@ -83,8 +83,10 @@ def _to_number(column: pa.ChunkedArray, kind: pa.DataType) -> tuple[pa.ChunkedAr
     """`column` (raw bytes) cast to `kind`; cells that are no number become null: (result, how many,
     the row of the first, -1 for none)."""
     column = pc.if_else(pc.equal(pc.binary_length(column), 0), pa.scalar(None, pa.binary()), column)  # absent
+    hexadecimal = pc.any(pc.match_substring_regex(column, "^[+-]?0[xX]")).as_py()  # a cast reads `0x10` as 16
     try:
-        return pc.cast(pc.cast(column, pa.string()), kind), 0, -1
+        if not hexadecimal:
+            return pc.cast(pc.cast(column, pa.string()), kind), 0, -1
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
         pass
     number = pc.match_substring_regex(column, _INTEGER if pa.types.is_integer(kind) else _FLOAT)

@@ -54,6 +54,8 @@ def read_samples(path: Path, warnings: list[str], cache: bool = False) -> pd.Dat
         try:
             if end < 0:  # no newline in the last 64 KiB: a long damaged tail (or no line at all)
                 raise pa.ArrowInvalid("no line end near the end of the file")
+            if _hexadecimal_cell(mapped, extents):  # pyarrow would read `0x10` as 16; the recorder writes decimals
+                raise pa.ArrowInvalid("a hexadecimal cell")
             # A complete file parses fastest from its path (pyarrow overlaps reading and parsing);
             # a file with a truncated last line is parsed from a buffer cut before that line.
             table = pacsv.read_csv(
@@ -82,6 +84,12 @@ def read_samples(path: Path, warnings: list[str], cache: bool = False) -> pd.Dat
         threading.Thread(target=write_cache, name="miles_profile-cache", args=(
             path, pa.Table.from_pandas(frame, preserve_index=False), parsed)).start()
     return frame
+
+
+def _hexadecimal_cell(mapped, extents: list[tuple[int, int]]) -> bool:
+    """A cell that starts `0x`/`0X` (a C-speed search of the data extents, holes skipped): damage to say, as
+    read_damaged does, not the number pyarrow would make of it. A phase named so costs only the slow path."""
+    return any(mapped.find(mark, start, stop) >= 0 for start, stop in extents for mark in (b",0x", b",0X"))
 
 
 def read_all_samples(run_dir: Path, warnings: list[str], finished: set | frozenset = frozenset(),

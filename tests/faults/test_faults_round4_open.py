@@ -190,6 +190,21 @@ def test_a_null_word_in_a_byte_cell_is_said_not_read_as_absent(tmp_path):
                for w in loaded.warnings), loaded.warnings
 
 
+@pytest.mark.parametrize("cell", ["0x10", "0X10"])
+def test_a_hexadecimal_byte_cell_is_said_not_read_as_a_number(tmp_path, cell):
+    # pyarrow reads `0x10` in an int64 column as 16: the last silent PASS of the sweep (seed 3301087)
+    from tests.faults.test_faults_files import make_run
+    run = make_run(tmp_path)
+    path = run / "h-7.samples.csv"
+    lines = path.read_text().splitlines()
+    lines[4] = lines[4].rsplit(",", 1)[0] + "," + cell
+    path.write_text("\n".join(lines) + "\n")
+    loaded = load_run(run)
+    assert any("h-7.samples.csv: 1 unreadable values set to absent (first: line 5, column rss_peak)" in w
+               for w in loaded.warnings), loaded.warnings
+    assert loaded.samples["rss_peak"].isna().sum() == 1  # that cell absent, not 16
+
+
 def test_a_host_meta_whose_stem_is_a_path_is_said(tmp_path):
     from tests.faults.test_faults_files import make_run
     run = make_run(tmp_path)
