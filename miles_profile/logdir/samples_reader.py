@@ -36,7 +36,8 @@ def read_samples(path: Path, warnings: list[str], cache: bool = False) -> pd.Dat
     end = bytes(data[-65536:]).rfind(b"\n") if len(data) else -1
     if end >= 0:
         end += max(0, len(data) - 65536) + 1
-    header = bytes(data[:4096]).split(b"\n", 1)[0].decode(errors="replace").split(",")
+    header_line = bytes(data[:4096]).split(b"\n", 1)[0]
+    header = header_line.decode(errors="replace").split(",")
     if not usable_header(header):
         warnings.append(f"{path.name}: no t/phase header, skipped")
         return None
@@ -54,7 +55,7 @@ def read_samples(path: Path, warnings: list[str], cache: bool = False) -> pd.Dat
         try:
             if end < 0:  # no newline in the last 64 KiB: a long damaged tail (or no line at all)
                 raise pa.ArrowInvalid("no line end near the end of the file")
-            if _hexadecimal_cell(mapped, extents):  # pyarrow would read `0x10` as 16; the recorder writes decimals
+            if _hexadecimal_cell(mapped, extents, len(header_line) + 1):  # pyarrow reads `0x10` as 16
                 raise pa.ArrowInvalid("a hexadecimal cell")
             # A complete file parses fastest from its path (pyarrow overlaps reading and parsing);
             # a file with a truncated last line is parsed from a buffer cut before that line.
@@ -86,10 +87,17 @@ def read_samples(path: Path, warnings: list[str], cache: bool = False) -> pd.Dat
     return frame
 
 
-def _hexadecimal_cell(mapped, extents: list[tuple[int, int]]) -> bool:
-    """A cell that starts `0x`/`0X` (a C-speed search of the data extents, holes skipped): damage to say, as
-    read_damaged does, not the number pyarrow would make of it. A phase named so costs only the slow path."""
-    return any(mapped.find(mark, start, stop) >= 0 for start, stop in extents for mark in (b",0x", b",0X"))
+def _hexadecimal_cell(mapped, extents: list[tuple[int, int]], body: int) -> bool:
+    """A cell that starts `0x`/`0X` after the header (the recorder writes decimals): damage to say, as
+    read_damaged does, not the number pyarrow would make of it. Holes are skipped, and the two-byte search
+    (~1 ms a MB) runs only where memchr (~0.1 ms a MB) found an x at all: a phase named with an x pays it,
+    a phase named `0x...` only the slow path."""
+    for start, stop in extents:
+        start = max(start, body)
+        if start < stop and (mapped.find(b"x", start, stop) >= 0 or mapped.find(b"X", start, stop) >= 0):
+            if mapped.find(b",0x", start, stop) >= 0 or mapped.find(b",0X", start, stop) >= 0:
+                return True
+    return False
 
 
 def read_all_samples(run_dir: Path, warnings: list[str], finished: set | frozenset = frozenset(),
