@@ -4,6 +4,9 @@ failed before its fix; unit-level and fast."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +18,8 @@ from miles_profile.logdir.writer import EventWriter, SampleWriter, write_process
 from miles_profile.runmodel.fleet_synthetic import GiB, synthetic_table
 from miles_profile.runmodel.phase_table import phase_table
 from miles_profile.verdicts.fleet_checks import FleetThresholds, check_rank_imbalance
+
+REPO = Path(__file__).resolve().parents[2]
 
 MiB = 1024 ** 2
 
@@ -300,3 +305,32 @@ def test_a_cut_miles_gpu_util_partition_judges_no_boundary_in_its_hour(miles_dum
     run = load_miles_dashboard(root)
     assert any("gpu_util/" in w and "truncated last line" in w for w in run.warnings), run.warnings
     assert _spikes(run).status != "fail", _spikes(run).summary
+
+
+@pytest.mark.parametrize("attrs", [
+    {"expected_bytes": "lots", "target": 7}, {"expected_bytes": [1, 2], "tags": {"a": 1}},
+    {"expected_bytes": -5, "target": None, "tags": 3}, {"expected_bytes": 1e308, "rollout_id": "x"},
+], ids=["string", "list", "negative", "huge"])
+def test_damaged_offload_attributes_reach_the_transition_meter_and_what_if_without_an_internal_error(tmp_path, attrs):
+    # issue 33 item 8: the report's transition meter and what-if read phase attributes; damaged ones lose
+    # what they say, never the report
+    run = new_run_dir(tmp_path)
+    write_run_meta(run, {"interval_ms": 20.0, "start_time": 1000.0})
+    write_process_meta(run, "h-7", {"pid": 7, "role": "in_process", "stem": "h-7", "end_time": 1012.0})
+    samples = SampleWriter(run, "h-7", ["rss", "rss_peak"])
+    for k in range(120):
+        t = 1000.0 + k * 0.1
+        level = 2 * GiB if (k // 10) % 2 == 0 else GiB
+        samples.append(t, "", [level, level])
+    samples.close()
+    events = EventWriter(run, "h-7")
+    for i in range(5):
+        start = 1000.0 + 2 * i + 0.9
+        events.write("begin", "offload_train", {"rollout_id": i, **attrs}, t=start, id=i + 1, parent=None)
+        events.write("end", "offload_train", {"status": "ok"}, t=start + 0.3, id=i + 1, parent=None)
+    events.close()
+    done = subprocess.run([sys.executable, "-m", "miles_profile.visualize", str(run), "-o", str(tmp_path / "r.html")],
+                          capture_output=True, text=True, timeout=120, env=dict(os.environ, PYTHONPATH=str(REPO)))
+    assert done.returncode in (0, 1), done.stderr[-2000:]
+    assert "Traceback" not in done.stderr and "could not report" not in done.stderr, done.stderr[-2000:]
+    assert "moving memory cost" in (tmp_path / "r.html").read_text().lower()
