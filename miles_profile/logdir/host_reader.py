@@ -24,6 +24,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.csv as pacsv
 
+from miles_profile.logdir.meta_lists import HOST_LISTS, drop_retyped_lists
 from miles_profile.logdir.damaged_csv import quiet_invalid_rows
 from miles_profile.logdir.ranges import drop_impossible_bytes
 from miles_profile.logdir.files import NotRegularFile, read_data, read_small
@@ -52,6 +53,7 @@ def host_meta(dirs: Iterable[Path], warnings: list[str] | None = None) -> list[d
                                     f"read as {stem!r}")
                 meta["stem"] = stem
                 meta["dir"] = str(run_dir)
+                drop_retyped_lists(meta, HOST_LISTS, path.name, problems)
                 found.append(meta)
     if warnings is not None:
         warnings.extend(p for p in problems if p not in warnings)  # read again per view: said once

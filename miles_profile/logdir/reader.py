@@ -31,6 +31,7 @@ from miles_profile.logdir.layout import (
     EVENTS_SUFFIX, FORMAT_VERSION, PROCESS_META_SUFFIX, RUN_META, SAMPLES_SUFFIX, find_runs, pid_of,
 )
 from miles_profile.logdir.merge import alias_event_pids, copied_stems, pid_aliases
+from miles_profile.logdir.meta_lists import PROCESS_LISTS, drop_retyped_lists
 from miles_profile.logdir.ranges import drop_impossible_ceilings
 from miles_profile.logdir.samples_reader import merge_samples, read_all_samples
 from miles_profile.logdir.summaries import summaries_frame
@@ -317,5 +318,6 @@ def _read_process_metas(run_dir: Path, warnings: list[str], skip: set[str] = fro
             warnings.append(f"{path.name}: {str(exc).split(': ', 1)[-1]}; that process has no meta")
             continue
         meta["stem"] = stem
+        drop_retyped_lists(meta, PROCESS_LISTS, path.name, warnings)
         processes.append(meta)
     return processes

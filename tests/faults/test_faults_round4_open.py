@@ -334,3 +334,23 @@ def test_damaged_offload_attributes_reach_the_transition_meter_and_what_if_witho
     assert done.returncode in (0, 1), done.stderr[-2000:]
     assert "Traceback" not in done.stderr and "could not report" not in done.stderr, done.stderr[-2000:]
     assert "moving memory cost" in (tmp_path / "r.html").read_text().lower()
+
+
+@pytest.mark.parametrize("which, field, value", [("h-7.meta.json", "columns", 5), ("h-7.meta.json", "devices", 1.5),
+                                                 ("h-7.meta.json", "cuda_devices", [3, {"index": 0}]),
+                                                 ("h-9.host.json", "gpus", 7)])
+def test_a_retyped_list_in_a_meta_is_dropped_with_a_warning_not_an_internal_error(tmp_path, which, field, value):
+    # found by the seed-34 sweep: `columns`, `devices` or a host's `gpus` written as a number stopped the report
+    from tests.faults.test_faults_files import make_run
+    run = make_run(tmp_path)
+    (run / "h-9.host.json").write_text(json.dumps({"format_version": 1, "host": "h", "gpus": []}))
+    (run / "h-9.host.csv").write_text("t,host_available\n1000.5,5\n")
+    meta = json.loads((run / which).read_text())
+    meta[field] = value
+    (run / which).write_text(json.dumps(meta))
+    done = subprocess.run([sys.executable, "-m", "miles_profile.visualize", str(run), "--json", str(tmp_path / "v.json")],
+                          capture_output=True, text=True, timeout=120, env=dict(os.environ, PYTHONPATH=str(REPO)))
+    assert done.returncode in (0, 1) and "could not report" not in done.stderr, done.stderr[-2000:]
+    loaded = load_run(run)
+    loaded.hosts  # read on first use
+    assert any(w.startswith(f"{which}: ") and repr(field) in w for w in loaded.warnings), loaded.warnings
