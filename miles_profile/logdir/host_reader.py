@@ -25,7 +25,7 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 
 from miles_profile.logdir.meta_lists import HOST_LISTS, drop_retyped_lists
-from miles_profile.logdir.damaged_csv import quiet_invalid_rows
+from miles_profile.logdir.damaged_csv import hexadecimal_cell, quiet_invalid_rows
 from miles_profile.logdir.ranges import drop_impossible_bytes
 from miles_profile.logdir.files import NotRegularFile, read_data, read_small
 from miles_profile.logdir.layout import FORMAT_VERSION, GPU_PROCS_SUFFIX, HOST_META_SUFFIX, HOST_SAMPLES_SUFFIX
@@ -111,6 +111,8 @@ def _read_csv(path: Path, warnings: list[str]) -> pd.DataFrame | None:
         return "skip"
 
     try:
+        if hexadecimal_cell(data, [(0, len(data))], data.find(b"\n") + 1):
+            raise pa.ArrowInvalid("a hexadecimal cell")  # pyarrow reads `0x10` as 16; pandas' cells do not
         with quiet_invalid_rows():  # a malformed row that is not UTF-8 fails inside pyarrow: the fallback below
             frame = pacsv.read_csv(pa.py_buffer(data), parse_options=pacsv.ParseOptions(invalid_row_handler=on_invalid),
                                    # only an empty cell is absent: "nan", "NULL", "N/A" are damage to say

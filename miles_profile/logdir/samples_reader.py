@@ -10,7 +10,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.csv as pacsv
 
-from miles_profile.logdir.damaged_csv import quiet_invalid_rows, read_damaged, usable_header
+from miles_profile.logdir.damaged_csv import hexadecimal_cell, quiet_invalid_rows, read_damaged, usable_header
 from miles_profile.logdir.files import NotRegularFile, map_regular
 from miles_profile.logdir.layout import SAMPLES_SUFFIX, pid_of
 from miles_profile.logdir.ranges import drop_impossible_bytes
@@ -55,7 +55,7 @@ def read_samples(path: Path, warnings: list[str], cache: bool = False) -> pd.Dat
         try:
             if end < 0:  # no newline in the last 64 KiB: a long damaged tail (or no line at all)
                 raise pa.ArrowInvalid("no line end near the end of the file")
-            if _hexadecimal_cell(mapped, extents, len(header_line) + 1):  # pyarrow reads `0x10` as 16
+            if hexadecimal_cell(mapped, extents, len(header_line) + 1):  # pyarrow reads `0x10` as 16
                 raise pa.ArrowInvalid("a hexadecimal cell")
             # A complete file parses fastest from its path (pyarrow overlaps reading and parsing);
             # a file with a truncated last line is parsed from a buffer cut before that line.
@@ -85,19 +85,6 @@ def read_samples(path: Path, warnings: list[str], cache: bool = False) -> pd.Dat
         threading.Thread(target=write_cache, name="miles_profile-cache", args=(
             path, pa.Table.from_pandas(frame, preserve_index=False), parsed)).start()
     return frame
-
-
-def _hexadecimal_cell(mapped, extents: list[tuple[int, int]], body: int) -> bool:
-    """A cell that starts `0x`/`0X` after the header (the recorder writes decimals): damage to say, as
-    read_damaged does, not the number pyarrow would make of it. Holes are skipped, and the two-byte search
-    (~1 ms a MB) runs only where memchr (~0.1 ms a MB) found an x at all: a phase named with an x pays it,
-    a phase named `0x...` only the slow path."""
-    for start, stop in extents:
-        start = max(start, body)
-        if start < stop and (mapped.find(b"x", start, stop) >= 0 or mapped.find(b"X", start, stop) >= 0):
-            if mapped.find(b",0x", start, stop) >= 0 or mapped.find(b",0X", start, stop) >= 0:
-                return True
-    return False
 
 
 def read_all_samples(run_dir: Path, warnings: list[str], finished: set | frozenset = frozenset(),

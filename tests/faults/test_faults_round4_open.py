@@ -210,6 +210,18 @@ def test_a_hexadecimal_byte_cell_is_said_not_read_as_a_number(tmp_path, cell):
     assert loaded.samples["rss_peak"].isna().sum() == 1  # that cell absent, not 16
 
 
+def test_a_hexadecimal_cell_in_a_host_csv_is_said_not_read_as_a_number(tmp_path):
+    # the seed-34 sweep: a host.csv cell retyped to 0x10 read as 16 by pyarrow, silently
+    from tests.faults.test_faults_files import make_run
+    run = make_run(tmp_path)
+    (run / "h-9.host.json").write_text(json.dumps({"format_version": 1, "host": "h"}))
+    (run / "h-9.host.csv").write_text("t,host_available\n1000.5,5\n1001.5,0x10\n1002.5,7\n")
+    loaded = load_run(run)
+    hosts = loaded.host_samples
+    assert any(w.startswith("h-9.host.csv: unreadable values set to absent") for w in loaded.warnings), loaded.warnings
+    assert 16 not in set(hosts["host_available"].dropna().astype(int))
+
+
 def test_a_host_meta_whose_stem_is_a_path_is_said(tmp_path):
     from tests.faults.test_faults_files import make_run
     run = make_run(tmp_path)
