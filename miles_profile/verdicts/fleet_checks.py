@@ -300,6 +300,9 @@ def _spread_over_iterations(values: np.ndarray, median: np.ndarray, cols: pd.Dat
         if len(idx) < 3:
             continue
         part = values[:, idx]
+        part = part[np.isfinite(part).any(axis=1)]  # a peer never read in this phase has no spread of its own
+        if not len(part):
+            continue
         own = np.nanmedian(part, axis=1, keepdims=True)
         mad = 1.4826 * np.nanmedian(np.abs(part - own), axis=1)
         if np.isfinite(mad).any():
