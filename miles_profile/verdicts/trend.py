@@ -53,11 +53,16 @@ def _gib(n: float) -> str:
 
 def _one_time_fall(x: np.ndarray, y: np.ndarray, allowed: float, resolution: float) -> tuple[int, float] | None:
     """(k, size) when the largest fall, after x[k], exceeds the allowed growth (and the resolution) with
-    at least two floors after it (a fall at the very end, a cleanup, is left to the trend). None otherwise."""
+    at least two floors after it (a fall at the very end, a cleanup, is left to the trend), and the level
+    fell with it: the median floor before it is above the median after by as much. One high floor that
+    came back down (an iteration of long sequences only) is scatter for the trend, not a level that fell:
+    a varying-length loop's floors [0.36, 0.47, 0.36, ...] read as two "falls", then "needs 5 iterations",
+    a pass that judged nothing. None otherwise."""
     d = -np.diff(y)
     k = int(np.argmax(d))
     size = float(d[k])
-    if size <= max(allowed, resolution) or k > len(y) - 3:
+    least = max(allowed, resolution)
+    if size <= least or k > len(y) - 3 or float(np.median(y[:k + 1]) - np.median(y[k + 1:])) <= least:
         return None
     return k, size
 
@@ -109,7 +114,7 @@ def judge_floors(iterations, floors, *, resolution: float, allowed: float, min_i
         rest = judge_floors(x[k + 1:], y[k + 1:], resolution=resolution, allowed=allowed,
                             min_iterations=min_iterations, step_cause=step_cause, unit=unit)
         rest.numbers.update(fall=size, fall_after_iteration=int(x[k]))
-        head = f"the floor fell {_gib(size)} after {at(x[k])} ({_gib(y[0])} → {_gib(y[k + 1])})"
+        head = f"the floor fell {_gib(size)} after {at(x[k])} ({_gib(y[k])} → {_gib(y[k + 1])})"
         if rest.status in ("fail", "warn"):
             return FloorVerdict(rest.status, rest.cause, f"{head}, then: {rest.text}", rest.numbers)
         numbers.update(growth=float(y[-1] - y[0]), growth_low=min(growth_low, float(y[-1] - y[0])), fall=size,

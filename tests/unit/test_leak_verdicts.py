@@ -287,3 +287,14 @@ def test_a_floor_that_fell_is_not_called_growth_and_a_leak_after_the_fall_still_
                         resolution=8 * MiB, allowed=40 * MiB, min_iterations=5)
     assert leak.status == "fail" and leak.cause == "sustained_growth", leak.text
     assert "floor 0.036 GiB → 0.125 GiB" in leak.text and "+15.4 MiB/iteration" in leak.text
+
+
+def test_one_high_floor_that_came_back_down_is_scatter_not_a_fall():
+    # a loop of varying sequence lengths (CPU, recorded by the lead): an iteration of long sequences only
+    # keeps its floor 0.1 GiB up, the next comes back. Read as "fell" twice, the rest was "needs 5
+    # iterations, has 2": a pass that judged nothing. The level never fell: the trend judges all 11 floors.
+    base, high = 0.3634 * GiB, [v * GiB for v in (0.4728, 0.4181, 0.4572, 0.4630)]
+    y = np.array([base, high[0], base, base, base, high[1], base, high[2], high[3], base, base])
+    judged = judge_floors(np.arange(1, 12), y, resolution=8 * MiB, allowed=84 * MiB, min_iterations=5)
+    assert judged.status == "pass" and "fell" not in judged.text and "needs" not in judged.text, judged.text
+    assert judged.text.startswith("floor 0.363 GiB → 0.363 GiB over 11 iterations"), judged.text
