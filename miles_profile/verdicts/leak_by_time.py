@@ -17,12 +17,16 @@ from miles_profile.verdicts.common import Tracks, nanmax, not_applicable, verdic
 from miles_profile.verdicts.leak import _columns_of, iteration_floors
 from miles_profile.verdicts.resolution import resolution_of
 from miles_profile.verdicts.trend import judge_floors, step_cause_of
-from miles_profile.verdicts.types import TOO_SMALL, CheckResult, Finding, Thresholds
+from miles_profile.verdicts.types import TOO_SMALL, WARN, CheckResult, Finding, Thresholds, gib
 
 MAX_WINDOWS = 30
 WARMUP_SHARE = 0.2   # of the recorded time: start-up (imports, model building), before the first window judged
 TEARDOWN_SHARE = 0.1  # and after the last: the end of training and the interpreter's exit free what was held
 JUDGED_BY = "time"   # a finding's numbers["judged_by"]: windows of time, not iterations
+# Judged over fewer seconds than this, a rise fails only where the floor rose in every window: a Ray driver
+# that crashed 7 s in climbed while importing, stepped once at ray.init and stayed flat between
+# ([213, 235, 257, 268, 268, 306, 312] MiB): "+1494 MiB/min, sustained growth" was a false cause.
+SHORT_RUN_SECONDS = 30.0
 
 
 def time_windows(track: Track, th: Thresholds) -> tuple[np.ndarray, np.ndarray]:
@@ -56,10 +60,19 @@ def judge_track_by_time(track: Track, th: Thresholds) -> Finding:
                           over=f"{np.isfinite(floors).sum()} windows of {seconds:.1f} s")
     text = judged.text.replace(f"needs {th.leak_min_iterations} iterations", f"needs {th.leak_min_iterations} windows")
     span = (float(starts[0]), float(ends[-1])) if len(starts) else None
-    status = TOO_SMALL if judged.status == "too small to judge" else judged.status
+    status, cause = (TOO_SMALL if judged.status == "too small to judge" else judged.status), judged.cause
+    judged_seconds = span[1] - span[0] if span else 0.0
+    finite = floors[np.isfinite(floors)]
+    if status == "fail" and judged_seconds < SHORT_RUN_SECONDS and not (np.diff(finite) > 0).all():
+        # a few seconds of an untagged run, with flat stretches: a program starting (imports, a
+        # connection, a model built) looks the same; only a climb in every window is a leak this short
+        status, cause = WARN, "short_untagged_run"
+        text = (f"the floor rose {gib(float(finite[-1] - finite[0]))} over {judged_seconds:.0f} s judged, not in "
+                f"every window: too short to tell a program's start-up from a leak (tag iterations with phase("
+                f"rollout_id=) or record longer); {text.replace('sustained growth: ', '')}")
     numbers = dict(judged.numbers, series=track.label, limit=allowed, judged_by=JUDGED_BY, unit="min",
                    window_seconds=seconds)
-    return Finding(status, f"{track.name}, by time: {text}", span, numbers=numbers, cause=judged.cause,
+    return Finding(status, f"{track.name}, by time: {text}", span, numbers=numbers, cause=cause,
                    series=track.label, resolution=resolution)
 
 

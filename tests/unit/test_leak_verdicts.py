@@ -298,3 +298,17 @@ def test_one_high_floor_that_came_back_down_is_scatter_not_a_fall():
     judged = judge_floors(np.arange(1, 12), y, resolution=8 * MiB, allowed=84 * MiB, min_iterations=5)
     assert judged.status == "pass" and "fell" not in judged.text and "needs" not in judged.text, judged.text
     assert judged.text.startswith("floor 0.363 GiB → 0.363 GiB over 11 iterations"), judged.text
+
+
+def _untagged(levels_mib: list[float]) -> object:
+    """A run with no phases whose host RSS reads `levels_mib`, one every 0.1 s."""
+    t = 0.1 * np.arange(len(levels_mib))
+    rss = np.array(levels_mib, dtype=float) * MiB
+    return make_run({"t": 1000.0 + t, "rss": rss, "rss_peak": rss})
+
+
+def test_a_climb_in_every_window_of_a_few_seconds_fails_by_time():
+    # 80 MiB/s kept for 5 s: every window's floor above the last: a leak however short (the staircase of a
+    # program starting, flat between steps, is a WARN: tests/corpus/test_lead_probes.py, a real log)
+    climb = check_leak(_untagged([8 + 8 * k for k in range(50)]), TH)
+    assert climb.status == "fail" and _host(climb).cause == "sustained_growth", _host(climb).message
