@@ -31,8 +31,17 @@ _RATIOS = (("growth", "limit"), ("spike", "limit"), ("resident", "limit"), ("ris
            ("growth", "weights_bytes"), ("share", None))
 
 
+def _who(meta: dict) -> str:
+    """The role in words, or a Ray actor's class where the program named no role: a policy and a reference
+    actor of one job were both "trainer rank 0" (each Ray worker is rank 0 of its own)."""
+    actor = meta.get("ray_actor_class")
+    if isinstance(actor, str) and actor and meta.get("role") in (None, "", "in_process"):
+        return f"Ray actor {actor}"
+    return role_text(meta.get("role"))
+
+
 def _label(meta: dict) -> str:
-    return f"{role_text(meta.get('role'))} rank {meta.get('rank', '?')} (pid {meta.get('pid')}, {meta.get('host')})"
+    return f"{_who(meta)} rank {meta.get('rank', '?')} (pid {meta.get('pid')}, {meta.get('host')})"
 
 
 def per_process_checks(run, thresholds: checks_mod.Thresholds | None = None) -> list[checks_mod.CheckResult]:
@@ -88,7 +97,7 @@ def _aggregate(items: list, n_judged: int, n_total: int) -> checks_mod.CheckResu
     worst_meta, worst = min(items, key=_worst_key)
     statuses = [r.status for _, r in items]
     status = worst_status(statuses)  # one failing process fails it; too small to judge is kept as such
-    roles = pd.Series([role_text(m.get("role")) for m, _ in items]).value_counts()
+    roles = pd.Series([_who(m) for m, _ in items]).value_counts()
     counted = ", ".join(f"{v} {k}" for k, v in roles.items())
     failing = statuses.count("fail")
     warning = statuses.count("warn")
