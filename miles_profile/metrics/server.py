@@ -28,6 +28,9 @@ METRICS_PORT_ENV = names.METRICS_PORT_ENV
 # A connection that sends half a request holds one thread this long at most (each has its own thread:
 # it never delays another scrape).
 _REQUEST_TIMEOUT_S = 30
+# prometheus_client's names of the escaping schemes (openmetrics.exposition's UNDERSCORES and ALLOWUTF8),
+# spelled here so that this module imports without it.
+UNDERSCORES, ALLOW_UTF8 = "underscores", "allow-utf-8"
 
 
 class MetricsServer:
@@ -60,6 +63,54 @@ def collector(state: HostState):
             return families(reading)
 
     return _Collector()
+
+
+def _openmetrics_unescaped(accept: str) -> str | None:
+    """`accept` with every OpenMetrics entry that asks for `underscores` escaping (Prometheus 2.x names
+    none, which means `underscores`) asking for `allow-utf-8` instead; None when there is none."""
+    entries = accept.split(",")
+    changed = False
+    for i, entry in enumerate(entries):
+        media, *params = entry.split(";")
+        if media.strip() != "application/openmetrics-text":
+            continue
+        escaping = [p.strip() for p in params if p.strip().startswith("escaping=")]
+        if escaping and escaping != [f"escaping={UNDERSCORES}"]:
+            continue  # a scheme that changes legal names too (dots, values): prometheus_client's own
+        entries[i] = ";".join([media, *(p for p in params if not p.strip().startswith("escaping=")),
+                               f"escaping={ALLOW_UTF8}"])
+        changed = True
+    return ",".join(entries) if changed else None
+
+
+def metrics_app(registry):
+    """prometheus_client's WSGI app over `registry`, answering Prometheus 2.x's OpenMetrics request with
+    the same bytes for 40 % less CPU.
+
+    Prometheus 2.x asks for OpenMetrics naming no escaping scheme, i.e. `underscores`, and prometheus_client
+    then writes each sample's name through a character-by-character walk that replaces what is illegal:
+    60 % of a scrape of 64 processes (docs/prometheus.md, Cost). Every metric and label name of families.py
+    is legal, so its `allow-utf-8` encoder, which checks a name with one regular expression instead, writes
+    the very same bytes (tests/unit/test_metrics_exposition.py holds them equal); the answer's
+    Content-Type is put back to the `underscores` the scraper asked for."""
+    from prometheus_client import make_wsgi_app
+
+    # Not gzipped even when the scraper accepts it (Prometheus does): 3 to 5 ms of CPU a scrape of 64
+    # processes, to save bytes on the network between the host and Prometheus (docs/prometheus.md).
+    app = make_wsgi_app(registry, disable_compression=True)
+
+    def unescaped(environ, start_response):
+        accept = _openmetrics_unescaped(environ.get("HTTP_ACCEPT") or "")
+        if accept is None:
+            return app(environ, start_response)
+
+        def start(status, headers, exc_info=None):
+            headers = [(k, v.replace(f"escaping={ALLOW_UTF8}", f"escaping={UNDERSCORES}") if k == "Content-Type"
+                        else v) for k, v in headers]
+            return start_response(status, headers, exc_info)
+        return app({**environ, "HTTP_ACCEPT": accept}, start)
+
+    return unescaped
 
 
 def _http_server(addr: str, port: int, app):
@@ -97,7 +148,7 @@ def serve(run_dir: str | os.PathLike, port: int, addr: str = "0.0.0.0", hostname
     None, with one log line, when prometheus_client is missing or the port can't be bound: the job
     goes on recorded, unscraped."""
     try:
-        from prometheus_client import CollectorRegistry, make_wsgi_app
+        from prometheus_client import CollectorRegistry
     except ImportError:
         log.warning("miles_profile: warning: --metrics-port ignored: prometheus_client is not installed "
                     "(pip install prometheus-client)")
@@ -105,11 +156,8 @@ def serve(run_dir: str | os.PathLike, port: int, addr: str = "0.0.0.0", hostname
     state = HostState(run_dir, hostname or host_name())
     registry = CollectorRegistry(auto_describe=False)
     registry.register(collector(state))
-    # Not gzipped even when the scraper accepts it (Prometheus does): 3 to 5 ms of CPU a scrape of 64
-    # processes, to save bytes on the network between the host and Prometheus (docs/prometheus.md).
-    app = make_wsgi_app(registry, disable_compression=True)
     try:
-        server = _http_server(addr, port, app)
+        server = _http_server(addr, port, metrics_app(registry))
     except OSError as exc:
         log.warning("miles_profile: warning: metrics not served on port %d: %s", port, exc.strerror or exc)
         return None

@@ -4,14 +4,19 @@ the 0.0.4 text one) read back every family, in order, and every series with its 
 escapes included."""
 from __future__ import annotations
 
+import dataclasses
+import statistics
+import time
+
 import pytest
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, make_wsgi_app
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_openmetrics
 from prometheus_client.parser import text_string_to_metric_families as parse_text
 
 from miles_profile.metrics.families import P, families
 from miles_profile.metrics.readings import GpuReading, HostReading, Offload, ProcessReading
+from miles_profile.metrics.server import metrics_app
 
 GiB = 1024**3
 # Every family in the exposition's order, even one with no sample (no process has a floor yet, say).
@@ -98,3 +103,46 @@ def test_prometheus_client_reads_back_every_series(openmetrics):
     # Bytes are exact on the wire (prometheus_client writes them as Go writes a float64: 8.589934592e+10).
     assert at("gpu_memory_total_bytes", ("hostname", "node-1"), *gpu) == 80 * GiB
     assert body.endswith("# EOF\n") == openmetrics
+
+
+def _answer(app, accept: str) -> tuple[str, list, bytes]:
+    got = {}
+
+    def start_response(status, headers, exc_info=None):
+        got.update(status=status, headers=headers)
+    environ = {"REQUEST_METHOD": "GET", "PATH_INFO": "/metrics", "QUERY_STRING": "", "HTTP_ACCEPT": accept}
+    body = b"".join(app(environ, start_response))
+    return got["status"], got["headers"], body
+
+
+def test_prometheus_2_gets_the_answer_it_asked_for_from_the_cheaper_encoder():
+    """metrics_app answers Prometheus 2.x's OpenMetrics request (escaping `underscores`, named or not) with
+    prometheus_client's `allow-utf-8` encoder: the same status, headers and bytes as prometheus_client's own
+    app gives for every Accept, in at most 80 % of its CPU time (about 60 % measured) for 64 processes."""
+    def registry_of(reading):
+        class One:
+            def collect(self):
+                return families(reading)
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(One())
+        return registry
+
+    registry = registry_of(_reading())
+    ours, theirs = metrics_app(registry), make_wsgi_app(registry, disable_compression=True)
+    for accept in (PROMETHEUS_ACCEPT, "", "application/openmetrics-text;version=1.0.0;escaping=underscores",
+                   "application/openmetrics-text; version=1.0.0; escaping=allow-utf-8",
+                   "application/openmetrics-text;version=1.0.0;escaping=dots", "text/plain;version=0.0.4"):
+        assert _answer(ours, accept) == _answer(theirs, accept), accept
+
+    one = _reading().processes[0]
+    many = _reading()
+    many.processes = [dataclasses.replace(one, rank=str(k), pid=100 + k) for k in range(64)]
+    registry = registry_of(many)
+    ours, theirs = metrics_app(registry), make_wsgi_app(registry, disable_compression=True)
+    cpu: dict = {ours: [], theirs: []}
+    for _ in range(5):  # interleaved: the machine is shared
+        for app in cpu:
+            start = time.thread_time()
+            _answer(app, PROMETHEUS_ACCEPT)
+            cpu[app].append(time.thread_time() - start)
+    assert statistics.median(cpu[ours]) < 0.8 * statistics.median(cpu[theirs])
