@@ -116,7 +116,6 @@ def _offloads(host: HostReading) -> Iterator[Metric]:
                    "level at its end, on the allocator (GPU) or RSS (host); negative when memory grew", labels)
     verdict = _gauge("offload_verdict", "1, labelled with the live verdict of the last offload (pass: freed at least "
                      "80% of declared inside the phase; fail; too_small; n/a)", [*labels, "verdict"])
-    count = CounterMetricFamily(P + "offloads", "Offloads of this phase and tag that ended", labels=labels)
     for r in host.processes:
         for (name, tag), o in sorted(r.offloads.items()):
             ids = [host.hostname, r.rank, r.role, name, tag]
@@ -126,5 +125,6 @@ def _offloads(host: HostReading) -> Iterator[Metric]:
                 freed.add_metric(ids, o.freed)
             # Only the current state: a scrape with 64 processes renders a sample per state otherwise.
             verdict.add_metric([*ids, o.verdict], 1)
-            count.add_metric(ids, o.count)
-    yield from (declared, freed, verdict, count)
+    # No count of offloads: in an RL loop each tag is offloaded once an iteration, which
+    # process_iterations_total counts already; 2 samples a process that every scrape paid to encode.
+    yield from (declared, freed, verdict)
