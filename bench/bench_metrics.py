@@ -101,20 +101,29 @@ def renderer(accept: str = PROMETHEUS_ACCEPT):
         from miles_profile.metrics.exposition import render  # 0108de6
         return "exposition.py (by hand)", lambda reading: render(reading, "openmetrics" in accept.split(",")[0])
     except ImportError:
-        from prometheus_client import CollectorRegistry
-        from prometheus_client.exposition import choose_encoder
+        pass
+    from prometheus_client import CollectorRegistry
 
-        from miles_profile.metrics.families import families
-        encoder, _ = choose_encoder(accept)
+    from miles_profile.metrics.families import families
+    reading_now: list = [None]
 
-        def render(reading):
-            class One:
-                def collect(self):
-                    return families(reading)
-            registry = CollectorRegistry(auto_describe=False)
-            registry.register(One())
-            return encoder(registry)
-        return "prometheus_client (families.py)", render
+    class One:
+        def collect(self):
+            return families(reading_now[0])
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(One())
+    try:  # the endpoint's own WSGI app (since 8f25f3e: Prometheus 2.x answered by the allow-utf-8 encoder)
+        from miles_profile.metrics.server import metrics_app
+        app, which = metrics_app(registry), "prometheus_client (families.py, server.metrics_app)"
+    except ImportError:
+        from prometheus_client import make_wsgi_app
+        app, which = make_wsgi_app(registry, disable_compression=True), "prometheus_client (families.py)"
+    environ = {"REQUEST_METHOD": "GET", "PATH_INFO": "/metrics", "QUERY_STRING": "", "HTTP_ACCEPT": accept}
+
+    def render(reading):
+        reading_now[0] = reading
+        return b"".join(app(dict(environ), lambda status, headers, exc_info=None: None))
+    return which, render
 
 
 def scrape_cost(processes: int, scrapes: int, interval_s: float) -> tuple[list[float], list[float], list[float],
