@@ -66,21 +66,30 @@ def collector(state: HostState):
 
 
 def _openmetrics_unescaped(accept: str) -> str | None:
-    """`accept` with every OpenMetrics entry that asks for `underscores` escaping (Prometheus 2.x names
-    none, which means `underscores`) asking for `allow-utf-8` instead; None when there is none."""
+    """`accept` with the OpenMetrics entry prometheus_client answers (its first one with a version of
+    1.0.0 or later) asking for `allow-utf-8` escaping instead of `underscores` (Prometheus 2.x names no
+    scheme, which means `underscores`); None when that entry asks for another scheme, or there is none."""
+    from prometheus_client.utils import parse_version
+
     entries = accept.split(",")
-    changed = False
     for i, entry in enumerate(entries):
-        media, *params = entry.split(";")
-        if media.strip() != "application/openmetrics-text":
+        media, *params = (p.strip() for p in entry.split(";"))
+        if media != "application/openmetrics-text":
             continue
-        escaping = [p.strip() for p in params if p.strip().startswith("escaping=")]
-        if escaping and escaping != [f"escaping={UNDERSCORES}"]:
-            continue  # a scheme that changes legal names too (dots, values): prometheus_client's own
-        entries[i] = ";".join([media, *(p for p in params if not p.strip().startswith("escaping=")),
-                               f"escaping={ALLOW_UTF8}"])
-        changed = True
-    return ",".join(entries) if changed else None
+        version = next((p.split("=", 1)[1] for p in params if p.startswith("version=")), "")
+        if not version:
+            return None  # answered with underscores whatever it asks (choose_encoder)
+        try:
+            if parse_version(version) < (1, 0, 0):
+                continue  # passed over by choose_encoder
+        except TypeError:  # "version=x": prometheus_client's to answer
+            return None
+        escaping = [p for p in params if p.startswith("escaping=")]
+        if escaping not in ([], [f"escaping={UNDERSCORES}"]):
+            return None  # a scheme that changes legal names too (dots, values), or allow-utf-8 already
+        entries[i] = ";".join([media, *(p for p in params if not p.startswith("escaping=")), f"escaping={ALLOW_UTF8}"])
+        return ",".join(entries)
+    return None
 
 
 def metrics_app(registry):

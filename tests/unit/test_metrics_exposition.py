@@ -131,7 +131,10 @@ def test_prometheus_2_gets_the_answer_it_asked_for_from_the_cheaper_encoder():
     ours, theirs = metrics_app(registry), make_wsgi_app(registry, disable_compression=True)
     for accept in (PROMETHEUS_ACCEPT, "", "application/openmetrics-text;version=1.0.0;escaping=underscores",
                    "application/openmetrics-text; version=1.0.0; escaping=allow-utf-8",
-                   "application/openmetrics-text;version=1.0.0;escaping=dots", "text/plain;version=0.0.4"):
+                   "application/openmetrics-text;version=1.0.0;escaping=dots", "text/plain;version=0.0.4",
+                   "application/openmetrics-text;version=0.0.1,application/openmetrics-text;version=1.0.0;q=0.5",
+                   "application/openmetrics-text;version=1.0.0;escaping=allow-utf-8,application/openmetrics-text",
+                   "application/openmetrics-text"):
         assert _answer(ours, accept) == _answer(theirs, accept), accept
 
     one = _reading().processes[0]
