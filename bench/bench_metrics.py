@@ -66,7 +66,7 @@ class FakeHost:
                                                "cuda_devices": [{"index": 0, "uuid": uuid}]})
             self.procs.append((pid, SampleWriter(run_dir, stem, COLUMNS, flush_interval_s=1e9),
                                EventWriter(run_dir, stem), uuid))
-        self.t, self.phase_id, self.iteration = time.time(), 0, 0
+        self.t, self.phase_id, self.iteration, self.rows = time.time(), 0, 0, 0
 
     def advance(self, seconds: float) -> None:
         rows = int(round(seconds / 0.1))
@@ -76,18 +76,22 @@ class FakeHost:
             if new_phase:
                 self.phase_id += 1
             phase = PHASES[self.phase_id % len(PHASES)]
+            self.rows += 1
+            drift = (self.rows % 4096) * 4096  # every level moves from row to row, as a real one does
             for pid, samples, events, uuid in self.procs:
-                level = 20 * GiB + (pid % 7) * 2**20 + i * 4096
-                samples.append(self.t, phase, [3 * GiB, 3 * GiB + 8192, 2 * GiB, GiB, 0, level, level + 2**21,
+                level = 20 * GiB + (pid % 7) * 2**20 + drift
+                rss = 3 * GiB + drift
+                samples.append(self.t, phase, [rss, rss + 8192, 2 * GiB, GiB, 0, level, level + 2**21,
                                                level + 2**24, 2**28, 0])
-                if new_phase:
+                if new_phase:  # a phase lasts a little longer or shorter each time: transition seconds move
                     events.write("begin", phase, {"rollout_id": self.phase_id // len(PHASES), "expected_bytes": GiB,
-                                                  "tags": ["kv_cache"]}, t=self.t - 0.95, id=self.phase_id)
+                                                  "tags": ["kv_cache"]}, t=self.t - 0.9 - (self.phase_id % 5) * 0.01,
+                                 id=self.phase_id)
                     summary = {"rows": 10, "t_first": self.t - 0.9, "t_last": self.t,
                                "series": {c: {"peak": level, "floor": level - GiB, "first": level, "last": level - GiB}
                                           for c in ("rss", "gpu0_alloc", "gpu0_reserved")}}
                     events.write("end", phase, {"status": "ok", "summary": summary}, t=self.t, id=self.phase_id)
-            self.host.append(self.t, [60 * GiB] * 8, [(p[3], p[0], 21 * GiB) for p in self.procs])
+            self.host.append(self.t, [60 * GiB + drift] * 8, [(p[3], p[0], 21 * GiB + drift) for p in self.procs])
         for _, samples, _, _ in self.procs:
             samples.flush()
         self.host.flush()
