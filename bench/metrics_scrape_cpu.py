@@ -1,15 +1,16 @@
 """CPU and wall time of one whole scrape (read the files, render the exposition Prometheus asks for) with
 64 processes on a host, split into reading and rendering, for an A/B across commits on a shared machine,
 where wall time mostly measures the wait for a core: this thread's CPU seconds do not. The same file
-runs on this tree and on older ones (832a1cb, before round 3: prometheus_client's own WSGI app; 0108de6, a
-hand-written exposition), interleaved (docs/prometheus.md, Cost):
+runs on this tree and on older ones (832a1cb, before round 3: prometheus_client's own WSGI app; 316cb90,
+round 3 without the cache of unchanged families; 0108de6, a hand-written exposition), interleaved
+(docs/prometheus.md, Cost):
 
-    mkdir -p /tmp/ab/base && git archive 832a1cb | tar -x -C /tmp/ab/base \\
-        && cp bench/bench_metrics.py bench/metrics_scrape_cpu.py /tmp/ab/base/bench/
-    for k in 1 2 3; do for t in /tmp/ab/base .; do \\
+    for c in 832a1cb 316cb90; do mkdir -p /tmp/ab/$c && git archive $c | tar -x -C /tmp/ab/$c \\
+        && cp bench/bench_metrics.py bench/metrics_scrape_cpu.py /tmp/ab/$c/bench/; done
+    for k in 1 2 3; do for t in /tmp/ab/832a1cb /tmp/ab/316cb90 .; do \\
         (cd $t && PYTHONPATH=$PWD python bench/metrics_scrape_cpu.py); done; done
 
-    python bench/metrics_scrape_cpu.py --processes 8 16 24 32 64   # how the cost grows with processes
+    python bench/metrics_scrape_cpu.py --processes 8 16 24 32 48 64   # how the cost grows with processes
 
 The host is bench_metrics.py's FakeHost (rows every 100 ms, a phase every second per process); the
 rendering is what the endpoint answers Debian's Prometheus 2.42 (bench_metrics.PROMETHEUS_ACCEPT).
