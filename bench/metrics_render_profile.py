@@ -83,7 +83,8 @@ def main(argv: list[str] | None = None) -> int:
             rows = []
             for (file, _, func), (_, _, _, cum, _) in stats.stats.items():
                 if "prometheus_client" in file and func not in ("generate_latest", "<lambda>"):
-                    rows.append((cum / total, "the label pairs of a sample (<listcomp>)" if func == "<listcomp>" else func))
+                    label = "the label pairs of a sample (<listcomp>)" if func == "<listcomp>" else func
+                    rows.append((cum / total, label))
             for share, func in sorted(rows, reverse=True)[:6]:
                 print(f"    {func}: {share:.0%}")
     return 0

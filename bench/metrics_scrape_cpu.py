@@ -66,7 +66,8 @@ def main(argv: list[str] | None = None) -> int:
                 list(families(reading))
                 build = f" (of which building the families {(time.thread_time() - cpu) * 1e3:.2f})"
             total = [r + e for r, e in zip(reads, renders)]
-            print(f"  {processes} processes, scrape every {interval:g} s ({samples} samples): CPU median {statistics.median(total) * 1e3:.2f} ms "
+            print(f"  {processes} processes, scrape every {interval:g} s ({samples} samples): "
+                  f"CPU median {statistics.median(total) * 1e3:.2f} ms "
                   f"(reading {statistics.median(reads) * 1e3:.2f}, rendering {statistics.median(renders) * 1e3:.2f}{build}), "
                   f"min {min(total) * 1e3:.2f}; wall median {statistics.median(walls) * 1e3:.2f} ms, "
                   f"min {min(walls) * 1e3:.2f}; over {len(total)} scrapes", flush=True)

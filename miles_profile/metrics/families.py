@@ -6,8 +6,9 @@ so an OTLP exporter added later gives the same names. Labels join dcgm-exporter'
 `UUID`, `hostname`) plus ours (`rank`, `role`, `phase`, `tag`); no pid and nothing per iteration on a
 fleet series: `miles_profile_process_info` alone maps (rank, role) to a pid.
 
-Built once a scrape by server.py's collector, a sample at a time with `add_sample` (its labels as one dict); prometheus_client's
-encoder renders them in the format the scraper asked for (most of a scrape's time: docs/prometheus.md).
+Built once a scrape by server.py's collector, a sample at a time with `add_sample` (its labels as one
+dict); prometheus_client's encoder renders them in the format the scraper asked for (most of a scrape's
+time: docs/prometheus.md).
 """
 from __future__ import annotations
 
