@@ -108,6 +108,8 @@ def metrics_app(registry):
     Anything but a plain GET of the exposition (OPTIONS, another method, a `name[]` filter) is
     prometheus_client's own app's to answer. tests/unit/test_metrics_exposition.py holds status, headers
     and bytes equal to that app's, scrape after scrape."""
+    from urllib.parse import parse_qs
+
     from prometheus_client import make_wsgi_app
     from prometheus_client.exposition import choose_encoder
 
@@ -120,7 +122,7 @@ def metrics_app(registry):
 
     def app(environ, start_response):
         if (environ.get("REQUEST_METHOD") != "GET" or environ.get("PATH_INFO") == "/favicon.ico"
-                or environ.get("QUERY_STRING")):
+                or "name[]" in parse_qs(environ.get("QUERY_STRING", ""))):
             return theirs(environ, start_response)
         asked = environ.get("HTTP_ACCEPT") or ""
         unescaped = _openmetrics_unescaped(asked)

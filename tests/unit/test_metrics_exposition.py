@@ -105,12 +105,12 @@ def test_prometheus_client_reads_back_every_series(openmetrics):
     assert body.endswith("# EOF\n") == openmetrics
 
 
-def _answer(app, accept: str) -> tuple[str, list, bytes]:
+def _answer(app, accept: str, query: str = "", method: str = "GET") -> tuple[str, list, bytes]:
     got = {}
 
     def start_response(status, headers, exc_info=None):
         got.update(status=status, headers=headers)
-    environ = {"REQUEST_METHOD": "GET", "PATH_INFO": "/metrics", "QUERY_STRING": "", "HTTP_ACCEPT": accept}
+    environ = {"REQUEST_METHOD": method, "PATH_INFO": "/metrics", "QUERY_STRING": query, "HTTP_ACCEPT": accept}
     body = b"".join(app(environ, start_response))
     return got["status"], got["headers"], body
 
@@ -156,6 +156,9 @@ def test_prometheus_2_gets_the_answer_it_asked_for_from_the_cheaper_encoder():
                    "application/openmetrics-text"):
         assert _answer(ours, accept) == _answer(theirs, accept), accept
         assert _answer(ours, accept) == _answer(theirs, accept), accept  # the second time from the cache
+    for query, method in (("name[]=miles_profile_process_phase", "GET"), ("job=x", "GET"), ("", "OPTIONS"),
+                          ("", "POST")):
+        assert _answer(ours, PROMETHEUS_ACCEPT, query, method) == _answer(theirs, PROMETHEUS_ACCEPT, query, method)
 
     registry = _registry_of([_many()])
     theirs = make_wsgi_app(registry, disable_compression=True)
