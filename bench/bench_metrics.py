@@ -66,7 +66,7 @@ class FakeHost:
                                                "cuda_devices": [{"index": 0, "uuid": uuid}]})
             self.procs.append((pid, SampleWriter(run_dir, stem, COLUMNS, flush_interval_s=1e9),
                                EventWriter(run_dir, stem), uuid))
-        self.t, self.phase_id, self.iteration = time.time(), 0, 0
+        self.t, self.phase_id, self.iteration, self.rows = time.time(), 0, 0, 0
 
     def advance(self, seconds: float) -> None:
         rows = int(round(seconds / 0.1))
@@ -76,18 +76,22 @@ class FakeHost:
             if new_phase:
                 self.phase_id += 1
             phase = PHASES[self.phase_id % len(PHASES)]
+            self.rows += 1
+            drift = (self.rows % 4096) * 4096  # every level moves from row to row, as a real one does
             for pid, samples, events, uuid in self.procs:
-                level = 20 * GiB + (pid % 7) * 2**20 + i * 4096
-                samples.append(self.t, phase, [3 * GiB, 3 * GiB + 8192, 2 * GiB, GiB, 0, level, level + 2**21,
+                level = 20 * GiB + (pid % 7) * 2**20 + drift
+                rss = 3 * GiB + drift
+                samples.append(self.t, phase, [rss, rss + 8192, 2 * GiB, GiB, 0, level, level + 2**21,
                                                level + 2**24, 2**28, 0])
-                if new_phase:
+                if new_phase:  # a phase lasts a little longer or shorter each time: transition seconds move
                     events.write("begin", phase, {"rollout_id": self.phase_id // len(PHASES), "expected_bytes": GiB,
-                                                  "tags": ["kv_cache"]}, t=self.t - 0.95, id=self.phase_id)
+                                                  "tags": ["kv_cache"]}, t=self.t - 0.9 - (self.phase_id % 5) * 0.01,
+                                 id=self.phase_id)
                     summary = {"rows": 10, "t_first": self.t - 0.9, "t_last": self.t,
                                "series": {c: {"peak": level, "floor": level - GiB, "first": level, "last": level - GiB}
                                           for c in ("rss", "gpu0_alloc", "gpu0_reserved")}}
                     events.write("end", phase, {"status": "ok", "summary": summary}, t=self.t, id=self.phase_id)
-            self.host.append(self.t, [60 * GiB] * 8, [(p[3], p[0], 21 * GiB) for p in self.procs])
+            self.host.append(self.t, [60 * GiB + drift] * 8, [(p[3], p[0], 21 * GiB + drift) for p in self.procs])
         for _, samples, _, _ in self.procs:
             samples.flush()
         self.host.flush()
@@ -101,20 +105,29 @@ def renderer(accept: str = PROMETHEUS_ACCEPT):
         from miles_profile.metrics.exposition import render  # 0108de6
         return "exposition.py (by hand)", lambda reading: render(reading, "openmetrics" in accept.split(",")[0])
     except ImportError:
-        from prometheus_client import CollectorRegistry
-        from prometheus_client.exposition import choose_encoder
+        pass
+    from prometheus_client import CollectorRegistry
 
-        from miles_profile.metrics.families import families
-        encoder, _ = choose_encoder(accept)
+    from miles_profile.metrics.families import families
+    reading_now: list = [None]
 
-        def render(reading):
-            class One:
-                def collect(self):
-                    return families(reading)
-            registry = CollectorRegistry(auto_describe=False)
-            registry.register(One())
-            return encoder(registry)
-        return "prometheus_client (families.py)", render
+    class One:
+        def collect(self):
+            return families(reading_now[0])
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(One())
+    try:  # the endpoint's own WSGI app (since 8f25f3e: Prometheus 2.x answered by the allow-utf-8 encoder)
+        from miles_profile.metrics.server import metrics_app
+        app, which = metrics_app(registry), "prometheus_client (families.py, server.metrics_app)"
+    except ImportError:
+        from prometheus_client import make_wsgi_app
+        app, which = make_wsgi_app(registry, disable_compression=True), "prometheus_client (families.py)"
+    environ = {"REQUEST_METHOD": "GET", "PATH_INFO": "/metrics", "QUERY_STRING": "", "HTTP_ACCEPT": accept}
+
+    def render(reading):
+        reading_now[0] = reading
+        return b"".join(app(dict(environ), lambda status, headers, exc_info=None: None))
+    return which, render
 
 
 def scrape_cost(processes: int, scrapes: int, interval_s: float) -> tuple[list[float], list[float], list[float],

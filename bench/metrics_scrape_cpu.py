@@ -1,23 +1,28 @@
 """CPU and wall time of one whole scrape (read the files, render the exposition Prometheus asks for) with
 64 processes on a host, split into reading and rendering, for an A/B across commits on a shared machine,
 where wall time mostly measures the wait for a core: this thread's CPU seconds do not. The same file
-runs on this tree (prometheus_client rendering families.py), on 0108de6 (a hand-written exposition.py)
-and on 44a96e9 (prometheus_client, the event lines parsed by json), interleaved:
+runs on this tree and on older ones (832a1cb, before round 3: prometheus_client's own WSGI app; 316cb90,
+round 3 without the cache of unchanged families; 0108de6, a hand-written exposition), interleaved
+(docs/prometheus.md, Cost):
 
-    for c in 0108de6 44a96e9; do mkdir -p /tmp/ab/$c && git archive $c | tar -x -C /tmp/ab/$c \\
+    for c in 832a1cb 316cb90; do mkdir -p /tmp/ab/$c && git archive $c | tar -x -C /tmp/ab/$c \\
         && cp bench/bench_metrics.py bench/metrics_scrape_cpu.py /tmp/ab/$c/bench/; done
-    for k in 1 2 3; do for t in . /tmp/ab/0108de6 /tmp/ab/44a96e9; do \\
+    for k in 1 2 3; do for t in /tmp/ab/832a1cb /tmp/ab/316cb90 .; do \\
         (cd $t && PYTHONPATH=$PWD python bench/metrics_scrape_cpu.py); done; done
+
+    python bench/metrics_scrape_cpu.py --processes 8 16 24 32 48 64   # how the cost grows with processes
 
 The host is bench_metrics.py's FakeHost (rows every 100 ms, a phase every second per process); the
 rendering is what the endpoint answers Debian's Prometheus 2.42 (bench_metrics.PROMETHEUS_ACCEPT).
 """
 from __future__ import annotations
 
+import argparse
 import statistics
 import sys
 import tempfile
 import time
+import timeit
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -28,12 +33,18 @@ import bench_metrics as b  # noqa: E402
 from miles_profile.metrics.host_state import HostState  # noqa: E402
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--processes", type=int, nargs="+", default=[64])
+    args = parser.parse_args(argv)
     which, render = b.renderer()
-    print(f"{Path(__file__).resolve().parents[1]}: rendered by {which}")
-    for interval in (1.0, 15.0):
+    # How loaded this machine is: on an idle current x86 core this takes about 10 us.
+    calibration = min(timeit.repeat("sum(range(1000))", number=1000, repeat=5)) / 1000
+    print(f"{Path(__file__).resolve().parents[1]}: rendered by {which}; calibration: sum(range(1000)) "
+          f"{calibration * 1e6:.1f} us")
+    for processes, interval in ((n, i) for n in args.processes for i in (1.0, 15.0)):
         with tempfile.TemporaryDirectory() as tmp:
-            host = b.FakeHost(Path(tmp), 64)
+            host = b.FakeHost(Path(tmp), processes)
             state = HostState(tmp, b.HOST)
             host.advance(interval)
             render(state.read())  # the first scrape reads every file's header and meta
@@ -55,7 +66,8 @@ def main() -> int:
                 list(families(reading))
                 build = f" (of which building the families {(time.thread_time() - cpu) * 1e3:.2f})"
             total = [r + e for r, e in zip(reads, renders)]
-            print(f"  scrape every {interval:g} s ({samples} samples): CPU median {statistics.median(total) * 1e3:.2f} ms "
+            print(f"  {processes} processes, scrape every {interval:g} s ({samples} samples): "
+                  f"CPU median {statistics.median(total) * 1e3:.2f} ms "
                   f"(reading {statistics.median(reads) * 1e3:.2f}, rendering {statistics.median(renders) * 1e3:.2f}{build}), "
                   f"min {min(total) * 1e3:.2f}; wall median {statistics.median(walls) * 1e3:.2f} ms, "
                   f"min {min(walls) * 1e3:.2f}; over {len(total)} scrapes", flush=True)

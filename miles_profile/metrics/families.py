@@ -6,8 +6,9 @@ so an OTLP exporter added later gives the same names. Labels join dcgm-exporter'
 `UUID`, `hostname`) plus ours (`rank`, `role`, `phase`, `tag`); no pid and nothing per iteration on a
 fleet series: `miles_profile_process_info` alone maps (rank, role) to a pid.
 
-Built once a scrape by server.py's collector, a sample at a time with `add_metric`; prometheus_client's
-encoder renders them in the format the scraper asked for (most of a scrape's time: docs/prometheus.md).
+Built once a scrape by server.py's collector, a sample at a time with `add_sample` (its labels as one
+dict); prometheus_client's encoder renders them in the format the scraper asked for (most of a scrape's
+time: docs/prometheus.md).
 """
 from __future__ import annotations
 
@@ -83,28 +84,31 @@ def _processes(host: HostReading) -> Iterator[Metric]:
     transition = _gauge("transition_duration_seconds", "Seconds the last instance of each offload, onload and "
                         "weight update took", [*PROCESS, "phase"])
     for r in host.processes:
-        ids, gpu_ids = [h, r.rank, r.role], [h, r.rank, r.role, r.gpu, r.uuid]
-        info.add_metric(ids, {"pid": str(r.pid), "gpu": r.gpu, "UUID": r.uuid})
-        phase.add_metric([*ids, r.phase], 1)
+        # Label dicts given whole (add_sample): add_metric zips names and values again for every sample,
+        # a third of building the families.
+        ids = {"hostname": h, "rank": r.rank, "role": r.role}
+        gpu_ids = {**ids, "gpu": r.gpu, "UUID": r.uuid}
+        info.add_sample(info.name + "_info", {**ids, "pid": str(r.pid), "gpu": r.gpu, "UUID": r.uuid}, 1)
+        phase.add_sample(phase.name, {**ids, "phase": r.phase}, 1)
         # A GPU series only once the process names its GPU: before CUDA starts its allocator reads 0 with no UUID,
         # a series that would join nothing in DCGM's and be replaced by the labelled one seconds later.
         on_gpu = bool(r.uuid)
         for attr, family in current.items():
             value = getattr(r, attr)
             if value is not None and (on_gpu or attr == "resident"):
-                family.add_metric(ids if attr == "resident" else gpu_ids, value)
+                family.add_sample(family.name, ids if attr == "resident" else gpu_ids, value)
         for name, (alloc, rss) in sorted(r.peaks.items()):
             if alloc is not None and on_gpu:
-                peak_alloc.add_metric([*gpu_ids, name], alloc)
+                peak_alloc.add_sample(peak_alloc.name, {**gpu_ids, "phase": name}, alloc)
             if rss is not None:
-                peak_rss.add_metric([*ids, name], rss)
+                peak_rss.add_sample(peak_rss.name, {**ids, "phase": name}, rss)
         if r.floor_allocated is not None and on_gpu:
-            floor_alloc.add_metric(gpu_ids, r.floor_allocated)
+            floor_alloc.add_sample(floor_alloc.name, gpu_ids, r.floor_allocated)
         if r.floor_resident is not None:
-            floor_rss.add_metric(ids, r.floor_resident)
-        iterations.add_metric(ids, r.iterations)
+            floor_rss.add_sample(floor_rss.name, ids, r.floor_resident)
+        iterations.add_sample(iterations.name + "_total", ids, r.iterations)
         for name, seconds in sorted(r.transitions.items()):
-            transition.add_metric([*ids, name], seconds)
+            transition.add_sample(transition.name, {**ids, "phase": name}, seconds)
     yield from (info, phase, *current.values(), peak_alloc, peak_rss, floor_alloc, floor_rss, iterations, transition)
 
 
@@ -116,15 +120,15 @@ def _offloads(host: HostReading) -> Iterator[Metric]:
                    "level at its end, on the allocator (GPU) or RSS (host); negative when memory grew", labels)
     verdict = _gauge("offload_verdict", "1, labelled with the live verdict of the last offload (pass: freed at least "
                      "80% of declared inside the phase; fail; too_small; n/a)", [*labels, "verdict"])
-    count = CounterMetricFamily(P + "offloads", "Offloads of this phase and tag that ended", labels=labels)
     for r in host.processes:
         for (name, tag), o in sorted(r.offloads.items()):
-            ids = [host.hostname, r.rank, r.role, name, tag]
+            ids = {"hostname": host.hostname, "rank": r.rank, "role": r.role, "phase": name, "tag": tag}
             if o.declared is not None:
-                declared.add_metric(ids, o.declared)
+                declared.add_sample(declared.name, ids, o.declared)
             if o.freed is not None:
-                freed.add_metric(ids, o.freed)
+                freed.add_sample(freed.name, ids, o.freed)
             # Only the current state: a scrape with 64 processes renders a sample per state otherwise.
-            verdict.add_metric([*ids, o.verdict], 1)
-            count.add_metric(ids, o.count)
-    yield from (declared, freed, verdict, count)
+            verdict.add_sample(verdict.name, {**ids, "verdict": o.verdict}, 1)
+    # No count of offloads: in an RL loop each tag is offloaded once an iteration, which
+    # process_iterations_total counts already; 2 samples a process that every scrape paid to encode.
+    yield from (declared, freed, verdict)

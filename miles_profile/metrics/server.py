@@ -28,6 +28,9 @@ METRICS_PORT_ENV = names.METRICS_PORT_ENV
 # A connection that sends half a request holds one thread this long at most (each has its own thread:
 # it never delays another scrape).
 _REQUEST_TIMEOUT_S = 30
+# prometheus_client's names of the escaping schemes (openmetrics.exposition's UNDERSCORES and ALLOWUTF8),
+# spelled here so that this module imports without it.
+UNDERSCORES, ALLOW_UTF8 = "underscores", "allow-utf-8"
 
 
 class MetricsServer:
@@ -60,6 +63,77 @@ def collector(state: HostState):
             return families(reading)
 
     return _Collector()
+
+
+def _openmetrics_unescaped(accept: str) -> str | None:
+    """`accept` with the OpenMetrics entry prometheus_client answers (its first one with a version of
+    1.0.0 or later) asking for `allow-utf-8` escaping instead of `underscores` (Prometheus 2.x names no
+    scheme, which means `underscores`); None when that entry asks for another scheme, or there is none."""
+    from prometheus_client.utils import parse_version
+
+    entries = accept.split(",")
+    for i, entry in enumerate(entries):
+        media, *params = (p.strip() for p in entry.split(";"))
+        if media != "application/openmetrics-text":
+            continue
+        version = next((p.split("=", 1)[1] for p in params if p.startswith("version=")), "")
+        if not version:
+            return None  # answered with underscores whatever it asks (choose_encoder)
+        try:
+            if parse_version(version) < (1, 0, 0):
+                continue  # passed over by choose_encoder
+        except TypeError:  # "version=x": prometheus_client's to answer
+            return None
+        escaping = [p for p in params if p.startswith("escaping=")]
+        if escaping not in ([], [f"escaping={UNDERSCORES}"]):
+            return None  # a scheme that changes legal names too (dots, values), or allow-utf-8 already
+        entries[i] = ";".join([media, *(p for p in params if not p.startswith("escaping=")), f"escaping={ALLOW_UTF8}"])
+        return ",".join(entries)
+    return None
+
+
+def metrics_app(registry):
+    """The endpoint's WSGI app over `registry`: prometheus_client's encoders and content negotiation,
+    with two savings that change no byte of the answer (docs/prometheus.md, Cost).
+
+    - Prometheus 2.x asks for OpenMetrics naming no escaping scheme, i.e. `underscores`, and
+      prometheus_client then writes each sample's name through a character-by-character walk that
+      replaces what is illegal: two thirds of its encoder. Every metric and label name of families.py is
+      legal (and has no colon, which `underscores` replaces in a sample's name), so its `allow-utf-8`
+      encoder, which checks a name with one regular expression instead, writes the very same bytes; the
+      answer's Content-Type is put back to the `underscores` the scraper asked for.
+    - A family whose samples did not change since the previous scrape is answered with the bytes
+      prometheus_client's encoder gave it then (family_cache.py).
+
+    Anything but a plain GET of the exposition (OPTIONS, another method, a `name[]` filter) is
+    prometheus_client's own app's to answer. tests/unit/test_metrics_exposition.py holds status, headers
+    and bytes equal to that app's, scrape after scrape."""
+    from urllib.parse import parse_qs
+
+    from prometheus_client import make_wsgi_app
+    from prometheus_client.exposition import choose_encoder
+
+    from miles_profile.metrics.family_cache import FamilyCache
+
+    # Not gzipped even when the scraper accepts it (Prometheus does): 3 to 5 ms of CPU a scrape of 64
+    # processes, to save bytes on the network between the host and Prometheus (docs/prometheus.md).
+    theirs = make_wsgi_app(registry, disable_compression=True)
+    cache = FamilyCache()
+
+    def app(environ, start_response):
+        if (environ.get("REQUEST_METHOD") != "GET" or environ.get("PATH_INFO") == "/favicon.ico"
+                or "name[]" in parse_qs(environ.get("QUERY_STRING", ""))):
+            return theirs(environ, start_response)
+        asked = environ.get("HTTP_ACCEPT") or ""
+        unescaped = _openmetrics_unescaped(asked)
+        encoder, content_type = choose_encoder(unescaped or asked)
+        body = cache.encode(registry, encoder, content_type)
+        if unescaped is not None:
+            content_type = content_type.replace(f"escaping={ALLOW_UTF8}", f"escaping={UNDERSCORES}")
+        start_response("200 OK", [("Content-Type", content_type)])
+        return [body]
+
+    return app
 
 
 def _http_server(addr: str, port: int, app):
@@ -97,7 +171,7 @@ def serve(run_dir: str | os.PathLike, port: int, addr: str = "0.0.0.0", hostname
     None, with one log line, when prometheus_client is missing or the port can't be bound: the job
     goes on recorded, unscraped."""
     try:
-        from prometheus_client import CollectorRegistry, make_wsgi_app
+        from prometheus_client import CollectorRegistry
     except ImportError:
         log.warning("miles_profile: warning: --metrics-port ignored: prometheus_client is not installed "
                     "(pip install prometheus-client)")
@@ -105,11 +179,8 @@ def serve(run_dir: str | os.PathLike, port: int, addr: str = "0.0.0.0", hostname
     state = HostState(run_dir, hostname or host_name())
     registry = CollectorRegistry(auto_describe=False)
     registry.register(collector(state))
-    # Not gzipped even when the scraper accepts it (Prometheus does): 3 to 5 ms of CPU a scrape of 64
-    # processes, to save bytes on the network between the host and Prometheus (docs/prometheus.md).
-    app = make_wsgi_app(registry, disable_compression=True)
     try:
-        server = _http_server(addr, port, app)
+        server = _http_server(addr, port, metrics_app(registry))
     except OSError as exc:
         log.warning("miles_profile: warning: metrics not served on port %d: %s", port, exc.strerror or exc)
         return None

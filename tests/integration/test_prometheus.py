@@ -122,7 +122,7 @@ def scraped(tmp_path_factory):
 
         def both_ranks_offloaded() -> bool:
             seen["text"] = _get(f"http://127.0.0.1:{port}/metrics")
-            return all(f'miles_profile_offloads_total{{hostname="{socket.gethostname().lower()}",phase="offload_rollout",'
+            return all(f'miles_profile_offload_verdict{{hostname="{socket.gethostname().lower()}",phase="offload_rollout",'
                        f'rank="{r}",role="actor"'.encode() in seen["text"] for r in (0, 1))
         _wait("both ranks' offloads", both_ranks_offloaded, 120, procs)
         exposition = seen["text"]

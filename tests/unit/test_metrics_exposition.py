@@ -4,14 +4,19 @@ the 0.0.4 text one) read back every family, in order, and every series with its 
 escapes included."""
 from __future__ import annotations
 
+import dataclasses
+import statistics
+import time
+
 import pytest
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, make_wsgi_app
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_openmetrics
 from prometheus_client.parser import text_string_to_metric_families as parse_text
 
 from miles_profile.metrics.families import P, families
 from miles_profile.metrics.readings import GpuReading, HostReading, Offload, ProcessReading
+from miles_profile.metrics.server import metrics_app
 
 GiB = 1024**3
 # Every family in the exposition's order, even one with no sample (no process has a floor yet, say).
@@ -22,7 +27,7 @@ FAMILIES = (("gpu_memory_used_bytes", "gauge"), ("gpu_memory_total_bytes", "gaug
             ("process_resident_memory_peak_bytes", "gauge"), ("process_gpu_memory_allocated_floor_bytes", "gauge"),
             ("process_resident_memory_floor_bytes", "gauge"), ("process_iterations", "counter"),
             ("transition_duration_seconds", "gauge"), ("offload_declared_bytes", "gauge"),
-            ("offload_freed_bytes", "gauge"), ("offload_verdict", "gauge"), ("offloads", "counter"),
+            ("offload_freed_bytes", "gauge"), ("offload_verdict", "gauge"),
             ("kills", "counter"))
 # What Debian's Prometheus 2.42 asks for, and a scraper that asks for nothing in particular (curl).
 PROMETHEUS_ACCEPT = ("application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,"
@@ -92,9 +97,95 @@ def test_prometheus_client_reads_back_every_series(openmetrics):
     offload = (*odd, ("phase", "offload_train"), ("tag", "train_state"))
     assert (at("offload_declared_bytes", *offload), at("offload_freed_bytes", *offload)) == (2 * GiB, -5)
     assert at("offload_verdict", *offload, ("verdict", "fail")) == 1
-    assert at("offloads_total", *offload) == 3
+    assert not [k for k in got if k[0] == P + "offloads_total"]  # iterations count them
     assert {k[1][0][1]: v for k, v in got.items() if k[0] == P + "kills_total"} == {
         "oom_kill": 2, "sigkill": 0, "vanished": 0, "ray_oom_kill": 0}
     # Bytes are exact on the wire (prometheus_client writes them as Go writes a float64: 8.589934592e+10).
     assert at("gpu_memory_total_bytes", ("hostname", "node-1"), *gpu) == 80 * GiB
     assert body.endswith("# EOF\n") == openmetrics
+
+
+def _answer(app, accept: str, query: str = "", method: str = "GET") -> tuple[str, list, bytes]:
+    got = {}
+
+    def start_response(status, headers, exc_info=None):
+        got.update(status=status, headers=headers)
+    environ = {"REQUEST_METHOD": method, "PATH_INFO": "/metrics", "QUERY_STRING": query, "HTTP_ACCEPT": accept}
+    body = b"".join(app(environ, start_response))
+    return got["status"], got["headers"], body
+
+
+def _registry_of(readings: list[HostReading]) -> CollectorRegistry:
+    """A registry whose collector renders readings[0] (the test swaps it between scrapes)."""
+    class One:
+        def collect(self):
+            return families(readings[0])
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(One())
+    return registry
+
+
+def _many(processes: int = 64) -> HostReading:
+    many = _reading()
+    many.processes = [dataclasses.replace(many.processes[0], rank=str(k), pid=100 + k) for k in range(processes)]
+    return many
+
+
+def _median_cpu(calls: dict, repeat: int = 5) -> dict:
+    cpu: dict = {name: [] for name in calls}
+    for _ in range(repeat):  # interleaved: the machine is shared
+        for name, call in calls.items():
+            start = time.thread_time()
+            call()
+            cpu[name].append(time.thread_time() - start)
+    return {name: statistics.median(values) for name, values in cpu.items()}
+
+
+def test_prometheus_2_gets_the_answer_it_asked_for_from_the_cheaper_encoder():
+    """metrics_app answers Prometheus 2.x's OpenMetrics request (escaping `underscores`, named or not) with
+    prometheus_client's `allow-utf-8` encoder: the same status, headers and bytes as prometheus_client's own
+    app gives for every Accept, and a first scrape (nothing cached) of 64 processes in at most 80 % of its
+    CPU time (about 60 % measured)."""
+    registry = _registry_of([_reading()])
+    ours, theirs = metrics_app(registry), make_wsgi_app(registry, disable_compression=True)
+    for accept in (PROMETHEUS_ACCEPT, "", "application/openmetrics-text;version=1.0.0;escaping=underscores",
+                   "application/openmetrics-text; version=1.0.0; escaping=allow-utf-8",
+                   "application/openmetrics-text;version=1.0.0;escaping=dots", "text/plain;version=0.0.4",
+                   "application/openmetrics-text;version=0.0.1,application/openmetrics-text;version=1.0.0;q=0.5",
+                   "application/openmetrics-text;version=1.0.0;escaping=allow-utf-8,application/openmetrics-text",
+                   "application/openmetrics-text"):
+        assert _answer(ours, accept) == _answer(theirs, accept), accept
+        assert _answer(ours, accept) == _answer(theirs, accept), accept  # the second time from the cache
+    for query, method in (("name[]=miles_profile_process_phase", "GET"), ("job=x", "GET"), ("", "OPTIONS"),
+                          ("", "POST")):
+        assert _answer(ours, PROMETHEUS_ACCEPT, query, method) == _answer(theirs, PROMETHEUS_ACCEPT, query, method)
+
+    registry = _registry_of([_many()])
+    theirs = make_wsgi_app(registry, disable_compression=True)
+    cpu = _median_cpu({"ours": lambda: _answer(metrics_app(registry), PROMETHEUS_ACCEPT),
+                       "theirs": lambda: _answer(theirs, PROMETHEUS_ACCEPT)})
+    assert cpu["ours"] < 0.8 * cpu["theirs"]
+
+
+def test_a_family_is_encoded_again_only_when_its_samples_change():
+    """Scrape after scrape, as samples change, appear and go, the answer is prometheus_client's own, byte
+    for byte; a scrape whose families all repeat the previous one's costs at most half of its CPU time."""
+    readings = [_reading()]
+    registry = _registry_of(readings)
+    ours, theirs = metrics_app(registry), make_wsgi_app(registry, disable_compression=True)
+    moved = _reading()
+    moved.processes[0].allocated += 1  # one sample of one family
+    moved.processes[0].transitions["onload_train"] = 0.5  # a new series
+    fewer = _reading()
+    fewer.processes.pop(0)
+    fewer.gpus[0].used = float("nan")  # never equal to itself: encoded every time
+    for reading in (_reading(), moved, moved, fewer, fewer, _reading()):
+        readings[0] = reading
+        for accept in (PROMETHEUS_ACCEPT, "", "application/openmetrics-text;version=1.0.0;escaping=allow-utf-8"):
+            assert _answer(ours, accept) == _answer(theirs, accept), accept
+
+    readings[0] = _many()
+    _answer(ours, PROMETHEUS_ACCEPT)
+    cpu = _median_cpu({"ours": lambda: _answer(ours, PROMETHEUS_ACCEPT),
+                       "theirs": lambda: _answer(theirs, PROMETHEUS_ACCEPT)})
+    assert cpu["ours"] < 0.5 * cpu["theirs"]
