@@ -9,6 +9,8 @@
 # 5. writes to OUT_DIR: logs.tar.gz (the run directory, flat), summary.json (processes with their Ray
 #    identity and GPU, phases, offload_drop and oom verdicts, cluster.json, leftovers), train.log,
 #    ray_start.log, install.log.
+# --cost: instead, bench/ray_cost_breakdown.py (a two-node cluster on the machine; ROUNDS 1, STEPS 200; about
+# a minute): OUT_DIR/ray_cost.json, the recorded actor's boundary costs, threads and malloc arenas there.
 # --cpu: the same on this machine's CPU (preset tiny, 2 ranks, --use-critic): the test of every part but
 # the GPU (tests/integration/test_ray_gpu_script.py). Environment: NPROC (default: the GPU count, CPU 2),
 # TRAINER_FLAGS (flags of one run instead of the defaults in ray_gpu_run.py), RAY_SHIP (default .rayship;
@@ -17,7 +19,7 @@
 # nothing of the cluster was left running. About 3-5 minutes on the GPU (gpu preset, 2 rollouts).
 set -uo pipefail
 out=${1:?usage: $0 OUT_DIR [--cpu]}
-case ${2:-} in --cpu) mode=cpu ;; "") mode=gpu ;; *) echo "usage: $0 OUT_DIR [--cpu]"; exit 2 ;; esac
+case ${2:-} in --cpu) mode=cpu ;; --cost) mode=cost ;; "") mode=gpu ;; *) echo "usage: $0 OUT_DIR [--cpu|--cost]"; exit 2 ;; esac
 mkdir -p "$out"
 py=${PYTHON:-python3}
 ship=${RAY_SHIP-.rayship}
@@ -38,5 +40,12 @@ else  # RAY_SHIP empty: the ray this python already imports (the CPU test)
   export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
   "$py" -c "import ray; print('ray', ray.__version__, 'from', ray.__file__, '(not installed: RAY_SHIP empty)')" \
     | tee "$out/install.log" || exit 1
+fi
+if [ "$mode" = cost ]; then  # where a recorded actor's step cost goes, on this machine (docs/ray.md, "Cost")
+  timeout 400 "$py" bench/ray_cost_breakdown.py --rounds "${ROUNDS:-1}" --steps "${STEPS:-200}" --env BREAKDOWN_MIMIC=1 \
+    > "$out/ray_cost.json" 2> "$out/ray_cost.log"
+  status=$?
+  cat "$out/ray_cost.json"
+  exit $status
 fi
 "$py" scripts/ray_gpu_run.py --out "$out" --mode "$mode"

@@ -28,9 +28,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tests.ray_cluster import Cluster, free_port, kill, wait_nodes  # noqa: E402
+from tests.ray_cluster import RAY_CLI, Cluster, free_port, kill, wait_nodes  # noqa: E402
 
-RAY_CLI = ["-c", "import sys; from ray.scripts.scripts import main; sys.exit(main())"]
 OFFLOADS = ["--offload-train", "--offload-rollout"]
 RUNS = {
     "gpu": [("offloads", ["--preset", "gpu", "--num-rollout", "2", *OFFLOADS]),
@@ -50,7 +49,7 @@ def gpu_count() -> int:
 
 def start_head(temp_dir: Path, env: dict[str, str], num_cpus: int | None, log) -> Cluster:
     port = free_port()
-    args = [sys.executable, *RAY_CLI, "start", "--head", f"--port={port}", f"--temp-dir={temp_dir}",
+    args = [*RAY_CLI, "start", "--head", f"--port={port}", f"--temp-dir={temp_dir}",
             "--include-dashboard=false", "--disable-usage-stats", "--node-ip-address=127.0.0.1",
             f"--ray-client-server-port={free_port()}", f"--dashboard-agent-listen-port={free_port()}",
             f"--metrics-export-port={free_port()}", *([f"--num-cpus={num_cpus}"] if num_cpus else [])]
