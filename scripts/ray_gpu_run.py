@@ -47,12 +47,13 @@ def gpu_count() -> int:
         return 0
 
 
-def start_head(temp_dir: Path, env: dict[str, str], num_cpus: int | None, log) -> Cluster:
+def start_head(temp_dir: Path, env: dict[str, str], num_cpus: int | None, log, num_gpus: int = 0) -> Cluster:
     port = free_port()
     args = [*RAY_CLI, "start", "--head", f"--port={port}", f"--temp-dir={temp_dir}",
             "--include-dashboard=false", "--disable-usage-stats", "--node-ip-address=127.0.0.1",
             f"--ray-client-server-port={free_port()}", f"--dashboard-agent-listen-port={free_port()}",
-            f"--metrics-export-port={free_port()}", *([f"--num-cpus={num_cpus}"] if num_cpus else [])]
+            f"--metrics-export-port={free_port()}", *([f"--num-cpus={num_cpus}"] if num_cpus else []),
+            *([f"--num-gpus={num_gpus}"] if num_gpus else [])]
     cluster = Cluster(f"127.0.0.1:{port}", "", [temp_dir], env)
     started = time.monotonic()
     done = subprocess.run(args, env=env, capture_output=True, text=True, timeout=180)
@@ -117,13 +118,18 @@ def main(argv: list[str] | None = None) -> int:
     tmp = Path(tempfile.mkdtemp(prefix="raygpu"))
     # A HOME of its own: Ray reads ~/.ray (tests/ray_cluster.py says why)
     env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0", HOME=str(tmp))
+    if args.mode == "gpu":
+        # Ray's memory monitor off: some GPU machines show a MemTotal that grows as memory is used
+        # (seen on the lent GPU machines), and the critic run pins ~49 GiB of host memory (--plan);
+        # its kills are tested on the CPU (tests/integration/test_ray_record.py).
+        env["RAY_memory_monitor_refresh_ms"] = "0"
     temp_dir = Path(tempfile.mkdtemp(prefix="rg"))  # short: Ray's unix sockets live under it
     cluster = None
     codes = []
     try:
         with open(out / "ray_start.log", "w") as log:
             started = time.monotonic()
-            cluster = start_head(temp_dir, env, None if args.mode == "gpu" else 2 * nproc, log)
+            cluster = start_head(temp_dir, env, None if args.mode == "gpu" else 2 * nproc, log, gpus)
             summary["cluster_start_s"] = round(time.monotonic() - started, 1)
         with open(out / "train.log", "w") as train_log, tarfile.open(out / "logs.tar.gz", "w:gz") as tar:
             for name, flags in runs:
