@@ -173,7 +173,8 @@ class Probe:
                 probe.read(True) if partial else probe.read()
                 times.append(time.perf_counter() - t)
             out[probe.name] = round(statistics.median(times) * 1e6, 2)
-        for name, fn in (("status_read", lambda r: r.status.read()), ("clear_refs", lambda r: r.clear_refs.write(b"5"))):
+        for name, fn in (("status_read", lambda r: r.status.read()),
+                         ("clear_refs", lambda r: r.clear_refs.write(b"5"))):
             process = next(p for p, _, _ in rec._sampler._plan if p.name == "process")
             reader = getattr(process, "inner", process)._reader
             times = []

@@ -93,7 +93,8 @@ def summarize(run_dir: Path, mode: str, nproc: int, critic: bool) -> dict:
         "run_dir": run_dir.name, "processes": processes,
         "checks": [{"name": r.name, "status": r.status, "summary": r.summary} for r in checks],
         "offload_drop": [{"pid": f.numbers.get("pid"), "phase": f.phase, "iteration": f.iteration,
-                          "status": f.status, "message": f.message[:300]} for f in (offload.findings if offload else [])],
+                          "status": f.status, "message": f.message[:300]}
+                         for f in (offload.findings if offload else [])],
         "oom": {"status": oom.status, "summary": oom.summary},
         "warnings": list(run.warnings), "cluster": read_cluster(run_dir), "problems": problems,
     }
