@@ -20,6 +20,9 @@ from pathlib import Path
 import psutil
 
 RAY = str(Path(sys.executable).with_name("ray"))
+# Ray's command line, also where ray was unpacked without its `ray` script (scripts/ray_gpu.sh on the GPU machine)
+RAY_CLI = [RAY] if Path(RAY).is_file() else [sys.executable, "-c",
+                                               "import sys; from ray.scripts.scripts import main; sys.exit(main())"]
 
 
 def free_port() -> int:
@@ -98,7 +101,7 @@ def kill(procs: list[psutil.Process], grace_s: float = 3.0) -> None:
 
 
 def _start(args: list[str], env: dict[str, str]) -> None:
-    done = subprocess.run([RAY, "start", *args], env=env, capture_output=True, text=True, timeout=120)
+    done = subprocess.run([*RAY_CLI, "start", *args], env=env, capture_output=True, text=True, timeout=120)
     if done.returncode != 0:
         raise RuntimeError(f"ray start failed ({done.returncode}): {done.stdout[-2000:]} {done.stderr[-2000:]}")
 
