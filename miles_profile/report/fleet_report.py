@@ -34,6 +34,7 @@ from miles_profile.runmodel.process_view import (  # noqa: F401 - re-exported
 )
 from miles_profile.runmodel.reduce import reduce_series
 from miles_profile.runmodel.series import series_arrays
+from miles_profile.words import counted
 from miles_profile.logdir.reader import with_samples
 from miles_profile.report.figures import run_start
 
@@ -200,7 +201,7 @@ def fleet_html(view: FleetView, k: int, t0: float) -> str:
              f'<th>who</th><th>phase</th><th>value</th></tr></thead><tbody>{"".join(rows)}</tbody></table>'
              if rows else '<p class="muted">No outliers.</p>')
     n_lanes = len(view.lanes)
-    lanes_note = (f"all {n_lanes} lanes" if len(view.picked) == n_lanes else
+    lanes_note = (f"all {counted(n_lanes, 'lanes')}" if len(view.picked) == n_lanes else
                   f"{len(view.picked)} of {n_lanes} lanes (--lanes {_e(view.spec)})")
     figures = []
     for i, (lane, figure) in enumerate(view.figures):
@@ -210,7 +211,7 @@ def fleet_html(view: FleetView, k: int, t0: float) -> str:
     processes = len({(h, p) for h, p in zip(view.table["host"], view.table["pid"])})
     return f"""
   <h3>Fleet</h3>
-  <p class="muted small">{processes} processes with phases on {n_lanes} lanes (a lane is a GPU; on a run without
+  <p class="muted small">{counted(processes, "processes")} with phases on {counted(n_lanes, "lanes")} (a lane is a GPU; on a run without
   GPUs a rank's host memory). Colour: each lane's peak in each (iteration, phase) as a share of its total, from the
   phase summaries. Click an outlier to jump to its lane zoomed on that phase.</p>
   <div class="figure">{heat}</div>

@@ -1,11 +1,13 @@
 """Logs of the lead's probes (tests/corpus/lead_probes/README.md) judged as a user meets them."""
 from __future__ import annotations
 
+import subprocess
+import sys
 import tarfile
 
 from miles_profile.logdir.reader import load_run
 from miles_profile.verdicts.engine import judge
-from tests.conftest import REPO
+from tests.conftest import REPO, python_env
 
 PROBES = REPO / "tests" / "corpus" / "lead_probes"
 
@@ -18,3 +20,17 @@ def test_a_ray_driver_that_crashed_during_start_up_is_no_leak_by_time(tmp_path):
     finding = leak.findings[0]
     assert leak.status == "warn" and finding.cause == "short_untagged_run", finding.message
     assert "too short to tell a program's start-up from a leak" in finding.message
+
+
+def test_two_ray_actors_of_one_job_pass_and_are_told_apart(tmp_path):
+    """The policy and reference actors (ray_actor_ref.py, recorded on a cluster started before the job):
+    PASS with 4 checks judged; each named by its class, not both "trainer rank 0"; one lane, said so."""
+    with tarfile.open(PROBES / "ray_actor_ref.tgz") as tar:
+        tar.extractall(tmp_path, filter="data")
+    done = subprocess.run([sys.executable, "-m", "miles_profile.visualize", str(tmp_path)], env=python_env(),
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "verdict: PASS" in done.stdout and "4 of 11 checks judged" in done.stdout
+    assert "(1 Ray actor Policy, 1 Ray actor Reference)" in done.stdout, done.stdout
+    page = (tmp_path / "report.html").read_text()
+    assert "2 processes with phases on 1 lane (" in page and "1 lanes" not in page
