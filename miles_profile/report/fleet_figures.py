@@ -28,7 +28,7 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from miles_profile.words import counted
+from miles_profile.words import counted, role_text
 from miles_profile.runmodel import fleet
 from miles_profile.report.phase_style import loop_sorted, phase_color
 from miles_profile.runmodel.series import GiB
@@ -40,9 +40,14 @@ ROW_LABELS_MAX = 64
 _COLORSCALE = "YlOrRd"
 
 
+def _roles_text(roles: str) -> str:
+    """A lane's roles ("actor+engine", "in_process") as a person reads them ("actor+engine", "trainer")."""
+    return "+".join(role_text(r) for r in str(roles or "").split("+") if r)
+
+
 def row_labels(lanes: pd.DataFrame) -> list[str]:
     ranks = lanes["ranks"].fillna("")
-    roles = lanes["roles"].fillna("")
+    roles = lanes["roles"].fillna("").map(_roles_text)
     return [f"{label} r{r} {ro}".rstrip() if r else f"{label} {ro}".rstrip()
             for label, r, ro in zip(lanes["label"], ranks, roles)]
 
@@ -114,8 +119,11 @@ def outliers_table(outliers: fleet.Outliers) -> list[dict]:
                          f"{item.slope_high / GiB:+.3f}; {item.rise / GiB:+.3f} GiB over {int(item.n)}, {item.own_series})")
             else:
                 shown = f"{value / GiB:.3f} GiB short of {item.expected_bytes / GiB:.3f} GiB"
-            who = getattr(item, "ranks", None)
-            who = f"ranks {who} {item.roles}" if who is not None else f"pid {item.pid} {item.role} rank {item.rank}"
+            ranks = getattr(item, "ranks", None)
+            if ranks is not None:  # a lane: its ranks (none for processes outside a process group) and roles
+                who = " ".join(w for w in (f"ranks {ranks}" if ranks else "", _roles_text(item.roles)) if w)
+            else:
+                who = f"pid {item.pid} {role_text(item.role)}" + (f" rank {item.rank}" if item.rank >= 0 else "")
             rows.append(dict(kind=title, rank=k, lane=item.lane, label=item.label, who=who, phase=item.phase,
                              iteration=int(item.iteration), value=shown, bytes=int(round(value)),
                              t0=float(item.t0), t1=float(item.t1)))

@@ -92,6 +92,10 @@ def _process_info(run) -> dict[tuple[str, int], dict[str, Any]]:
         uuid = p.get("gpu_uuid") or _uuid_from_columns(p, run.devices)
         total, index = totals.get(uuid, (np.nan, -1)) if uuid else (_host_total(p, run, host), -1)
         rank = p.get("rank")
+        if p.get("ray_actor_id") and p.get("world_size") in (None, 1):
+            # a Ray actor outside any process group is "rank 0" of its own: two of them (a policy and a
+            # reference) shared one host lane, their RSS summed (0.84 GiB) beside the report's 0.50 GiB peak
+            rank = -1
         info[(host, int(p.get("pid", -1)))] = dict(
             rank=int(rank) if isinstance(rank, int) else -1, role=str(p.get("role") or ""), gpu_uuid=uuid,
             gpu_total=total, gpu_index=index)

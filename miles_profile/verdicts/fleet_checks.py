@@ -414,7 +414,8 @@ def _floor_finding(first: dict, last: dict, x: np.ndarray, y: np.ndarray, fit, k
     judged = judge_floors(x, y, resolution=res, allowed=allowed,
                           min_iterations=th.floor_trend_min_iterations, step_cause=step_cause_of(kind, offloads), fit=fit)
     pid = int(last["pid"]) if key == "pid" else None
-    who = lane["label"] + (f" pid {pid} ({role_text(last['role'])} rank {last['rank']})" if pid is not None else "")
+    rank = f" rank {last['rank']}" if int(last["rank"]) >= 0 else ""  # -1: outside any process group
+    who = lane["label"] + (f" pid {pid} ({role_text(last['role'])}{rank})" if pid is not None else "")
     what = "NVML used" if series == "used" else f"own memory ({series})"
     status = TOO_SMALL if judged.status == "too small to judge" else judged.status
     numbers = _where(lane, pid=pid, **judged.numbers, series=what, limit=float(allowed))

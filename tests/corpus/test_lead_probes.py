@@ -24,7 +24,8 @@ def test_a_ray_driver_that_crashed_during_start_up_is_no_leak_by_time(tmp_path):
 
 def test_two_ray_actors_of_one_job_pass_and_are_told_apart(tmp_path):
     """The policy and reference actors (ray_actor_ref.py, recorded on a cluster started before the job):
-    PASS with 4 checks judged; each named by its class, not both "trainer rank 0"; one lane, said so."""
+    PASS with 4 checks judged; each named by its class, not both "trainer rank 0"; a lane each (both were
+    "rank 0" of no process group: one lane summed them, 0.836 GiB beside the report's 0.50 GiB peak)."""
     with tarfile.open(PROBES / "ray_actor_ref.tgz") as tar:
         tar.extractall(tmp_path, filter="data")
     done = subprocess.run([sys.executable, "-m", "miles_profile.visualize", str(tmp_path)], env=python_env(),
@@ -33,4 +34,6 @@ def test_two_ray_actors_of_one_job_pass_and_are_told_apart(tmp_path):
     assert "verdict: PASS" in done.stdout and "4 of 11 checks judged" in done.stdout
     assert "(1 Ray actor Policy, 1 Ray actor Reference)" in done.stdout, done.stdout
     page = (tmp_path / "report.html").read_text()
-    assert "2 processes with phases on 1 lane (" in page and "1 lanes" not in page
+    assert "2 processes with phases on 2 lanes (" in page and "vm:pid20774" in page and "vm:pid20807" in page
+    assert "0.502 GiB (2%)" in page and "0.836 GiB" not in page, page[page.find("0.836") - 300:page.find("0.836") + 40]
+    assert "rank -1" not in page
