@@ -197,7 +197,7 @@ def _read(s: OffloadSeries, start: float, end: float, late: LateWindow, expected
         # short of the share by less than the series resolves: neither a clear pass nor a clear failure
         r.outcome, r.note = NOISE, (f"dropped {gib(r.inside)}, {gib(need - r.inside)} short of the {gib(need)} "
                                     f"needed: within the resolution {gib(s.resolution)} of {r.label}")
-    elif r.late > need and late_or_own(late, r.late, expected, need, s.resolution):
+    elif r.late > need and late_or_own(late, r.late, r.inside, expected, need, s.resolution):
         r.outcome, r.note = AMBIGUOUS, ambiguity(late, r.late, r.inside, expected, r.label)
     else:
         r.outcome = LATE if r.late > need else KEPT
