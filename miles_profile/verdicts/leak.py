@@ -62,11 +62,12 @@ def check_leak(run, th: Thresholds) -> CheckResult:
 def _judge_track(run, track: Track, spans, instances, th: Thresholds) -> Finding | None:
     columns = _columns_of(track)
     resolution = resolution_of(columns)
-    floors = iteration_floors(track, spans["start"].to_numpy(), spans["end"].to_numpy(), th)
+    floors = iteration_floors(track, spans["start"].to_numpy(), spans["end"].to_numpy(), th, begin_rows=True)
     over = None
     windows = read_windows(track, spans, th) if read_share(track, instances) >= th.leak_window_coverage else []
     if len(windows) > 1:
-        windowed = iteration_floors(track, windows["start"].to_numpy(), windows["end"].to_numpy(), th)[1:]
+        windowed = iteration_floors(track, windows["start"].to_numpy(), windows["end"].to_numpy(), th,
+                                    begin_rows=True)[1:]
         if np.isfinite(windowed).sum() > np.isfinite(floors).sum():
             over = (f"{int(windows['last'].iloc[-1] - windows.index[1]) + 1} iterations in {len(windowed)} windows "
                     f"(an iteration alone holds fewer than {th.leak_min_reads} readings)")
@@ -165,20 +166,33 @@ def read_windows(track: Track, spans, th: Thresholds, most: int = 100):
     return pd.DataFrame([r[1:] for r in rows], index=[r[0] for r in rows], columns=["start", "end", "last"])
 
 
-def iteration_floors(track: Track, starts: np.ndarray, ends: np.ndarray, th: Thresholds) -> np.ndarray:
+# The row a recorder writes just before a phase's begin event (recorder.py: the event is stamped right
+# after it) is the level the phase began at; a reading this close before a window's start is taken as it.
+BEGIN_ROW_S = 0.05
+
+
+def iteration_floors(track: Track, starts: np.ndarray, ends: np.ndarray, th: Thresholds,
+                     begin_rows: bool = False) -> np.ndarray:
     """The lowest level in each window, NaN where the series was not read throughout it (fewer than
     `leak_min_reads` readings: an NVML column read at a few phase ends gives no floor), and where the
-    samples on disk do not reach the window's end yet."""
+    samples on disk do not reach the window's end yet. With `begin_rows` (windows that start at a phase's
+    begin), the level the window began at counts too: the row written just before its begin event (within
+    BEGIN_ROW_S). A loop that keeps its batch each iteration is at its floor only at that instant; the
+    periodic readings inside caught it anywhere between that floor and the next while the allocation ran
+    (issue 30, class 5: under load floors rose +22.9 then +181 MiB where +96 MiB were kept each time)."""
     written = track.measured_times()
     reached = written[-1] if len(written) else -np.inf
     out = np.full(len(starts), np.nan)
     # readings in each window (s, e], by bisection of the sorted times: a mask per window read the
     # whole series once per iteration
-    reads = np.searchsorted(written, ends, "right") - np.searchsorted(written, starts, "right")
+    first = np.searchsorted(written, starts, "right")
+    reads = np.searchsorted(written, ends, "right") - first
     for k, (s, e) in enumerate(zip(starts, ends)):
         if e > reached or reads[k] < th.leak_min_reads:
             continue
         out[k] = nanmin(track.value[window(track, s, e)])
+        if begin_rows and first[k] > 0 and s - written[first[k] - 1] <= BEGIN_ROW_S:
+            out[k] = min(out[k], track.at_or_before(written[first[k] - 1]))
     return out
 
 

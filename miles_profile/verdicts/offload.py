@@ -24,7 +24,7 @@ from miles_profile.verdicts.common import (
     tags_of,
     verdict,
 )
-from miles_profile.verdicts.offload_late import LateWindow, late_drop, late_windows
+from miles_profile.verdicts.offload_late import LateWindow, ambiguity, late_drop, late_or_own, late_windows
 from miles_profile.verdicts.offload_series import (
     ALLOCATED,
     DRIVER,
@@ -43,14 +43,15 @@ from miles_profile.verdicts.types import (
     gib,
 )
 
-PASS, LATE, KEPT, NOT_JUDGED, NOISE = "pass", "late", "kept", "n/a", "noise"
+PASS, LATE, KEPT, NOT_JUDGED, NOISE, AMBIGUOUS = "pass", "late", "kept", "n/a", "noise", "ambiguous"
 
 
 @dataclass
 class Reading:
     """One series around one offload: its levels, and what they say."""
     series: OffloadSeries
-    outcome: str = NOT_JUDGED           # PASS, LATE, KEPT, NOISE (within the series' noise), TOO_SMALL or NOT_JUDGED
+    outcome: str = NOT_JUDGED           # PASS, LATE, KEPT, NOISE (within the series' noise), AMBIGUOUS (a late fall
+    #                                     the next phase's own doing may explain), TOO_SMALL or NOT_JUDGED
     note: str = ""                      # why not judged, or what was too small
     before: float = np.nan
     at_end: float = np.nan
@@ -196,6 +197,8 @@ def _read(s: OffloadSeries, start: float, end: float, late: LateWindow, expected
         # short of the share by less than the series resolves: neither a clear pass nor a clear failure
         r.outcome, r.note = NOISE, (f"dropped {gib(r.inside)}, {gib(need - r.inside)} short of the {gib(need)} "
                                     f"needed: within the resolution {gib(s.resolution)} of {r.label}")
+    elif r.late > need and late_or_own(late, r.late, r.inside, expected, need, s.resolution):
+        r.outcome, r.note = AMBIGUOUS, ambiguity(late, r.late, r.inside, expected, r.label)
     else:
         r.outcome = LATE if r.late > need else KEPT
     return r
@@ -217,7 +220,8 @@ def _host_retention(readings: list[Reading]) -> None:
     an offload's late free from the next phase's own frees: RSS never fails an offload. Beside the heap
     probe it is a note (the heap says whether the tensors went, and when); alone it is not judged."""
     for r in readings:
-        if r.series.track.name == "host" and r.series.role in (DRIVER, LEVEL) and r.outcome in (KEPT, LATE, NOISE):
+        if r.series.track.name == "host" and r.series.role in (DRIVER, LEVEL) and r.outcome in (KEPT, LATE, NOISE,
+                                                                                                 AMBIGUOUS):
             r.outcome = NOT_JUDGED
             r.note = (f"RSS fell {gib(r.inside)} inside the phase: glibc may keep freed memory resident and free "
                       "other memory later, so RSS cannot tell a kept reference or a late free from retention"
@@ -238,7 +242,10 @@ def _combine(readings: list[Reading], label: str, expected: float, need: float, 
             ("outcome", r.outcome))})
     # what report/summary.py reads for the bytes measured gone on each question
     numbers.update({key: r.inside for key, r in (("dropped_alloc", held), ("dropped_driver", driver)) if r is not None})
-    failing = next((r for r in (held, driver) if r is not None and r.outcome in (LATE, KEPT)), None)
+    failing = next((r for r in (held, driver) if r is not None and r.outcome in (LATE, KEPT, AMBIGUOUS)), None)
+    if failing is not None and failing.outcome == AMBIGUOUS:  # never a FAIL, never a pass credited to it
+        numbers.update(late_fall=failing.late)
+        return _finding(WARN, f"{label}: {failing.note}", failing, numbers, where, "late_or_own_free")
     if failing is not None:
         cause = _cause(failing, held, paused)
         if cause == "cached_not_returned" and _fragmented(failing, held, expected):

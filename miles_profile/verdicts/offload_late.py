@@ -21,6 +21,15 @@ add up (an onload after an offload that kept its cache rose by less, and read as
 
     late_windows(instances, count) -> {instance index: LateWindow}
     late_drop(track, before, at_end, window) -> (bytes gone by the window's end, words or "")
+    late_or_own(window, late, inside, expected, need, resolution) -> whether that drop may be the next
+        phase's own
+
+Where the next phase ALWAYS follows an offload, nothing tells its own doing apart: a fall inside it is
+the offload's late free or the phase's own free (prompts dropped once encoded) of a state never freed. The
+declared bytes are the one evidence left: a late free frees what the offload declared, so a fall of that
+size, or of what the phase left (within 1 - `offload_min_drop_share` of the declared bytes, or the series'
+resolution), stays `freed_late`; a fall of another size is a WARN that names both readings
+(`late_or_own_free`), never a FAIL and never a pass.
 """
 from __future__ import annotations
 
@@ -30,6 +39,7 @@ import numpy as np
 
 from miles_profile import names
 from miles_profile.runmodel.series import Track
+from miles_profile.verdicts.types import gib
 
 
 @dataclass(frozen=True)
@@ -107,3 +117,26 @@ def late_drop(track: Track, before: float, at_end: float, offload_end: float, wi
             f"{max(own_drop, 0.0) / 1024 ** 3:.3f} GiB below its begin and ends {own_net / 1024 ** 3:+.3f} GiB "
             "from it")
     return late, what
+
+
+def late_or_own(window: LateWindow, late: float, inside: float, expected: float, need: float,
+                resolution: float) -> bool:
+    """A late drop (`late` > `need`) the levels cannot credit to the offload: the next phase always
+    follows an offload (no instance of it shows its own doing) and what fell in it is not what the offload
+    left: a late free frees at least what was still there at the phase's end and at most what was declared
+    (mingpt's state dict freed by the collector in generate: 1.126 GiB, with 0.564 GiB of other memory
+    freed inside), within max(1 - offload_min_drop_share of the declared bytes, the resolution)."""
+    if window.next_phase is None or window.own:
+        return False
+    part, tolerance = late - max(inside, 0.0), max(expected - need, resolution)
+    return not (expected - max(inside, 0.0) - tolerance <= part <= expected + tolerance)
+
+
+def ambiguity(window: LateWindow, late: float, inside: float, expected: float, series: str) -> str:
+    """What a late_or_own_free WARN says: which phase, and the bytes either way."""
+    nxt = window.next_phase
+    return (f"ambiguous: {series} fell {gib(late - inside)} more during {nxt}, the next phase, where "
+            f"{gib(expected)} was declared ({gib(inside)} inside the phase): either the offload freed its state late, "
+            f"in {nxt}, or {nxt} freed {gib(late - inside)} of its own and the offload kept its {gib(expected)}. "
+            f"{nxt} always follows an offload here, so its own doing cannot be read apart (a WARN; run one {nxt} "
+            "after no offload, e.g. before the loop's first offload, to tell them apart)")

@@ -99,6 +99,8 @@ CAUSES = {
     "still_referenced": "the declared tensors are still allocated: something keeps a reference to them",
     "cached_not_returned": "freed, but the allocator kept the blocks cached: call torch.cuda.empty_cache()",
     "freed_late": "freed only after the phase ended, within the next phase of the same process",
+    "late_or_own_free": "the drop came in the next phase, which always follows the offload, and was not the declared "
+                        "bytes: the offload's late free or that phase's own free, the levels cannot tell: a warning",
     "within_noise": "the drop lies within the series' noise of what the check needs: neither a clear pass nor a "
                     "clear failure, a warning",
     "fragmentation": "the tensors left and the cache was returned, but segments that still hold live blocks "

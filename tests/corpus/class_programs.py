@@ -7,6 +7,7 @@ case; tests/integration/test_verdict_classes.py records each under a plain `reco
     python tests/corpus/class_programs.py healthy      # the same loop, offloads that free what they declare
     python tests/corpus/class_programs.py late_thread  # offload_train's state freed by a thread inside generate
     python tests/corpus/class_programs.py own_free     # offload_train never frees; generate drops prefetched prompts
+    python tests/corpus/class_programs.py own_free_after  # the same, generate always right after offload_train
     python tests/corpus/class_programs.py planned      # a loop whose meta holds a forecast of its phases
 """
 from __future__ import annotations
@@ -104,6 +105,28 @@ def own_free(iters: int = 4) -> None:
     print("done", int(state[0]))
 
 
+def own_free_after(iters: int = 3) -> None:
+    """own_free with train first: generate (dropping the 224 MiB of prompts train prefetched, building a
+    32 MiB rollout) ALWAYS follows offload_train, which declares its 128 MiB state and never frees it. No
+    generate follows no offload, so nothing tells generate's own fall (192 MiB) from a late free."""
+    state = np.ones(128 * MiB, dtype=np.uint8)
+    for it in range(iters):
+        with mp.phase("train", rollout_id=it):
+            state += 1
+            prompts = np.ones(224 * MiB, dtype=np.uint8)  # the next step's prompts, prefetched
+            time.sleep(0.2)
+        with mp.phase("offload_train", rollout_id=it, target="disk", expected_bytes=128 * MiB):
+            time.sleep(0.05)  # saved to disk, but `state` still holds it
+        with mp.phase("generate", rollout_id=it):
+            del prompts  # encoded
+            rollout = np.ones(32 * MiB, dtype=np.uint8)
+            time.sleep(0.3)
+        with mp.phase("offload_rollout", rollout_id=it, target="disk", expected_bytes=32 * MiB):
+            del rollout
+            time.sleep(0.05)
+    print("done", int(state[0]))
+
+
 def planned(iters: int = 6) -> None:
     """A loop that writes a forecast of its phases into its meta, as the trainer does (mp.annotate)."""
     mp.annotate(forecast={"version": 1, "device": "cpu", "phases": [
@@ -127,6 +150,8 @@ if __name__ == "__main__":
         late_thread()
     elif mode == "own_free":
         own_free()
+    elif mode == "own_free_after":
+        own_free_after()
     elif mode == "planned":
         planned()
     elif mode == "swap_kept":

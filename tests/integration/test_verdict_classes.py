@@ -80,6 +80,16 @@ def test_the_next_phases_own_free_is_not_credited_to_an_offload_that_never_freed
     assert [f.cause for f in trains[:-1]] == ["still_referenced"] * 3, [f.message for f in trains]
 
 
+def test_a_fall_in_a_next_phase_that_always_follows_the_offload_is_a_warning_naming_both(tmp_path):
+    # issue 30, class 8: generate always follows offload_train (no generate after no offload) and drops 224 MiB
+    # of prompts while the 128 MiB state stays: before, freed_late (FAIL) credited generate's fall to the offload
+    verdict, checks = _judged(tmp_path, "own_free_after")
+    trains = [f for f in checks["offload_drop"].findings if f.phase == "offload_train"]
+    assert [f.cause for f in trains] == ["late_or_own_free"] * 3, [f.message for f in trains]
+    assert {f.status for f in trains} == {"warn"} and "during generate, the next phase" in trains[0].message
+    assert checks["offload_drop"].status == "warn" and verdict.exit_code == 0
+
+
 def test_an_emptied_events_file_beside_a_forecast_is_a_warning_not_a_pass(tmp_path):
     # issue 30, class 9: the events emptied, the run was judged "by time" (start-up read as its trend): PASS
     def empty_events(run_dir: Path) -> None:

@@ -312,3 +312,28 @@ def test_a_climb_in_every_window_of_a_few_seconds_fails_by_time():
     # program starting, flat between steps, is a WARN: tests/corpus/test_lead_probes.py, a real log)
     climb = check_leak(_untagged([8 + 8 * k for k in range(50)]), TH)
     assert climb.status == "fail" and _host(climb).cause == "sustained_growth", _host(climb).message
+
+
+def test_a_short_leak_at_its_floor_only_when_an_iteration_begins_is_read_from_its_begin_row():
+    # issue 30, class 5, under load: each iteration keeps its 96 MiB batch, so the floor is the level at the
+    # iteration's begin only (the recorder's row just before the begin event); the periodic readings inside
+    # caught the allocation anywhere on its way up: floors rose +26 then +176 MiB, a WARN (few_iterations)
+    # where every iteration kept 96 MiB. Before: WARN; now FAIL at +96.0 MiB/iteration.
+    base, batch, state = 200 * MiB, 96 * MiB, 128 * MiB
+    caught = [40 * MiB, 80 * MiB, 10 * MiB, 90 * MiB]  # the allocation, as far as the first reading saw it
+    t, level, phases = [], [], []
+    for k, x in enumerate(caught):
+        rows = [(k - 1e-4, base + k * batch), (k + 0.05, base + k * batch + x)]
+        rows += [(k + 0.1 * j, base + (k + 1) * batch + state) for j in range(1, 9)]
+        rows += [(k + 1 - 2e-4, base + (k + 1) * batch)]
+        t += [r[0] for r in rows]
+        level += [r[1] for r in rows]
+        phases += [dict(name="generate", start=k, end=k + 0.1, rollout_id=k),
+                   dict(name="train", start=k + 0.1, end=k + 0.9, rollout_id=k),
+                   dict(name="offload_train", start=k + 0.9, end=k + 1 - 1e-4, rollout_id=k)]
+    t.append(len(caught) + 0.05)  # the samples reach past the last iteration's end
+    level = np.array(level + [level[-1]], dtype=float)
+    run = make_run({"t": np.array(t), "rss": level, "rss_peak": level}, phases)
+    host = _host(check_leak(run, TH))
+    assert host.status == "fail" and host.cause == "sustained_growth", host.message
+    assert "+96.0 MiB/iteration" in host.message and "each iteration +96.0 MiB to +96.0 MiB" in host.message
