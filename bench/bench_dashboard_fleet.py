@@ -48,8 +48,8 @@ def first_paint(browser, url: str, lanes: int, started: float | None = None, scr
     page.goto(url)
     page.wait_for_function(f"() => {{ const g = {HEATMAP}; return g && g._fullData && g._fullData.length "
                            f"&& g._fullData[0].y.length === {lanes} "
-                           "&& document.querySelectorAll('.fleet-outlier').length > 0; }", timeout=120_000,
-                           polling="raf")
+                           "&& document.querySelectorAll('.fleet-outlier').length > 0; }", timeout=900_000,
+                           polling="raf")  # from the server's start, an older server reads the whole run first
     elapsed = time.perf_counter() - started
     if screenshot is not None:  # the first screen as the user sees it then (the other panels still reading)
         page.screenshot(path=str(screenshot), full_page=False)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+import time
 from collections import OrderedDict
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -207,6 +208,7 @@ class RunLoading(MilesProfileError):
 @dataclass
 class _Load:
     done: threading.Event
+    started: float = 0.0  # time.monotonic() of the read's start
     live: LiveRun | None = None
     error: BaseException | None = None
 
@@ -216,7 +218,9 @@ class FirstLook:
     first screen (heatmap, outliers, one GPU's timeline from the host files) needs, read in seconds where
     the whole run takes minutes. Not followed: the page moves to the LiveRun once it is read."""
 
-    version = -2  # before every LiveRun version (and the -1 of a panel's failed draw): a panel drawn from it redraws once the run is read
+    # before every LiveRun version (and the -1 of a panel's failed draw): a panel drawn from it redraws
+    # once the run is read
+    version = -2
 
     def __init__(self, run_dir: Path):
         self.current: Run = load_run(run_dir, sample_pids=())
@@ -248,6 +252,7 @@ class RunCache:
         self._first: OrderedDict[str, FirstLook] = OrderedDict()
         self._first_locks: dict[str, threading.Lock] = {}
         self._held: dict[str, int] = {}  # run id -> holders: its whole read waits (holding)
+        self._notes: dict[str, str] = {}  # run id -> what RunLoading says (a stat of every file: once)
 
     def get(self, run_id: object, wait: float | None = None) -> LiveRun:
         """The loaded run (resolving `run_id` through the allow-list); raises MilesProfileError, and
@@ -259,16 +264,23 @@ class RunCache:
                 return self._runs[run_id]
             job = self._loading.get(run_id)
             if job is None and wait is not None and self._held.get(run_id):
-                raise RunLoading(f"Reading this run ({_size_of(run_dir)}): this panel fills in once it is read.")
+                raise self._still_reading(run_id, run_dir)
             if job is None:  # two callbacks asking for one run load it once
-                job = self._loading[run_id] = _Load(threading.Event())
+                job = self._loading[run_id] = _Load(threading.Event(), time.monotonic())
                 threading.Thread(target=self._load, args=(run_id, run_dir, job), name="dashboards-load",
                                  daemon=True).start()
-        if not job.done.wait(wait):
-            raise RunLoading(f"Reading this run ({_size_of(run_dir)}): this panel fills in once it is read.")
+        # only the read's first `wait` seconds are waited for: later asks answer at once, so polls of a
+        # read lasting minutes hold no request (a click's callback queued behind them otherwise)
+        if not job.done.wait(None if wait is None else max(0.0, job.started + wait - time.monotonic())):
+            raise self._still_reading(run_id, run_dir)
         if job.error is not None:
             raise job.error
         return job.live
+
+    def _still_reading(self, run_id: str, run_dir: Path) -> RunLoading:
+        if run_id not in self._notes:
+            self._notes[run_id] = f"Reading this run ({_size_of(run_dir)}): this panel fills in once it is read."
+        return RunLoading(self._notes[run_id])
 
     def for_page(self, run_id: object) -> LiveRun:
         """`get` as a page's callback asks: a run read within PAGE_WAIT_S answers, else RunLoading."""
