@@ -25,6 +25,7 @@ from dashboards.panels import (
 from dashboards.paths import LogRoot
 from dashboards.runs import list_runs
 from dashboards.verdicts import verdict_of
+from miles_profile.logdir.layout import SAMPLES_SUFFIX
 
 log = logging.getLogger("dashboards")
 
@@ -79,12 +80,21 @@ def create_app(log_dir: str | Path, poll_ms: int = 1000, preload: bool = True,
 
 def preload_default_run(state: State) -> None:
     """Read the run the page opens on, and compute its figure, checks and table, before anyone asks:
-    a 10-million-sample run takes seconds to read and reduce, a first paint from memory does not."""
+    a 10-million-sample run takes seconds to read and reduce, a first paint from memory does not.
+    A fleet's first screen (heatmap, outliers) first, from its first look (no samples): reading every
+    process's samples takes minutes at 1,024 processes, and the page shows the first look meanwhile."""
     run_id = runs.default_run(list_runs(state.root))
     if run_id is None:
         return
     started = time.perf_counter()
     try:
+        if state.cache.loaded(run_id) is None and _many_processes(state.root.resolve(run_id)):
+            with state.cache.holding(run_id):
+                first = state.cache.first_look(run_id)
+                view = first.memo("fleet", fleet.compute)  # the GPU index a click needs: on demand
+            if view is not None:
+                log.info("first screen of %s ready in %.1f s (%s processes)", run_id, time.perf_counter() - started,
+                         f"{len(first.current.processes):,}")
         live_run = state.cache.get(run_id)
         fleet.preload(live_run)  # first: a fleet run's page opens on it
         if fleet.one_lane_each(live_run.current):  # else the fleet view replaces the run-wide timeline
@@ -96,6 +106,11 @@ def preload_default_run(state: State) -> None:
         return
     log.info("preloaded %s (%s samples) in %.1f s", run_id, f"{len(live_run.current.samples):,}",
              time.perf_counter() - started)
+
+
+def _many_processes(run_dir: Path) -> bool:
+    """More processes than the run-wide timeline draws one by one: a fleet, whose samples take long to read."""
+    return sum(1 for _ in run_dir.glob(f"*{SAMPLES_SUFFIX}")) > 2 * fleet.ONE_LANE_EACH
 
 
 def _refuse_request(exc: Exception):

@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+import time
 from collections import OrderedDict
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -18,9 +21,11 @@ import pandas as pd
 import miles_profile
 from miles_profile.logdir.layout import EVENTS_SUFFIX, SAMPLES_SUFFIX
 from miles_profile.logdir.merge import PID_ALIAS_STEP, alias_event_pids
-from miles_profile.logdir.reader import Run, phases_from_events
+from miles_profile.errors import MilesProfileError
+from miles_profile.logdir.reader import Run, load_run, phases_from_events
 from miles_profile.logdir.tail import EventsTail, SamplesTail, label_outside_samples
 from dashboards.paths import LogRoot
+from miles_profile.words import counted
 
 
 def _pid_of(path: Path, suffix: str) -> int:
@@ -50,6 +55,9 @@ def _merge_sorted(old: pd.DataFrame, new: pd.DataFrame) -> pd.DataFrame:
     return merged
 
 
+# A callback waits this long for a run being read, then says so and asks again at the next poll: a
+# small run answers as before, a fleet's minutes of reading hold no request (and no browser connection).
+PAGE_WAIT_S = 2.0
 MEMO_KEYS = 32  # results kept per run: the whole-run ones and the last zoom windows
 
 
@@ -192,32 +200,151 @@ class LiveRun:
         return dataclasses.replace(run, samples=samples, events=events, phases=phases)
 
 
+class RunLoading(MilesProfileError):
+    """The run is being read by another request or the preload: the panel says so and asks again at the
+    next poll, instead of holding a request (and one of the browser's six connections) for minutes."""
+
+
+@dataclass
+class _Load:
+    done: threading.Event
+    started: float = 0.0  # time.monotonic() of the read's start
+    live: LiveRun | None = None
+    error: BaseException | None = None
+
+
+class FirstLook:
+    """A run's metas, events and phase summaries without its samples (`sample_pids=()`): what a fleet's
+    first screen (heatmap, outliers, one GPU's timeline from the host files) needs, read in seconds where
+    the whole run takes minutes. Not followed: the page moves to the LiveRun once it is read."""
+
+    # before every LiveRun version (and the -1 of a panel's failed draw): a panel drawn from it redraws
+    # once the run is read
+    version = -2
+
+    def __init__(self, run_dir: Path):
+        self.current: Run = load_run(run_dir, sample_pids=())
+        self._memo: dict[str, object] = {}
+        self._lock = threading.Lock()
+
+    def refresh(self) -> bool:
+        return False  # never followed: the LiveRun is
+
+    def memo(self, key: str, compute):
+        with self._lock:  # computed once: concurrent callers wait for the first
+            if key not in self._memo:
+                self._memo[key] = compute(self.current)
+            return self._memo[key]
+
+
 class RunCache:
-    """Loaded runs by id, the least recently used dropped past `capacity` (a 10M-sample run is ~1 GB)."""
+    """Loaded runs by id, the least recently used dropped past `capacity` (a 10M-sample run is ~1 GB).
+
+    A run is read on a thread of its own: `get(run_id, wait=s)` waits at most s seconds for it and then
+    raises RunLoading (a small run is read within that and answers as before); `get(run_id)` waits."""
 
     def __init__(self, root: LogRoot, capacity: int = 3):
         self.root = root
         self.capacity = capacity
         self._runs: OrderedDict[str, LiveRun] = OrderedDict()
         self._lock = threading.Lock()
-        self._loading: dict[str, threading.Lock] = {}
+        self._loading: dict[str, _Load] = {}
+        self._first: OrderedDict[str, FirstLook] = OrderedDict()
+        self._first_locks: dict[str, threading.Lock] = {}
+        self._held: dict[str, int] = {}  # run id -> holders: its whole read waits (holding)
+        self._notes: dict[str, str] = {}  # run id -> what RunLoading says (a stat of every file: once)
 
-    def get(self, run_id: object) -> LiveRun:
-        """The loaded run (resolving `run_id` through the allow-list); raises MilesProfileError."""
+    def get(self, run_id: object, wait: float | None = None) -> LiveRun:
+        """The loaded run (resolving `run_id` through the allow-list); raises MilesProfileError, and
+        RunLoading when it is not read within `wait` seconds (None: wait until it is)."""
         run_dir = self.root.resolve(run_id)
         with self._lock:
             if run_id in self._runs:
                 self._runs.move_to_end(run_id)
                 return self._runs[run_id]
-            loading = self._loading.setdefault(run_id, threading.Lock())
-        with loading:  # two callbacks asking for one run load it once
+            job = self._loading.get(run_id)
+            if job is None and wait is not None and self._held.get(run_id):
+                raise self._still_reading(run_id, run_dir)
+            if job is None:  # two callbacks asking for one run load it once
+                job = self._loading[run_id] = _Load(threading.Event(), time.monotonic())
+                threading.Thread(target=self._load, args=(run_id, run_dir, job), name="dashboards-load",
+                                 daemon=True).start()
+        # only the read's first `wait` seconds are waited for: later asks answer at once, so polls of a
+        # read lasting minutes hold no request (a click's callback queued behind them otherwise)
+        if not job.done.wait(None if wait is None else max(0.0, job.started + wait - time.monotonic())):
+            raise self._still_reading(run_id, run_dir)
+        if job.error is not None:
+            raise job.error
+        return job.live
+
+    def _still_reading(self, run_id: str, run_dir: Path) -> RunLoading:
+        if run_id not in self._notes:
+            self._notes[run_id] = f"Reading this run ({_size_of(run_dir)}): this panel fills in once it is read."
+        return RunLoading(self._notes[run_id])
+
+    def for_page(self, run_id: object) -> LiveRun:
+        """`get` as a page's callback asks: a run read within PAGE_WAIT_S answers, else RunLoading."""
+        return self.get(run_id, wait=PAGE_WAIT_S)
+
+    @contextmanager
+    def holding(self, run_id: object):
+        """While held, a page's `get` starts no whole read of the run (it says RunLoading): the first
+        screen is computed from the first look with the CPU to itself (two cores, one GIL: read beside
+        it, a 1,024-process fleet's first screen took twice as long). A waiting `get` reads regardless."""
+        with self._lock:
+            self._held[run_id] = self._held.get(run_id, 0) + 1
+        try:
+            yield
+        finally:
             with self._lock:
-                if run_id in self._runs:
-                    return self._runs[run_id]
-            live = LiveRun(run_dir)
-            with self._lock:
-                self._runs[run_id] = live
+                self._held[run_id] -= 1
+                if not self._held[run_id]:
+                    del self._held[run_id]
+
+    def loaded(self, run_id: object) -> LiveRun | None:
+        """The run if it is read already, else None (nothing is started)."""
+        with self._lock:
+            return self._runs.get(run_id)
+
+    def _load(self, run_id: str, run_dir: Path, job: _Load) -> None:
+        try:
+            job.live = LiveRun(run_dir)
+        except BaseException as exc:  # noqa: BLE001 - raised to every caller that waits; the next get reads again
+            job.error = exc
+        with self._lock:
+            if job.live is not None:
+                self._runs[run_id] = job.live
                 while len(self._runs) > self.capacity:
                     self._runs.popitem(last=False)
-                self._loading.pop(run_id, None)
-            return live
+                self._first.pop(run_id, None)  # the page reads the whole run from now on
+            self._loading.pop(run_id, None)
+        job.done.set()
+
+    def first_look(self, run_id: object) -> FirstLook:
+        """The run without its samples (FirstLook), read once; for a fleet's first screen while `get` reads."""
+        run_dir = self.root.resolve(run_id)
+        with self._lock:
+            lock = self._first_locks.setdefault(run_id, threading.Lock())
+        with lock:
+            with self._lock:
+                found = self._first.get(run_id)
+            if found is None:
+                found = FirstLook(run_dir)
+                with self._lock:
+                    if run_id not in self._runs:  # else the whole run is read: no use keeping this
+                        self._first[run_id] = found
+                        while len(self._first) > self.capacity:
+                            self._first.popitem(last=False)
+            return found
+
+
+def _size_of(run_dir: Path) -> str:
+    """How much there is to read, in words: the processes' samples files and their bytes."""
+    files = [p for p in run_dir.glob(f"*{SAMPLES_SUFFIX}") if not p.is_symlink()]
+    size = 0
+    for p in files:
+        try:
+            size += p.stat().st_size
+        except OSError:
+            pass
+    return f"{counted(len(files), 'samples files')}, {size / 1e9:.1f} GB" if size >= 1e8 else counted(len(files), "samples files")

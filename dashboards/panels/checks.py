@@ -8,7 +8,7 @@ import time
 from dash import ALL, Input, Output, State, ctx, dcc, html
 from dash.exceptions import PreventUpdate
 
-from dashboards.messages import describe, message
+from dashboards.messages import message, problem
 from dashboards.panels.refresh import due
 from dashboards.runs import summarize
 from dashboards.verdicts import verdict_of
@@ -61,7 +61,7 @@ def register(app, state) -> None:
         if run_id is None:
             return None, None, None
         try:
-            live_run = state.cache.get(run_id)
+            live_run = state.cache.for_page(run_id)
             recording = summarize(run_id, live_run.run_dir).live
             key = due(run_id, live_run.version, rendered)
             if key is None and rendered.get("recording") == recording:
@@ -73,7 +73,7 @@ def register(app, state) -> None:
         except PreventUpdate:
             raise
         except Exception as exc:  # noqa: BLE001 - a message in the page, never a traceback
-            return message(describe(exc)), None, None
+            return problem(exc), None, None
         # Tagged with the run: a click on a list not yet redrawn for a newly chosen run is not that run's.
         spans = {"run": run_id, "spans": [list(r.span) if r.span else None for r in results]}
         items = [_item(i, r, t0) for i, r in enumerate(results)]

@@ -14,7 +14,7 @@ import plotly.graph_objects as go
 from dash import ClientsideFunction, Input, Output, State, ctx, dash_table, dcc, html, no_update
 from dash.exceptions import PreventUpdate
 
-from dashboards.messages import describe, message
+from dashboards.messages import message, problem
 from dashboards.panels.phases import TABLE_STYLE
 from dashboards.panels.refresh import SUMMARY_EVERY_S, due
 from dashboards.runs import list_runs
@@ -128,7 +128,7 @@ def register(app, state) -> None:
             return None, {"data": [], "layout": {}}, None, {"display": "none"}, None, None
         chosen = [str(run_id) for run_id in run_ids[:MAX_RUNS]]
         try:
-            live_runs = [state.cache.get(run_id) for run_id in chosen]
+            live_runs = [state.cache.for_page(run_id) for run_id in chosen]
             for live_run in live_runs:
                 live_run.refresh()  # a run being recorded grows here too
             key = due("\n".join(chosen), [live_run.version for live_run in live_runs], rendered)
@@ -138,6 +138,6 @@ def register(app, state) -> None:
         except PreventUpdate:
             raise
         except Exception as exc:  # noqa: BLE001 - a message in the page, never a traceback
-            return message(describe(exc)), {"data": [], "layout": {}}, None, {}, None, None
+            return problem(exc), {"data": [], "layout": {}}, None, {}, None, None
         note = message(f"showing the first {MAX_RUNS} runs", "info") if len(run_ids) > MAX_RUNS else None
         return note, with_zoom(figure, zoom), peaks, {}, key, None if chosen_now else no_update

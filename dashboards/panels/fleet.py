@@ -16,7 +16,8 @@ import pandas as pd
 from dash import ALL, Input, Output, State, ctx, dcc, html, no_update
 from dash.exceptions import PreventUpdate
 
-from dashboards.messages import describe, message
+from dashboards.live_run import RunLoading
+from dashboards.messages import message, problem
 from dashboards.panels.refresh import due
 from miles_profile.errors import MilesProfileError
 from miles_profile.words import counted
@@ -233,9 +234,19 @@ def _outlier_items(rows: list[dict]) -> list:
     return items or [message("No outliers.", "info")]
 
 
+def source_of(cache, run_id):
+    """The run once read (LiveRun); while it is read, its first look (FirstLook: metas, events, phase
+    summaries, host files, no samples), which is all the heatmap, the outliers and a GPU's NVML timeline
+    need: a fleet's first screen in seconds instead of after minutes of reading every process's samples."""
+    try:
+        return cache.for_page(run_id)
+    except RunLoading:
+        return cache.first_look(run_id)
+
+
 def register(app, state) -> None:
     def view_of(run_id):
-        live_run = state.cache.get(run_id)
+        live_run = source_of(state.cache, run_id)
         return live_run, live_run.memo("fleet", compute)
 
     @app.callback(
@@ -247,16 +258,16 @@ def register(app, state) -> None:
         if run_id is None:
             return _HIDDEN, {}, None, None, "", None, None, _SHOWN
         try:
-            live_run = state.cache.get(run_id)
+            live_run = source_of(state.cache, run_id)
             live_run.refresh()
             key = due(run_id, live_run.version, rendered)
             if key is None:
                 raise PreventUpdate
-            _, view = view_of(run_id)
+            view = live_run.memo("fleet", compute)
         except PreventUpdate:
             raise
         except Exception as exc:  # noqa: BLE001 - a message in the page, never a traceback
-            return (_SHOWN, {}, None, None, "", message(describe(exc)), {"run": run_id, "version": -1, "at": 0},
+            return (_SHOWN, {}, None, None, "", problem(exc), {"run": run_id, "version": -1, "at": 0},
                     _HIDDEN)
         if view is None:
             if not is_fleet(live_run.current):
@@ -279,7 +290,9 @@ def register(app, state) -> None:
         draw was on its way, each replacing the last, and delayed the first paint."""
         if run_id is None or not isinstance(rendered, dict) or rendered.get("run") != run_id:
             raise PreventUpdate  # the draw for this selection is on its way
-        live_run = state.cache.get(run_id)
+        live_run = state.cache.loaded(run_id)  # None: still being read (a first look is drawn meanwhile)
+        if live_run is None:
+            raise PreventUpdate
         live_run.refresh()
         if due(run_id, live_run.version, rendered) is None:
             raise PreventUpdate
@@ -309,7 +322,7 @@ def register(app, state) -> None:
         except PreventUpdate:
             raise
         except Exception as exc:  # noqa: BLE001
-            return {}, _HIDDEN, message(describe(exc)), no_update
+            return {}, _HIDDEN, problem(exc), no_update
         return figure, _SHOWN, None, {"run": run_id, "lane": lane}
 
     @app.callback(
@@ -331,7 +344,7 @@ def register(app, state) -> None:
         except MilesProfileError as exc:
             return [], message(str(exc))
         except Exception as exc:  # noqa: BLE001
-            return [], message(describe(exc))
+            return [], problem(exc)
         shown = (counted(len(picked), "lanes") + (f" ({spec})" if spec else "")
                  + (", first 64 drawn" if len(picked) > 64 else ""))
         return graphs, message(shown, "info")
@@ -345,6 +358,7 @@ def _lane_of_row(view: FleetView, row_label: object) -> str:
 
 
 def preload(live_run) -> None:
-    """Compute the fleet view (and the GPU index a click needs) before the page asks."""
+    """Compute the fleet view (and the GPU index a click needs) before the page asks (of a LiveRun or
+    a FirstLook)."""
     if live_run.memo("fleet", compute) is not None:
         live_run.memo("fleet-gpu-index", _gpu_index)

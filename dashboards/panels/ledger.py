@@ -6,7 +6,7 @@ from __future__ import annotations
 from dash import Input, Output, State, dcc, html
 from dash.exceptions import PreventUpdate
 
-from dashboards.messages import describe, message
+from dashboards.messages import message, problem
 from dashboards.panels.fleet import compute as fleet_compute
 from dashboards.panels.refresh import due
 from miles_profile.importers.miles_dashboard import SOURCE
@@ -91,7 +91,7 @@ def register(app, state) -> None:
         if run_id is None:
             return _EMPTY, None, None, _HIDDEN
         try:
-            live_run = state.cache.get(run_id)
+            live_run = state.cache.for_page(run_id)
             # per GPU only where the fleet panel shows: 5,000 processes with no phases or GPU are no fleet
             fleet = len(live_run.current.processes) > LEDGER_MAX_PROCESSES and is_fleet(live_run.current)
             asked = isinstance(requested, dict) and requested.get("run") == run_id
@@ -112,7 +112,7 @@ def register(app, state) -> None:
         except PreventUpdate:
             raise
         except Exception as exc:  # noqa: BLE001 - a message in the page, never a traceback
-            return _EMPTY, message(describe(exc)), None, _HIDDEN
+            return _EMPTY, problem(exc), None, _HIDDEN
         if frame.empty:
             return _EMPTY, message(_no_rows(live_run.current), "info"), key, button
         if unsplit_reason(frame):  # one category: say why rather than draw it

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dash import Input, Output, State, dcc, html
 from dash.exceptions import PreventUpdate
 
-from dashboards.messages import describe, message
+from dashboards.messages import message, problem
 from dashboards.panels.refresh import due
 from miles_profile.importers.miles_dashboard_series import engine_series, gpu_series, is_miles, series_note
 from miles_profile.report.figures import run_start, time_range
@@ -41,7 +41,7 @@ def register(app, state) -> None:
         if run_id is None:
             return _HIDDEN, _EMPTY, _HIDDEN, None, None
         try:
-            live_run = state.cache.get(run_id)
+            live_run = state.cache.for_page(run_id)
             key = due(run_id, live_run.version, rendered)
             if key is None:
                 raise PreventUpdate
@@ -51,7 +51,7 @@ def register(app, state) -> None:
         except PreventUpdate:
             raise
         except Exception as exc:  # noqa: BLE001 - a message in the page, never a traceback
-            return _SHOWN, _EMPTY, _HIDDEN, message(describe(exc)), None
+            return _SHOWN, _EMPTY, _HIDDEN, problem(exc), None
         note = message(note, "info") if note else None
         if figure is None:
             return _SHOWN, _EMPTY, _HIDDEN, note, key

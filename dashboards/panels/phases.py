@@ -5,7 +5,7 @@ import pandas as pd
 from dash import Input, Output, State, dash_table, dcc, html
 from dash.exceptions import PreventUpdate
 
-from dashboards.messages import describe, message
+from dashboards.messages import message, problem
 from dashboards.panels.refresh import due
 from miles_profile.verdicts.selection import selection_for
 from miles_profile.runmodel.series import GiB
@@ -73,7 +73,7 @@ def register(app, state) -> None:
             return None, None
         by_iteration = grouping == "iteration"
         try:
-            live_run = state.cache.get(run_id)
+            live_run = state.cache.for_page(run_id)
             key = due(f"{run_id}\n{by_iteration}", live_run.version, rendered)
             if key is None:
                 raise PreventUpdate
@@ -81,7 +81,7 @@ def register(app, state) -> None:
         except PreventUpdate:
             raise
         except Exception as exc:  # noqa: BLE001
-            return message(describe(exc)), None
+            return problem(exc), None
         if frame.empty:
             return message("No phases recorded yet.", "info"), key
         return display_table(frame, labels, "phases-datatable"), key

@@ -6,7 +6,7 @@ import time
 from dash import Input, Output, State
 from dash.exceptions import PreventUpdate
 
-from dashboards.messages import describe, message
+from dashboards.messages import message, problem
 
 SUMMARY_EVERY_S = 3.0  # checks and tables of a live run: recomputed at most this often
 
@@ -31,7 +31,7 @@ def register_whole_run_panel(app, state, body_id: str, rendered_id: str, render)
         if run_id is None:
             return [], None
         try:
-            live_run = state.cache.get(run_id)
+            live_run = state.cache.for_page(run_id)
             key = due(run_id, live_run.version, rendered)
             if key is None:
                 raise PreventUpdate
@@ -39,4 +39,4 @@ def register_whole_run_panel(app, state, body_id: str, rendered_id: str, render)
         except PreventUpdate:
             raise
         except Exception as exc:  # noqa: BLE001
-            return [message(describe(exc))], None
+            return [problem(exc)], None

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dash import ALL, Input, Output, State, dcc, html
 from dash.exceptions import PreventUpdate
 
-from dashboards.messages import describe, message
+from dashboards.messages import message, problem
 from dashboards.panels.checks import focus_of_click
 from dashboards.panels.refresh import due
 from dashboards.verdicts import verdict_of
@@ -137,7 +137,7 @@ def register(app, state) -> None:
         if run_id is None:
             return None, None, None
         try:
-            live_run = state.cache.get(run_id)
+            live_run = state.cache.for_page(run_id)
             key = due(run_id, live_run.version, rendered)
             if key is None:
                 raise PreventUpdate
@@ -146,7 +146,7 @@ def register(app, state) -> None:
         except PreventUpdate:
             raise
         except Exception as exc:  # noqa: BLE001 - a message in the page, never a traceback
-            return message(describe(exc)), None, None
+            return problem(exc), None, None
         children, spans = render(summary, t0)
         return children, {"run": run_id, "spans": spans}, key
 

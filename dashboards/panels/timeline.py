@@ -13,7 +13,7 @@ import time
 from dash import ClientsideFunction, Input, Output, State, ctx, dcc, html
 from dash.exceptions import PreventUpdate
 
-from dashboards.messages import describe, message
+from dashboards.messages import message, problem
 from dashboards.panels.fleet import one_lane_each, timeline_note
 from miles_profile.report.figures import run_start, timeline_figure
 from miles_profile.verdicts.selection import select_run, selection_for
@@ -159,10 +159,10 @@ def register(app, state) -> None:
         if run_id is None:
             return _blank(), None, None, "", message("No run to show yet.", "info")
         try:
-            live_run = state.cache.get(run_id)
+            live_run = state.cache.for_page(run_id)
             live_run.refresh()  # every redraw shows the newest samples
         except Exception as exc:  # noqa: BLE001 - every failure becomes a message in the page
-            return _blank(), None, None, "", message(describe(exc))
+            return _blank(), None, None, "", problem(exc)
         if not one_lane_each(live_run.current):
             return _blank(), None, None, "", message(timeline_note(live_run.current), "info")
         planned = plan_window(run_id, live_run.version, zoom, focus, view, rendered, triggers,
@@ -176,6 +176,6 @@ def register(app, state) -> None:
             key = "timeline-full" if window is None else f"timeline-{window[0]!r}-{window[1]!r}"
             figure = live_run.memo(key, lambda r: build_figure(r, run_id, window, state.phases))
         except Exception as exc:  # noqa: BLE001
-            return _blank(), None, None, "", message(describe(exc))
+            return _blank(), None, None, "", problem(exc)
         notes = message("; ".join(run.warnings), "warning") if run.warnings else None
         return figure, list(window) if window else None, rendered, _status(run, window), notes

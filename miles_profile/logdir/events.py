@@ -143,7 +143,8 @@ def _clean_summary(summary: Any, problems: EventProblems) -> None:
             continue
         for key in ("peak", "floor", "first", "last"):
             value = stats.get(key)
-            if value is not None and not _is_bytes(value):
+            # _is_bytes, inline: 60,000 phase ends x their series x 4 at 1,024 processes
+            if value is not None and not (type(value) is int and 0 <= value <= MAX_BYTES):
                 stats[key] = None
                 problems.attr(f"summary.{str(name)[:20]}.{key}={json.dumps(value)[:30]}")
 

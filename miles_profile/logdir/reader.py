@@ -77,7 +77,7 @@ class Run:
         if "_gpu_procs" in self.__dict__:
             procs = self._gpu_procs
             return procs[procs["host"].isin([str(h) for h in hosts])]
-        return host_frames(self.directories, self.warnings, samples=False, only_hosts=hosts)[2]
+        return host_frames(self.directories, self.warnings, samples=False, only_hosts=hosts, metas=self.hosts)[2]
 
     @property
     def host_samples(self) -> pd.DataFrame:

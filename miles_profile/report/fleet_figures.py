@@ -165,9 +165,14 @@ def lane_phases(run, processes, window: tuple[float, float] | None = None) -> pd
         top = top[(top["end"] >= window[0]) & (top["start"] <= window[1])]
     wanted = {(str(h), int(p)) for h, p in processes}
     hosts = top["host"].astype(str) if "host" in top else pd.Series("", index=top.index)
-    mine = [(h, int(p)) in wanted or ("", int(p)) in wanted or (h == "" and any(q == int(p) for _, q in wanted))
-            for h, p in zip(hosts, top["pid"])]
-    picked = top[np.asarray(mine, dtype=bool)] if len(top) else top
+    # only rows of a wanted pid can match: those few are looked at one by one (each of a fleet's 8 lanes
+    # iterated all 138,000 top-level phases: 1 of 19 CPU s of a 1,024-process report)
+    pids_ = top["pid"].to_numpy()
+    mine = np.zeros(len(top), dtype=bool)
+    for k in np.flatnonzero(np.isin(pids_, [q for _, q in wanted])):
+        h, p = hosts.iat[k], int(pids_[k])
+        mine[k] = (h, p) in wanted or ("", p) in wanted or (h == "" and any(q == p for _, q in wanted))
+    picked = top[mine] if len(top) else top
     return picked[["start", "end", "name"]].astype({"name": str}).sort_values("start").reset_index(drop=True)
 
 

@@ -211,13 +211,14 @@ def _rows(run, ledger_frame: pd.DataFrame, ceilings: dict[str, float]) -> pd.Dat
     out = []
     # plain lists: a fleet has tens of thousands of phases, and a pandas row costs 0.5 ms
     names_, attrs_, pids_ = phases["name"].astype(str).tolist(), phases["attrs"].tolist(), phases["pid"].tolist()
+    hosts_ = hosts.tolist()  # `hosts.iat[k]` per phase: 0.9 of 19 CPU s of a 1,024-process report
     ids_, starts, durations = phases["id"].tolist(), phases["start"].tolist(), phases["duration"].tolist()
     still_open = (phases["status"].astype(str) == names.OPEN).to_numpy() if "status" in phases else np.zeros(len(phases), bool)
     for k in np.argsort(phases["start"].to_numpy(float), kind="stable"):
         kind = kinds[k]
         if kind is None or mirrors[k] or still_open[k]:  # a phase still running has no cost yet
             continue
-        name, attrs, host, pid = names_[k], attrs_[k], hosts.iat[k], int(pids_[k])
+        name, attrs, host, pid = names_[k], attrs_[k], hosts_[k], int(pids_[k])
         pid_id = int(ids_[k]) if ids_[k] == ids_[k] else -1
         tags, target = _tags_of(name, attrs), _attr(attrs, "target")
         declared = _attr(attrs, "weights_bytes" if kind == UPDATE else "expected_bytes")

@@ -82,3 +82,26 @@ def test_a_live_run_gets_a_new_fleet_view_when_its_events_grow(tmp_path):
     after = live.memo("fleet", panel.compute)
     assert after is not before and len(after.matrix.columns) == len(before.matrix.columns) + 1
     assert "#99 eval" in set(after.matrix.columns["label"])
+
+
+def test_a_fleets_first_screen_comes_from_its_first_look_while_the_run_is_read(run, view):
+    """Issue 35: while the whole run is read (minutes at 1,024 processes), the panels say so at once and
+    the fleet panel draws the heatmap and outliers from the run's first look (no samples), the same as
+    the whole run's; a page's request starts no whole read while the first screen is computed."""
+    import pandas as pd
+
+    from dashboards.live_run import FirstLook, RunCache, RunLoading
+    from dashboards.paths import LogRoot
+    root = LogRoot(run.path.parent)
+    cache, run_id = RunCache(root), next(iter(root.run_dirs()))
+    with cache.holding(run_id):
+        with pytest.raises(RunLoading, match="Reading this run"):
+            cache.for_page(run_id)
+        assert cache.loaded(run_id) is None and not cache._loading  # nothing read behind the first screen
+        first = panel.source_of(cache, run_id)
+        assert isinstance(first, FirstLook) and first.current.samples.empty
+        drawn = first.memo("fleet", panel.compute)
+    assert drawn.outliers == view.outliers
+    pd.testing.assert_frame_equal(drawn.table, view.table)
+    live = cache.get(run_id)  # once released, a page's request reads the whole run
+    assert panel.source_of(cache, run_id) is live and len(live.current.samples) == len(run.samples)
