@@ -61,6 +61,7 @@ def pytest_configure(config):
             signal.signal(sig, signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL)
 
 
+@pytest.hookimpl(wrapper=True)
 def pytest_collection_modifyitems(config, items):
     """Grouping and order for the parallel suite (`make test` runs pytest-xdist with `--dist loadgroup`).
     Tests that share a module-scoped fixture (a recorded run, a dashboard server) stay on one worker, so
@@ -81,6 +82,21 @@ def pytest_collection_modifyitems(config, items):
         return slow, -group_size.get(item.module.__name__, 0) if slow and grouped else 0
 
     items.sort(key=order)  # stable: the rest keep their order
+    yield  # xdist's own hook turns the marks into the node ids its scheduler reads
+    if getattr(config.option, "loadgroup", False):  # set by xdist on its workers, where collection runs
+        for item in items:
+            keep_in_group(item)
+
+
+def keep_in_group(item) -> None:
+    """xdist's loadgroup scheduler reads a test's group from a `@group` suffix of its node id, which xdist's
+    hook writes to `item._nodeid`; pytest 9.2 reads the id from `item._id`, so that write was lost and
+    every group was split over both workers, each building the module's fixtures (two Ray clusters, two
+    Prometheus servers, every shared recorded run twice). Written here where xdist's write did not take."""
+    mark = item.get_closest_marker("xdist_group")
+    if mark is None or "@" in item.nodeid:
+        return
+    item._id = type(item.id).parse(f"{item.nodeid}@{mark.args[0]}")
 
 
 def shared_across_workers(tmp_path_factory) -> Path:
