@@ -105,9 +105,11 @@ def shared_across_workers(tmp_path_factory) -> Path:
     return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
 
 
-def record_once(tmp_path_factory, name: str, trainer_args: list[str]) -> Path:
-    """The log dir of `python -m miles_profile.record -- <trainer_args>`, recorded once per session by
-    whichever pytest-xdist worker asks first (the others wait on a lock), for tests that only read it."""
+def record_once(tmp_path_factory, name: str, trainer_args: list[str],
+                record_flags: tuple[str, ...] = ()) -> Path:
+    """The log dir of `python -m miles_profile.record <record_flags> -- <trainer_args>`, recorded once per
+    session by whichever pytest-xdist worker asks first (the others wait on a lock), for tests that only read
+    it (or copy it first)."""
     shared = shared_across_workers(tmp_path_factory)
     log_dir, done = shared / name, shared / f"{name}.done"
     with open(shared / f"{name}.lock", "w") as lock:
@@ -115,8 +117,8 @@ def record_once(tmp_path_factory, name: str, trainer_args: list[str]) -> Path:
         if not done.exists():
             shutil.rmtree(log_dir, ignore_errors=True)  # a half-recorded run of a worker that died
             log_dir.mkdir()
-            subprocess.run([sys.executable, "-m", "miles_profile.record", "--log-dir", str(log_dir), "--",
-                            *trainer_args], cwd=REPO, env=python_env(), check=True, capture_output=True, timeout=300)
+            subprocess.run([sys.executable, "-m", "miles_profile.record", *record_flags, "--log-dir", str(log_dir),
+                            "--", *trainer_args], cwd=REPO, env=python_env(), check=True, capture_output=True, timeout=300)
             done.touch()
     return log_dir
 
