@@ -124,6 +124,22 @@ def record_once(tmp_path_factory, name: str, trainer_args: list[str],
 
 
 @pytest.fixture(scope="session")
+def h200_report(tmp_path_factory) -> Path:
+    """The report of the nine committed H200 runs (`visualize sample_logs/h200 --no-check`, ~7 CPU-s), written
+    once per session by whichever worker asks first and opened read-only by the browser tests of its comparison."""
+    shared = shared_across_workers(tmp_path_factory)
+    out, done = shared / "h200-report" / "h200.html", shared / "h200-report.done"
+    with open(shared / "h200-report.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not done.exists():
+            from miles_profile.visualize import main  # here: most sessions never need the report's imports
+            out.parent.mkdir(exist_ok=True)
+            assert main([str(REPO / "sample_logs" / "h200"), "-o", str(out), "--no-check"]) == 0
+            done.touch()
+    return out
+
+
+@pytest.fixture(scope="session")
 def recorded_cpu_run(tmp_path_factory) -> Path:
     """One recorded CPU trainer run with both offloads (~15 s to record), shared read-only."""
     return record_once(tmp_path_factory, "recorded-cpu-run",

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import pytest
 
-from miles_profile.visualize import main
 from tests.conftest import REPO
 from test_visualize_browser import _open_offline
 
@@ -19,13 +18,6 @@ BAR_WIDTHS = """(id) => { const g = document.getElementById(id); const xa = g._f
   return g._fullData.filter(d => d.legendgroup === 'phases' && d.mode === 'lines').flatMap(d => {
     const out = []; for (let i = 0; i + 2 < d.x.length; i += 4) out.push(xa.l2p(d.x[i + 2]) - xa.l2p(d.x[i]));
     return out; }); }"""
-
-
-@pytest.fixture(scope="module")
-def h200_report(tmp_path_factory):
-    out = tmp_path_factory.mktemp("h200") / "h200.html"
-    assert main([str(H200), "-o", str(out), "--no-check"]) == 0
-    return out
 
 
 def test_the_h200_comparison_fits_in_a_few_screens(browser, artifacts, h200_report):
