@@ -118,7 +118,8 @@ def record_once(tmp_path_factory, name: str, trainer_args: list[str],
             shutil.rmtree(log_dir, ignore_errors=True)  # a half-recorded run of a worker that died
             log_dir.mkdir()
             subprocess.run([sys.executable, "-m", "miles_profile.record", *record_flags, "--log-dir", str(log_dir),
-                            "--", *trainer_args], cwd=REPO, env=python_env(), check=True, capture_output=True, timeout=300)
+                            "--", *trainer_args],
+                           cwd=REPO, env=python_env(), check=True, capture_output=True, timeout=300)
             done.touch()
     return log_dir
 
