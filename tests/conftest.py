@@ -61,6 +61,7 @@ def pytest_configure(config):
             signal.signal(sig, signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL)
 
 
+@pytest.hookimpl(wrapper=True)
 def pytest_collection_modifyitems(config, items):
     """Grouping and order for the parallel suite (`make test` runs pytest-xdist with `--dist loadgroup`).
     Tests that share a module-scoped fixture (a recorded run, a dashboard server) stay on one worker, so
@@ -81,6 +82,21 @@ def pytest_collection_modifyitems(config, items):
         return slow, -group_size.get(item.module.__name__, 0) if slow and grouped else 0
 
     items.sort(key=order)  # stable: the rest keep their order
+    yield  # xdist's own hook turns the marks into the node ids its scheduler reads
+    if getattr(config.option, "loadgroup", False):  # set by xdist on its workers, where collection runs
+        for item in items:
+            keep_in_group(item)
+
+
+def keep_in_group(item) -> None:
+    """xdist's loadgroup scheduler reads a test's group from a `@group` suffix of its node id, which xdist's
+    hook writes to `item._nodeid`; pytest 9.2 reads the id from `item._id`, so that write was lost and
+    every group was split over both workers, each building the module's fixtures (two Ray clusters, two
+    Prometheus servers, every shared recorded run twice). Written here where xdist's write did not take."""
+    mark = item.get_closest_marker("xdist_group")
+    if mark is None or "@" in item.nodeid:
+        return
+    item._id = type(item.id).parse(f"{item.nodeid}@{mark.args[0]}")
 
 
 def shared_across_workers(tmp_path_factory) -> Path:
@@ -89,9 +105,11 @@ def shared_across_workers(tmp_path_factory) -> Path:
     return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
 
 
-def record_once(tmp_path_factory, name: str, trainer_args: list[str]) -> Path:
-    """The log dir of `python -m miles_profile.record -- <trainer_args>`, recorded once per session by
-    whichever pytest-xdist worker asks first (the others wait on a lock), for tests that only read it."""
+def record_once(tmp_path_factory, name: str, trainer_args: list[str],
+                record_flags: tuple[str, ...] = ()) -> Path:
+    """The log dir of `python -m miles_profile.record <record_flags> -- <trainer_args>`, recorded once per
+    session by whichever pytest-xdist worker asks first (the others wait on a lock), for tests that only read
+    it (or copy it first)."""
     shared = shared_across_workers(tmp_path_factory)
     log_dir, done = shared / name, shared / f"{name}.done"
     with open(shared / f"{name}.lock", "w") as lock:
@@ -99,10 +117,27 @@ def record_once(tmp_path_factory, name: str, trainer_args: list[str]) -> Path:
         if not done.exists():
             shutil.rmtree(log_dir, ignore_errors=True)  # a half-recorded run of a worker that died
             log_dir.mkdir()
-            subprocess.run([sys.executable, "-m", "miles_profile.record", "--log-dir", str(log_dir), "--",
-                            *trainer_args], cwd=REPO, env=python_env(), check=True, capture_output=True, timeout=300)
+            subprocess.run([sys.executable, "-m", "miles_profile.record", *record_flags, "--log-dir", str(log_dir),
+                            "--", *trainer_args],
+                           cwd=REPO, env=python_env(), check=True, capture_output=True, timeout=300)
             done.touch()
     return log_dir
+
+
+@pytest.fixture(scope="session")
+def h200_report(tmp_path_factory) -> Path:
+    """The report of the nine committed H200 runs (`visualize sample_logs/h200 --no-check`, ~7 CPU-s), written
+    once per session by whichever worker asks first and opened read-only by the browser tests of its comparison."""
+    shared = shared_across_workers(tmp_path_factory)
+    out, done = shared / "h200-report" / "h200.html", shared / "h200-report.done"
+    with open(shared / "h200-report.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not done.exists():
+            from miles_profile.visualize import main  # here: most sessions never need the report's imports
+            out.parent.mkdir(exist_ok=True)
+            assert main([str(REPO / "sample_logs" / "h200"), "-o", str(out), "--no-check"]) == 0
+            done.touch()
+    return out
 
 
 @pytest.fixture(scope="session")

@@ -48,10 +48,8 @@ def test_report_shows_the_ledger_as_stacked_area_and_bars(browser, artifacts, tr
         page.close()
 
 
-def test_h200_comparison_is_stacked_bars_per_configuration(browser, artifacts, tmp_path):
-    out = tmp_path / "h200.html"
-    main([str(H200), "-o", str(out), "--no-check"])
-    page, requests, errors = _open_offline(browser, out, width=1700)
+def test_h200_comparison_is_stacked_bars_per_configuration(browser, artifacts, h200_report):
+    page, requests, errors = _open_offline(browser, h200_report, width=1700)
     try:
         assert not errors and not requests
         page.wait_for_selector("#comparison-figure .main-svg")

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import pytest
 
-from miles_profile.visualize import main
 from tests.conftest import REPO
 from test_visualize_browser import _open_offline
 
@@ -22,32 +21,36 @@ BAR_WIDTHS = """(id) => { const g = document.getElementById(id); const xa = g._f
 
 
 @pytest.fixture(scope="module")
-def h200_report(tmp_path_factory):
-    out = tmp_path_factory.mktemp("h200") / "h200.html"
-    assert main([str(H200), "-o", str(out), "--no-check"]) == 0
-    return out
-
-
-def test_the_h200_comparison_fits_in_a_few_screens(browser, artifacts, h200_report):
+def h200_page(browser, h200_report):
+    """One page on the H200 report for the module's tests: loading it is most of their cost (~7 CPU-s of
+    Chromium a load). Each test leaves it as it found it (the folds it opened closed, scrolled to the top)."""
     page, requests, errors = _open_offline(browser, h200_report, width=1500)
-    try:
-        assert not errors and not requests
-        page.set_viewport_size({"width": 1500, "height": 1000})
-        page.wait_for_selector("#comparison-figure .main-svg")
-        height = page.evaluate("document.body.scrollHeight")
-        assert height <= PAGE_HEIGHT_MAX, height
-        # the run x phase matrix: one row per configuration, phases in loop order
-        rows = page.locator("#comparison-matrix-device tbody tr")
-        assert rows.count() == len([d for d in H200.iterdir() if d.is_dir()]) == 9  # a README report.html may lie beside the runs
-        header = page.locator("#comparison-matrix-device thead th").all_inner_texts()
-        assert header[:3] == ["run", "generate", "offload_rollout"] and header.index("train") < header.index("offload_train")
-        page.screenshot(path=str(artifacts / "h200-comparison-first-screen.png"))
-    finally:
-        page.close()
+    yield page, requests, errors
+    page.close()
 
 
-def test_a_folded_run_opens_with_its_timeline_at_full_width_and_every_phase_visible(browser, artifacts, h200_report):
-    page, _, errors = _open_offline(browser, h200_report, width=1500)
+def _close_and_go_to_the_top(page, run: str) -> None:
+    page.evaluate(f"() => {{ document.querySelector('#{run} details.run-fold').open = false; window.scrollTo(0, 0); }}")
+
+
+def test_the_h200_comparison_fits_in_a_few_screens(h200_page, artifacts):
+    page, requests, errors = h200_page
+    assert not errors and not requests
+    page.set_viewport_size({"width": 1500, "height": 1000})
+    page.wait_for_selector("#comparison-figure .main-svg")
+    height = page.evaluate("document.body.scrollHeight")
+    assert height <= PAGE_HEIGHT_MAX, height
+    # the run x phase matrix: one row per configuration, phases in loop order
+    rows = page.locator("#comparison-matrix-device tbody tr")
+    assert rows.count() == len([d for d in H200.iterdir() if d.is_dir()]) == 9  # a README report.html may lie beside the runs
+    header = page.locator("#comparison-matrix-device thead th").all_inner_texts()
+    assert header[:3] == ["run", "generate", "offload_rollout"] and header.index("train") < header.index("offload_train")
+    page.screenshot(path=str(artifacts / "h200-comparison-first-screen.png"))
+    # (the page stays 1000 px high for the other tests: they measure widths and open folds only)
+
+
+def test_a_folded_run_opens_with_its_timeline_at_full_width_and_every_phase_visible(h200_page, artifacts):
+    page, _, errors = h200_page
     try:
         page.locator("#run-4 details.run-fold > summary").click()
         page.wait_for_timeout(500)  # the toggle handler resizes the figures drawn while folded
@@ -59,15 +62,15 @@ def test_a_folded_run_opens_with_its_timeline_at_full_width_and_every_phase_visi
         page.locator("#timeline-4").screenshot(path=str(artifacts / "h200-timeline-where.png"))
         assert not errors
     finally:
-        page.close()
+        _close_and_go_to_the_top(page, "run-4")
 
 
-def test_a_link_to_a_folded_run_opens_it(browser, h200_report):
-    page, _, errors = _open_offline(browser, h200_report, width=1500)
+def test_a_link_to_a_folded_run_opens_it(h200_page):
+    page, _, errors = h200_page
     try:
         assert not page.locator("#run-2 details.run-fold").evaluate("d => d.open")
         page.click("a[href='#run-2']")
         page.wait_for_function("() => document.querySelector('#run-2 details.run-fold').open")
         assert page.locator("#timeline-2").is_visible() and not errors
     finally:
-        page.close()
+        _close_and_go_to_the_top(page, "run-2")
