@@ -293,6 +293,7 @@ DAMAGES = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("damage, message", [d[1:] for d in DAMAGES], ids=[d[0] for d in DAMAGES])
 def test_damage_is_one_error_and_the_state_survives_it(offloaded, damage, message):
     o = offloaded

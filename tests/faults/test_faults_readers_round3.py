@@ -435,6 +435,7 @@ def _visualize_never_hangs_nor_crashes(tmp_path: Path, args: list[str], readable
         assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("damage", sorted(SINGLE))
 def test_sweep_single_process_runs(tmp_path, damage):
     run = make_run(tmp_path / "logs")
@@ -447,11 +448,13 @@ def test_sweep_single_process_runs(tmp_path, damage):
     _visualize_never_hangs_nor_crashes(tmp_path, [str(run)])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("damage", MULTI)
 def test_sweep_multi_process_runs(tmp_path, damage):
     _visualize_never_hangs_nor_crashes(tmp_path, _multi(tmp_path, damage))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("damage", ["fifo-partition", "nested-json", "negative-mem", "sparse-meta"])
 def test_sweep_miles_dumps(tmp_path, damage):
     # a sparse meta.json is no Miles dump and no run: refused in one line, as any unreadable input

@@ -233,6 +233,7 @@ BAD_EVENTS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", list(BAD_EVENTS))
 def test_a_bad_event_is_dropped_and_the_run_reported(good_run, tmp_path, case, capsys):
     edit, verb = BAD_EVENTS[case]

@@ -159,6 +159,7 @@ def test_kill_9_of_record_ends_its_exec_child(tmp_path):
 DIST = ["--", "--nproc-per-node", "2", "--preset", "tiny", "--num-rollout", "1000", "--rollout-engine", "server"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("victim", ["record", "torchrun"])
 def test_kill_9_of_record_or_its_torchrun_leaves_no_rank_or_engine(tmp_path, victim):
     record = _record("--log-dir", str(tmp_path), *DIST)
@@ -174,6 +175,7 @@ def test_kill_9_of_record_or_its_torchrun_leaves_no_rank_or_engine(tmp_path, vic
         _kill_all(family)
 
 
+@pytest.mark.slow
 def test_sigterm_of_a_distributed_run_is_143_and_one_line(tmp_path):
     record = _record("--log-dir", str(tmp_path), *DIST)
     family = _descendants_once(record, 5)
@@ -202,6 +204,7 @@ def test_exec_run_whose_directory_was_deleted_says_the_log_is_gone(tmp_path):
     assert "Traceback" not in stderr, stderr
 
 
+@pytest.mark.slow
 def test_trainer_run_whose_directory_was_deleted_says_the_log_is_gone(tmp_path):
     import shutil
     record = _record("--log-dir", str(tmp_path), "--", "--preset", "tiny", "--num-rollout", "40")
@@ -220,6 +223,7 @@ def test_trainer_run_whose_directory_was_deleted_says_the_log_is_gone(tmp_path):
 DISK_TRAIN = ["-m", "trainer.train", "--preset", "tiny", "--offload-train", "--offload-train-target", "disk"]
 
 
+@pytest.mark.slow
 def test_a_killed_disk_offload_run_leaves_a_directory_the_next_run_removes(tmp_path):
     offload = tmp_path / "offload"
     killed = subprocess.Popen([sys.executable, *DISK_TRAIN, "--num-rollout", "1000", "--offload-train-disk-dir",

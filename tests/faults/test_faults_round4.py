@@ -97,6 +97,7 @@ def report(run: Path, out: Path, *extra: str) -> subprocess.CompletedProcess:
 
 
 # -- item 5: duplicated event lines -------------------------------------------------------------------
+@pytest.mark.slow
 def test_duplicated_event_lines_are_dropped_with_a_warning(recorded, intact_checks, tmp_path):
     run = copy_of(recorded, tmp_path)
     events = run / f"{stem_of(run)}.events.jsonl"

@@ -323,6 +323,7 @@ def test_a_cut_miles_gpu_util_partition_judges_no_boundary_in_its_hour(miles_dum
     {"expected_bytes": "lots", "target": 7}, {"expected_bytes": [1, 2], "tags": {"a": 1}},
     {"expected_bytes": -5, "target": None, "tags": 3}, {"expected_bytes": 1e308, "rollout_id": "x"},
 ], ids=["string", "list", "negative", "huge"])
+@pytest.mark.slow
 def test_damaged_offload_attributes_reach_the_transition_meter_and_what_if_without_an_internal_error(tmp_path, attrs):
     # issue 33 item 8: the report's transition meter and what-if read phase attributes; damaged ones lose
     # what they say, never the report
@@ -348,6 +349,7 @@ def test_damaged_offload_attributes_reach_the_transition_meter_and_what_if_witho
     assert "moving memory cost" in (tmp_path / "r.html").read_text().lower()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("which, field, value", [("h-7.meta.json", "columns", 5), ("h-7.meta.json", "devices", 1.5),
                                                  ("h-7.meta.json", "cuda_devices", [3, {"index": 0}]),
                                                  ("h-9.host.json", "gpus", 7)])

@@ -196,6 +196,7 @@ def test_comparison_aligns_two_runs_by_phase(page, artifacts):
     page.locator("#compare-section").screenshot(path=str(artifacts / "dashboard-comparison.png"))
 
 
+@pytest.mark.slow
 def test_a_damaged_run_is_a_message_in_the_page(page):
     drawn(page)
     choose(page, "run-damaged")

@@ -69,6 +69,7 @@ def recorder_and_page(browser, tmp_path):
         yield fixture
 
 
+@pytest.mark.slow
 def test_a_recording_run_appears_grows_and_keeps_the_zoom(recorder_and_page, artifacts):
     logs, page, child = recorder_and_page
     page.wait_for_selector("#runs-list .runs-item-selected .badge-live", timeout=8_000)  # new run, no reload
@@ -111,6 +112,7 @@ COMPARE_POINTS_JS = """() => { const g = document.querySelector('#compare-graph 
   return g && g._fullData ? g._fullData.reduce((n, d) => n + (d.x ? d.x.length : 0), 0) : 0; }"""
 
 
+@pytest.mark.slow
 def test_a_comparison_with_a_recording_run_grows_with_it(browser, tmp_path, artifacts):
     with _recording(browser, tmp_path, REPO / "sample_logs" / "cpu", rounds=40) as (logs, page, child):
         page.wait_for_selector("#runs-list .badge-live", timeout=8_000)  # appears beside the finished run

@@ -91,6 +91,7 @@ def test_release_and_resume_over_http_really_free_and_take_back_the_memory(engin
     assert engine.generate(torch.zeros((2, 6), dtype=torch.long), 6, seed=0).shape == (2, 6)
 
 
+@pytest.mark.slow
 def test_sglang_bodies_and_errors(engine):
     assert _post(engine, "/release_memory_occupation", {"tags": ["kv_cache"]}) == (200, None)  # SGLang: null
     assert _post(engine, "/resume_memory_occupation", {"tags": ["kv_cache"]}) == (200, None)

@@ -54,6 +54,7 @@ def test_cpu_forecast_is_judged_against_the_heap_and_within_5_percent(tmp_path, 
         assert abs(offload["error"]) < 0.05 and offload["measured"] > 0.4 * GiB
 
 
+@pytest.mark.slow
 def test_a_forecast_10_percent_off_is_listed_by_visualize(tmp_path, heap_cpu_run):
     log_dir = tmp_path / "logs"
     shutil.copytree(heap_cpu_run, log_dir, ignore=shutil.ignore_patterns(".*"))  # not the readers' caches

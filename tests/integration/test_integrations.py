@@ -96,6 +96,7 @@ def torch_loops(tmp_path_factory):
     return runs
 
 
+@pytest.mark.slow
 def test_an_unmodified_torch_loop_is_tagged_by_its_optimizer_steps(torch_loops):
     log_dir, done = torch_loops["healthy"]
     assert done.returncode == 0, done.stderr
@@ -231,6 +232,7 @@ FAKE_PROGRAM = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("version, kind", [("9.0.0", "plain"), ("2.6.0", "subclass")])
 def test_an_unknown_lightning_or_a_subclass_with_its_own_loop_is_never_an_error(tmp_path, version, kind):
     """Bad input (issue 37): a Lightning version we don't know is one line on stderr and no callback; a Trainer

@@ -26,6 +26,7 @@ def trainer_logs(recorded_cpu_run) -> Path:
     return recorded_cpu_run
 
 
+@pytest.mark.slow
 def test_report_shows_the_ledger_as_stacked_area_and_bars(browser, artifacts, trainer_logs, tmp_path):
     out = tmp_path / "report.html"
     assert main([str(trainer_logs), "-o", str(out), "--no-check"]) == 0

@@ -7,6 +7,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 import miles_profile as mp
 from miles_profile import visualize
 from miles_profile.verdicts.per_process import per_process_checks
@@ -17,6 +19,7 @@ from tests.conftest import REPO, python_env
 ROLLOUTS = 20
 
 
+@pytest.mark.slow
 def test_tiny_engine_server_offloads_are_too_small_on_rss_and_the_run_exits_0(tmp_path, capsys):
     argv = [sys.executable, "-m", "miles_profile.record", "--log-dir", str(tmp_path), "--", "--preset", "tiny",
             "--num-rollout", str(ROLLOUTS), "--offload-train", "--offload-rollout", "--rollout-engine", "server"]

@@ -29,6 +29,7 @@ def _train(*argv: str, timeout: int = 120) -> subprocess.CompletedProcess:
     ["--bogus-flag"],
     ["--device", "cpu", "--rollout-memory-backend", "torch_memory_saver"],
 ])
+@pytest.mark.slow
 def test_bad_flags_exit_2_with_one_line(argv):
     result = _train(*argv)
     assert result.returncode == 2
@@ -46,6 +47,7 @@ def test_a_typo_or_help_is_answered_before_torch_loads(argv):
     assert result.returncode == (0 if argv == ["--help"] else 2)
 
 
+@pytest.mark.slow
 def test_a_run_prints_one_line_per_rollout():
     result = _train("--preset", "tiny", "--num-rollout", "3", *ALL_FLAGS)
     assert result.returncode == 0, result.stderr

@@ -48,6 +48,7 @@ def _rank(rank: int, world: int, init_file: str, flags: tuple[bool, bool], out: 
         dist.destroy_process_group()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("use_critic,optimizer_cpu_offload", [(False, False), (True, False), (False, True)])
 def test_two_ranks_on_half_batches_equal_one_rank_on_the_full_batch(tmp_path, use_critic, optimizer_cpu_offload):
     flags = (use_critic, optimizer_cpu_offload)

@@ -59,6 +59,7 @@ CASES = [(name, target) for name in sorted(CONFIGS) for target in ("cpu", "disk"
          if target == "cpu" or "--offload-train" in CONFIGS[name][0]]  # disk needs --offload-train
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name, target", CASES)
 def test_phase_order_of_every_configuration(phases, tmp_path, name, target):
     flags, per_rollout = CONFIGS[name]
@@ -82,6 +83,7 @@ def _history(argv):
     return [(reward, stats.loss, stats.grad_norm) for reward, stats in train.run(parse_args(argv))]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("order, critic", [("cpu", []), ("cpu", ["--use-critic"]), ("gpu", [])])
 def test_offloading_changes_no_loss(tmp_path, order, critic):
     base = [*TINY, "--num-rollout", "3", *critic]

@@ -85,6 +85,7 @@ def test_record_of_two_ranks_has_every_rank_and_engine(request, tmp_path, form):
     assert len(list(Path(run_dir).glob("*.samples.csv"))) == 5  # record, 2 ranks, 2 engines
 
 
+@pytest.mark.slow
 def test_record_in_process_with_an_engine_server_records_the_engine_too(tmp_path):
     """One process under `record` (no torchrun): the engine server joins the recorder's run."""
     result = _run([sys.executable, "-m", "miles_profile.record", "--log-dir", str(tmp_path), "--",

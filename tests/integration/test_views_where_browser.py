@@ -33,6 +33,7 @@ def _close_and_go_to_the_top(page, run: str) -> None:
     page.evaluate(f"() => {{ document.querySelector('#{run} details.run-fold').open = false; window.scrollTo(0, 0); }}")
 
 
+@pytest.mark.slow
 def test_the_h200_comparison_fits_in_a_few_screens(h200_page, artifacts):
     page, requests, errors = h200_page
     assert not errors and not requests

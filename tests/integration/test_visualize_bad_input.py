@@ -137,6 +137,7 @@ def _damage(run: Path, data: st.DataObject) -> str:
     return f"{kind} {target.name}"
 
 
+@pytest.mark.slow
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_damaged_logs_never_traceback(good_log, capsys, data):

@@ -8,6 +8,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 from tests.conftest import REPO, python_env
 from tests.synthetic_regression import raise_phase
 
@@ -19,6 +21,7 @@ def visualize(*args, cwd=None) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=300, cwd=cwd)
 
 
+@pytest.mark.slow
 def test_baseline_gate_exits_1_naming_phases_and_gpus_and_0_when_unchanged(tmp_path):
     raised = raise_phase(H200, tmp_path / "raised", "train")
     same = shutil.copytree(H200, tmp_path / "same")

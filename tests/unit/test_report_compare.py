@@ -5,6 +5,7 @@ import time
 
 import numpy as np
 import pandas as pd
+import pytest
 
 from miles_profile.report.compare import comparison_figure, comparison_html, phase_peak_comparison, slot_keys
 from test_report_fakes import GiB, make_run, steps
@@ -56,6 +57,7 @@ def _many_phases(n: int, name: str, slow: float = 1.0):
     return make_run({"t": t, "rss": level, "rss_peak": level}, phases, name=name)
 
 
+@pytest.mark.slow
 def test_ten_thousand_phases_compare_in_linear_time_with_a_bounded_figure():
     # Was one add_vrect per phase slot: 2 x 280 phases took 86 s, 10,000 would take hours.
     runs = [_many_phases(10_000, "a"), _many_phases(10_000, "b", slow=1.5)]

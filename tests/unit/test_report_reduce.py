@@ -125,6 +125,7 @@ def series_and_ranges(draw):
     return t, y, (starts, ends), draw(st.integers(4, 400))
 
 
+@pytest.mark.slow
 @settings(max_examples=150, deadline=None)
 @given(series_and_ranges())
 def test_reduction_properties(case):
