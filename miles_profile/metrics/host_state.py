@@ -89,6 +89,25 @@ class _HostFiles:
                 for c, v in zip(self.header, self.last_row) if c.startswith(_GPU_USED)}
 
 
+def _fold_rows(pending: list[tuple[ProcessState, bytes]]) -> dict[ProcessState, list]:
+    """The peaks per run of one phase of every process's new rows, folded at once for the processes
+    whose rows share a layout (row_peaks.py); a process missing from the answer folds its own."""
+    groups: dict[tuple, list[tuple[ProcessState, bytes]]] = collections.defaultdict(list)
+    for process, data in pending:
+        if data:
+            groups[process.row_layout()].append((process, data))
+    if not groups:
+        return {}
+    from miles_profile.metrics import row_peaks  # numpy: imported at the first scrape, never before
+
+    runs: dict[ProcessState, list] = {}
+    for (width, columns), members in groups.items():
+        folded = row_peaks.fold([data for _, data in members], width, columns)
+        if folded is not None:
+            runs.update(zip((process for process, _ in members), folded))
+    return runs
+
+
 class HostState:
     """The host `hostname` of the run in `run_dir`. `read()` is what one scrape reports."""
 
@@ -131,8 +150,11 @@ class HostState:
             listed = self._discover()
             for files in self._hosts.values():
                 files.refresh()
-            for process in self._processes.values():
-                process.refresh(meta=listed)  # a meta changes at start and end only: looked at when listing
+            # A meta changes at start and end only: looked at when listing.
+            pending = [(process, process.read_new(meta=listed)) for process in self._processes.values()]
+            runs = _fold_rows(pending)
+            for process, data in pending:
+                process.add_rows(data, runs.get(process))
             return self._reading()
 
     def close(self) -> None:

@@ -112,8 +112,14 @@ class ProcessState:
     def refresh(self, meta: bool = True) -> None:
         """Read what the files gained. `meta`: look at the meta file too (it changes at a process's start
         and end only: the host looks every few seconds, not at every scrape)."""
+        self.add_rows(self.read_new(meta))
+
+    def read_new(self, meta: bool = True) -> bytes:
+        """refresh()'s first half: the meta and the new events read, the new rows returned unread
+        (whole lines, the header taken), for add_rows() after the host folded them with the other
+        processes' (host_state.py)."""
         if self._finished:
-            return
+            return b""
         if meta or not self.meta:
             self._read_meta()
         data = self._events.read()
@@ -122,8 +128,28 @@ class ProcessState:
                 self._event(line)
             self.reading.phase = next(reversed(self._open.values()))[0] if self._open else "none"
         data = self._samples.read()
+        if data and self._cols is None:
+            end = data.index(b"\n")  # LineTail gives whole lines
+            header = data[:end].decode(errors="replace").split(",")
+            self._cols, self._width = {c: k for k, c in enumerate(header)}, len(header)
+            self._find_columns()
+            data = data[end + 1:]
+        return data
+
+    def row_layout(self) -> tuple[int, tuple[int | None, int | None]]:
+        """(cells a row, the columns the peaks are taken from: allocated, RSS): processes whose rows
+        share it are folded together (row_peaks.fold)."""
+        ap = self._alloc_peak_col if self._alloc_peak_col is not None else self._alloc_col
+        rsp = self._rss_peak_col if self._rss_peak_col is not None else self._rss_col
+        return self._width, (ap, rsp)
+
+    def add_rows(self, data: bytes, runs: list[tuple[bytes, int, int]] | None = None) -> None:
+        """refresh()'s second half: the new rows (`runs`: their peaks per run of one phase, already
+        folded, else folded here), then the offloads they complete judged."""
+        if self._finished:
+            return
         if data:
-            self._rows(data)
+            self._rows(data, runs)
         self._judge_ended()
         if self.ended:  # it wrote its end time last: all it wrote is read; its files need no descriptor
             self.close()
@@ -173,26 +199,39 @@ class ProcessState:
         self._reserved_col = cols.get(f"gpu{i}_reserved")
         self._rss_col, self._rss_peak_col = cols.get("rss"), cols.get("rss_peak")
 
-    def _rows(self, data: bytes) -> None:
+    def _rows(self, data: bytes, runs: list[tuple[bytes, int, int]] | None) -> None:
         """The hot part of a scrape (every row since the previous one). A row's peak cell is never
         below its level (the probes read both at once), so an empty peak cell falls back to the level.
         Levels come from the last row alone."""
         lines = data.split(b"\n")
         lines.pop()  # after the last newline: nothing
-        if lines and self._cols is None:
-            header = lines.pop(0).decode(errors="replace").split(",")
-            self._cols, self._width = {c: k for k, c in enumerate(header)}, len(header)
-            self._find_columns()
         if not lines:
             return
-        rows = list(map(bytes.split, lines, repeat(b",")))
-        if not self._peaks_by_column(rows):
-            lines = self._peaks_by_row(lines, rows)
+        if runs is not None:
+            self._fold_runs(runs)
+        else:
+            rows = list(map(bytes.split, lines, repeat(b",")))
+            if not self._peaks_by_column(rows):
+                lines = self._peaks_by_row(lines, rows)
         if lines:
             self._recent += lines  # lines, not their cells: bytes are no work for the garbage collector
             if len(self._recent) > 2 * _RECENT_ROWS:
                 del self._recent[:-_RECENT_ROWS]
             self._levels(lines[-1].split(b","))
+
+    def _fold_runs(self, runs) -> None:
+        """Each run's peaks (phase as written, allocated, RSS; -1 for none) into the peaks since the
+        previous scrape."""
+        peaks = self._peaks
+        for phase, top_alloc, top_rss in runs:
+            p = peaks.get(phase)
+            if p is None:
+                peaks[phase] = [top_alloc, top_rss]
+            else:
+                if top_alloc > p[0]:
+                    p[0] = top_alloc
+                if top_rss > p[1]:
+                    p[1] = top_rss
 
     def _peaks_by_column(self, rows: list[list[bytes]]) -> bool:
         """Every row's peaks at once, each column converted in one C loop (no bytecode a row), folded
@@ -208,20 +247,13 @@ class ProcessState:
             rss = list(map(int, map(itemgetter(rsp), rows))) if rsp is not None else None
         except ValueError:  # an empty cell (a peak the probe did not read) or damage
             return False
-        peaks, lo = self._peaks, 0
+        runs, lo = [], 0
         for phase, run in groupby(map(itemgetter(1), rows)):  # rows come in runs of one phase
             hi = lo + len(list(run))
-            top_alloc = max(alloc[lo:hi]) if alloc is not None else -1
-            top_rss = max(rss[lo:hi]) if rss is not None else -1
-            p = peaks.get(phase)
-            if p is None:
-                peaks[phase] = [top_alloc, top_rss]
-            else:
-                if top_alloc > p[0]:
-                    p[0] = top_alloc
-                if top_rss > p[1]:
-                    p[1] = top_rss
+            runs.append((phase, max(alloc[lo:hi]) if alloc is not None else -1,
+                         max(rss[lo:hi]) if rss is not None else -1))
             lo = hi
+        self._fold_runs(runs)
         return True
 
     def _peaks_by_row(self, lines: list[bytes], rows: list[list[bytes]]) -> list[bytes]:

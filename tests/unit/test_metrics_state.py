@@ -84,6 +84,41 @@ def test_rows_read_by_column_or_row_by_row_give_the_same_peaks(run):
         assert peaks == {"train": (1400 * MiB, 700 * MiB), "generate": (None if gap else 1800 * MiB, 900 * MiB)}
 
 
+def test_rows_of_all_processes_folded_at_once_stay_each_process_own(run):
+    """A scrape folds the new rows of every process of a host in one batch (row_peaks.py): a phase that
+    ends one process's rows and begins the next one's is two runs, and the peaks are those each process
+    folds alone; a torn row sends the batch back to each process's own fold, which drops that row."""
+    from miles_profile.logdir.writer import SampleWriter
+    from miles_profile.metrics.process_state import ProcessState
+    from tests.metrics_run import COLUMNS
+    run_dir, first, _ = run
+    write_process_meta(run_dir, f"{HOST}-78", {"host": HOST, "pid": 78, "rank": 4, "role": "actor"})
+    second = SampleWriter(run_dir, f"{HOST}-78", COLUMNS, flush_interval_s=1e9)
+    for k, (phase, mib) in enumerate([("generate", 300), ("train", 900)]):
+        row(first, k, phase, mib * MiB, alloc=2 * mib * MiB)
+    for k, (phase, mib) in enumerate([("train", 100), ("train", 200), ("generate", 50), ("train", 70)]):
+        row(second, k, phase, mib * MiB, alloc=2 * mib * MiB)
+    first.flush()
+    second.flush()
+    state = HostState(run_dir, HOST)
+    expected = {"3": {"generate": (600 * MiB, 300 * MiB), "train": (1800 * MiB, 900 * MiB)},
+                "4": {"train": (400 * MiB, 200 * MiB), "generate": (100 * MiB, 50 * MiB)}}
+    assert {p.rank: p.peaks for p in state.read().processes} == expected
+    alone = {}
+    for pid in (77, 78):
+        process = ProcessState(run_dir, f"{HOST}-{pid}")
+        process.refresh()  # its own rows, folded by itself
+        alone[process.reading.rank] = process.take_peaks()
+    assert alone == expected
+    row(first, 5, "train", 950 * MiB, alloc=1900 * MiB)
+    first.flush()
+    second.close()
+    with open(run_dir / f"{HOST}-78.samples.csv", "ab") as f:
+        f.write(b"6.0,train,5\n7.0,generate,20971520,20971520,41943040,41943040,41943040\n")
+    assert {p.rank: p.peaks for p in state.read().processes} == {
+        "3": {"train": (1900 * MiB, 950 * MiB)}, "4": {"generate": (40 * MiB, 20 * MiB)}}
+
+
 def _offload_round(events, samples, t0: float, rollout: int, level: int):
     events.write("begin", "train", {"rollout_id": rollout}, t=t0, id=2 * rollout + 1)
     row(samples, t0 + 0.1, "train", level, alloc=level)
