@@ -97,6 +97,7 @@ class ProcessState:
         self._peaks: dict[bytes, list[int]] = {}  # phase as written -> [allocated, RSS] peaks, -1 for none
         self._last: tuple[str, int | None, int | None] | None = None  # the last row: phase, allocated, RSS
         self._recent: list[bytes] = []  # the last rows' lines (_RECENT_ROWS to twice that)
+        self._recent_t: list[float] = []  # and their times (-inf for a damaged one: the list stays sorted)
         self._open: dict[int | None, tuple[str, float, dict, Any]] = {}  # phase id -> (name, begin t, attrs, rollout_id)
         self._ended: list[tuple[str, float, float, dict, dict]] = []  # offloads awaiting rows, with their summary series
         self._iteration: Any = None
@@ -143,13 +144,13 @@ class ProcessState:
         rsp = self._rss_peak_col if self._rss_peak_col is not None else self._rss_col
         return self._width, (ap, rsp)
 
-    def add_rows(self, data: bytes, runs: list[tuple[bytes, int, int]] | None = None) -> None:
-        """refresh()'s second half: the new rows (`runs`: their peaks per run of one phase, already
-        folded, else folded here), then the offloads they complete judged."""
+    def add_rows(self, data: bytes, folded: tuple[list[tuple[bytes, int, int]], list[float]] | None = None) -> None:
+        """refresh()'s second half: the new rows (`folded`: their peaks per run of one phase and their
+        times, from row_peaks.fold; else folded here), then the offloads they complete judged."""
         if self._finished:
             return
         if data:
-            self._rows(data, runs)
+            self._rows(data, folded)
         self._judge_ended()
         if self.ended:  # it wrote its end time last: all it wrote is read; its files need no descriptor
             self.close()
@@ -199,7 +200,7 @@ class ProcessState:
         self._reserved_col = cols.get(f"gpu{i}_reserved")
         self._rss_col, self._rss_peak_col = cols.get("rss"), cols.get("rss_peak")
 
-    def _rows(self, data: bytes, runs: list[tuple[bytes, int, int]] | None) -> None:
+    def _rows(self, data: bytes, folded: tuple[list[tuple[bytes, int, int]], list[float]] | None) -> None:
         """The hot part of a scrape (every row since the previous one). A row's peak cell is never
         below its level (the probes read both at once), so an empty peak cell falls back to the level.
         Levels come from the last row alone."""
@@ -207,16 +208,20 @@ class ProcessState:
         lines.pop()  # after the last newline: nothing
         if not lines:
             return
-        if runs is not None:
+        if folded is not None:
+            runs, times = folded
             self._fold_runs(runs)
         else:
             rows = list(map(bytes.split, lines, repeat(b",")))
             if not self._peaks_by_column(rows):
                 lines = self._peaks_by_row(lines, rows)
+            times = list(map(_time, lines))
         if lines:
             self._recent += lines  # lines, not their cells: bytes are no work for the garbage collector
+            self._recent_t += times
             if len(self._recent) > 2 * _RECENT_ROWS:
                 del self._recent[:-_RECENT_ROWS]
+                del self._recent_t[:-_RECENT_ROWS]
             self._levels(lines[-1].split(b","))
 
     def _fold_runs(self, runs) -> None:
@@ -351,15 +356,15 @@ class ProcessState:
 
     def _judge_ended(self) -> None:
         """Offloads whose rows have arrived: freed = the level before the phase minus the level at its end."""
-        recent = self._recent
-        while self._ended and recent and _time(recent[-1]) >= self._ended[0][2] - 1e-6:
+        recent, recent_t = self._recent, self._recent_t
+        while self._ended and recent_t and recent_t[-1] >= self._ended[0][2] - 1e-6:
             name, begin_t, end_t, attrs, series = self._ended.pop(0)
             col = self._alloc_series
             has_alloc = _stat(series, col, "first") is not None or _stat(series, col, "peak") is not None
             which, k, col = ("allocated", self._alloc_col, col) if has_alloc else ("resident", self._rss_col, "rss")
             # The level in the last row before the phase began (rows are in time order: a bisection).
             before = None
-            for i in range(bisect.bisect_right(recent, begin_t, key=_time) - 1 if k is not None else -1, -1, -1):
+            for i in range(bisect.bisect_right(recent_t, begin_t) - 1 if k is not None else -1, -1, -1):
                 before = self._cell(recent[i], k)
                 if before is not None:
                     break

@@ -6,7 +6,8 @@ and converting two columns cost about 0.9 us a row on the development VM, most o
 (docs/prometheus.md, Cost). Here the new rows of the processes whose rows share a layout are joined and
 parsed as one CSV (only the phase and the two peak columns converted, on the scraping thread alone),
 the runs of one phase within one process found from the phase column's dictionary indices, and each
-run's maxima taken with numpy's `maximum.reduceat`: about 2.4 ms for 9,600 rows, 0.6 ms for 640.
+run's maxima taken with numpy's `maximum.reduceat`: about 2.4 ms for 9,600 rows, 0.6 ms for 640. The
+rows' times come back too: the judging of an offload looks up the row before it began (a bisection).
 
 Anything pyarrow does not read as Python's int() reads it (an empty cell, a number past int64, a row
 with another number of cells) gives None for the whole batch: the caller folds each process's rows
@@ -21,22 +22,23 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.csv as pa_csv
 
-PHASE_COL = 1  # a samples row is t, phase, then the columns (logdir/writer.py)
+TIME_COL, PHASE_COL = 0, 1  # a samples row is t, phase, then the columns (logdir/writer.py)
 _PARSE = pa_csv.ParseOptions(quote_char=False, escape_char=False, newlines_in_values=False,
                              ignore_empty_lines=False)
 
 
 def fold(chunks: list[bytes], width: int, columns: tuple[int | None, int | None]
-         ) -> list[list[tuple[bytes, int, int]]] | None:
-    """For each chunk (one process's new rows, whole lines of `width` cells each), its runs of one
-    phase in order: (phase cell, the largest value of columns[0] in the run, of columns[1]); -1 for a
-    column that is None. None when any row does not read (see the module's docstring)."""
+         ) -> list[tuple[list[tuple[bytes, int, int]], list[float]]] | None:
+    """For each chunk (one process's new rows, whole lines of `width` cells each): its runs of one
+    phase in order, (phase cell, the largest value of columns[0] in the run, of columns[1]; -1 for a
+    column that is None), and its rows' times. None when any row does not read (see the module's
+    docstring)."""
     counts = [chunk.count(b"\n") for chunk in chunks]
     rows = sum(counts)
     if rows == 0:
         return None
     names = [f"c{k}" for k in range(width)]
-    wanted = {PHASE_COL: pa.binary(), **{col: pa.int64() for col in columns if col is not None}}
+    wanted = {TIME_COL: pa.float64(), PHASE_COL: pa.binary(), **{col: pa.int64() for col in columns if col is not None}}
     try:
         table = pa_csv.read_csv(
             io.BytesIO(b"".join(chunks)),
@@ -49,6 +51,10 @@ def fold(chunks: list[bytes], width: int, columns: tuple[int | None, int | None]
         return None
     if table.num_rows != rows:
         return None
+    times = table.column(names[TIME_COL])
+    if times.null_count:
+        return None
+    times = times.to_numpy().tolist()
     values = []
     for col in columns:
         if col is None:
@@ -71,4 +77,6 @@ def fold(chunks: list[bytes], width: int, columns: tuple[int | None, int | None]
                                                      np.maximum.reduceat(values[1], runs).tolist())]
     # The runs of each chunk: those beginning at or after its first row and before the next chunk's.
     bounds = np.searchsorted(runs, firsts).tolist()
-    return [folded[lo:hi] for lo, hi in zip(bounds[:-1], bounds[1:])]
+    firsts = firsts.tolist()
+    return [(folded[lo:hi], times[first:end])
+            for lo, hi, first, end in zip(bounds[:-1], bounds[1:], firsts[:-1], firsts[1:])]

@@ -33,8 +33,13 @@ def test_the_peak_is_the_true_peak_since_the_previous_scrape(run):
     assert state.read().processes[0].peaks == {"generate": (None, 110 * MiB)}  # no new row: the last level
 
 
+@pytest.mark.parametrize("batch", [False, True], ids=["own-fold", "host-batch"])
 @pytest.mark.parametrize("freed, verdict", [(120 * MiB, "pass"), (60 * MiB, "fail")])
-def test_an_offload_is_judged_on_what_it_freed_inside_the_phase(run, freed, verdict):
+def test_an_offload_is_judged_on_what_it_freed_inside_the_phase(run, freed, verdict, batch, monkeypatch):
+    """The level before the phase is the row before its begin, found by the rows' times: those a process
+    reads itself and those the host's batch (row_peaks.fold) gives back."""
+    from miles_profile.metrics import host_state
+    monkeypatch.setattr(host_state, "BATCH_ROWS", 1 if batch else 10**9)
     run_dir, samples, events = run
     row(samples, 10.0, "", 50 * MiB, alloc=400 * MiB)  # the row right before the phase
     events.write("begin", "offload_train", {"expected_bytes": 120 * MiB, "rollout_id": 0}, t=10.01, id=1)
@@ -84,13 +89,16 @@ def test_rows_read_by_column_or_row_by_row_give_the_same_peaks(run):
         assert peaks == {"train": (1400 * MiB, 700 * MiB), "generate": (None if gap else 1800 * MiB, 900 * MiB)}
 
 
-def test_rows_of_all_processes_folded_at_once_stay_each_process_own(run):
-    """A scrape folds the new rows of every process of a host in one batch (row_peaks.py): a phase that
+def test_rows_of_all_processes_folded_at_once_stay_each_process_own(run, monkeypatch):
+    """A scrape with many new rows folds those of every process of a host in one batch (row_peaks.py;
+    here from the first row on): a phase that
     ends one process's rows and begins the next one's is two runs, and the peaks are those each process
     folds alone; a torn row sends the batch back to each process's own fold, which drops that row."""
     from miles_profile.logdir.writer import SampleWriter
     from miles_profile.metrics.process_state import ProcessState
     from tests.metrics_run import COLUMNS
+    from miles_profile.metrics import host_state
+    monkeypatch.setattr(host_state, "BATCH_ROWS", 1)
     run_dir, first, _ = run
     write_process_meta(run_dir, f"{HOST}-78", {"host": HOST, "pid": 78, "rank": 4, "role": "actor"})
     second = SampleWriter(run_dir, f"{HOST}-78", COLUMNS, flush_interval_s=1e9)
