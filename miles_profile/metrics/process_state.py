@@ -97,7 +97,9 @@ class ProcessState:
         self._peaks: dict[bytes, list[int]] = {}  # phase as written -> [allocated, RSS] peaks, -1 for none
         self._last: tuple[str, int | None, int | None] | None = None  # the last row: phase, allocated, RSS
         self._recent: list[bytes] = []  # the last rows' lines (_RECENT_ROWS to twice that)
-        self._recent_t: list[float] = []  # and their times (-inf for a damaged one: the list stays sorted)
+        # The times of _recent's first rows (all of them once an offload was judged): -inf for a damaged
+        # one, so the list stays sorted.
+        self._recent_t: list[float] = []
         self._open: dict[int | None, tuple[str, float, dict, Any]] = {}  # phase id -> (name, begin t, attrs, rollout_id)
         self._ended: list[tuple[str, float, float, dict, dict]] = []  # offloads awaiting rows, with their summary series
         self._iteration: Any = None
@@ -215,14 +217,23 @@ class ProcessState:
             rows = list(map(bytes.split, lines, repeat(b",")))
             if not self._peaks_by_column(rows):
                 lines = self._peaks_by_row(lines, rows)
-            times = list(map(_time, lines))
+            times = None  # read from the lines when an offload is judged (_recent_times)
         if lines:
+            if times is not None and len(self._recent_t) == len(self._recent):
+                self._recent_t += times
             self._recent += lines  # lines, not their cells: bytes are no work for the garbage collector
-            self._recent_t += times
             if len(self._recent) > 2 * _RECENT_ROWS:
-                del self._recent[:-_RECENT_ROWS]
-                del self._recent_t[:-_RECENT_ROWS]
+                cut = len(self._recent) - _RECENT_ROWS
+                del self._recent[:cut]
+                del self._recent_t[:cut]  # all of it when it covered fewer rows
             self._levels(lines[-1].split(b","))
+
+    def _recent_times(self) -> list[float]:
+        """The times of the rows in _recent (those the batch gave, the rest read from their lines now)."""
+        known = len(self._recent_t)
+        if known < len(self._recent):
+            self._recent_t += map(_time, self._recent[known:])
+        return self._recent_t
 
     def _fold_runs(self, runs) -> None:
         """Each run's peaks (phase as written, allocated, RSS; -1 for none) into the peaks since the
@@ -356,7 +367,9 @@ class ProcessState:
 
     def _judge_ended(self) -> None:
         """Offloads whose rows have arrived: freed = the level before the phase minus the level at its end."""
-        recent, recent_t = self._recent, self._recent_t
+        if not self._ended:
+            return
+        recent, recent_t = self._recent, self._recent_times()
         while self._ended and recent_t and recent_t[-1] >= self._ended[0][2] - 1e-6:
             name, begin_t, end_t, attrs, series = self._ended.pop(0)
             col = self._alloc_series
