@@ -103,7 +103,10 @@ def _fold_rows(pending: list[tuple[ProcessState, bytes]]) -> dict[ProcessState, 
             rows += data.count(b"\n")
     if rows < BATCH_ROWS:
         return {}
-    from miles_profile.metrics import row_peaks  # numpy: imported at the first scrape, never before
+    try:  # pyarrow and numpy: imported at the first scrape of many rows, never before
+        from miles_profile.metrics import row_peaks
+    except ImportError:  # a GPU host without them: each process folds its own rows, slower
+        return {}
 
     runs: dict[ProcessState, list] = {}
     for (width, columns), members in groups.items():

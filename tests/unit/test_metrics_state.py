@@ -184,3 +184,19 @@ def test_events_read_the_same_with_orjson_or_json_in_any_key_order(run, json_par
         offload = process.offloads[("offload_train", "w")]
         assert (offload.declared, offload.freed, offload.verdict, offload.count) == (64 * MiB, 64 * MiB, "pass", 3)
         assert process.phase == 'odd "name"'
+
+
+def test_a_host_without_pyarrow_folds_each_process_rows_itself(run, monkeypatch):
+    """pyarrow is imported at the first scrape of many rows; where it is missing (a GPU host without
+    network) the scrape reads the same peaks, each process folding its own rows."""
+    import sys
+    from miles_profile.metrics import host_state
+    monkeypatch.setattr(host_state, "BATCH_ROWS", 1)
+    monkeypatch.setitem(sys.modules, "pyarrow", None)  # `import pyarrow` raises ImportError
+    monkeypatch.delitem(sys.modules, "miles_profile.metrics.row_peaks", raising=False)
+    run_dir, samples, _ = run
+    for k, (phase, mib) in enumerate([("train", 300), ("train", 900), ("generate", 100)]):
+        row(samples, k, phase, mib * MiB, alloc=2 * mib * MiB)
+    samples.flush()
+    assert HostState(run_dir, HOST).read().processes[0].peaks == {"train": (1800 * MiB, 900 * MiB),
+                                                                  "generate": (200 * MiB, 100 * MiB)}
