@@ -6,6 +6,7 @@ seconds: scrapes of the trees taken side by side see the same load, runs minutes
 
     git -C /work/main worktree add /tmp/main-tree HEAD      # or: git archive HEAD | tar -x -C /tmp/main-tree
     python bench/metrics_scrape_ab.py /tmp/main-tree . [--processes 64] [--scrapes 15] [--intervals 1 15]
+    cp bench/bench_metrics.py /tmp/main-tree/bench/ && python bench/metrics_scrape_ab.py /tmp/main-tree . --phase-seconds 10
 
 Each tree runs its own bench/bench_metrics.py (FakeHost, the renderer) and its own miles_profile. Prints,
 per interval and tree, the median over the scrapes of this thread's CPU time for the whole scrape, the
@@ -25,15 +26,15 @@ from pathlib import Path
 _WORKER = r"""
 import json, sys, tempfile, time
 from pathlib import Path
-tree, interval, processes = sys.argv[1], float(sys.argv[2]), int(sys.argv[3])
+tree, interval, processes, phase_s = sys.argv[1], float(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
 sys.path.insert(0, str(Path(tree) / "bench"))
 import bench_metrics as b  # puts `tree` first on sys.path: its miles_profile
 from miles_profile.metrics.host_state import HostState
 _, render = b.renderer()
 with tempfile.TemporaryDirectory() as tmp:
-    host = b.FakeHost(Path(tmp), processes)
+    host = b.FakeHost(Path(tmp), processes, *([phase_s] if phase_s != 1 else []))
     state = HostState(tmp, b.HOST)
-    host.advance(interval)
+    host.advance(interval if phase_s == 1 else max(interval, len(b.PHASES) * phase_s))  # every series there
     render(state.read())  # the first scrape reads every file's header and meta (and imports)
     print("ready", flush=True)
     for _ in sys.stdin:
@@ -54,13 +55,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--processes", type=int, default=64)
     parser.add_argument("--scrapes", type=int, default=15)
     parser.add_argument("--intervals", type=float, nargs="+", default=[1.0, 15.0])
+    parser.add_argument("--phase-seconds", type=float, default=1.0,
+                        help="a phase every this many seconds (1: the stress; other values need the tree's "
+                             "bench_metrics.py from round 4 on)")
     args = parser.parse_args(argv)
     trees = [str(Path(t).resolve()) for t in args.trees]
     calibration = min(timeit.repeat("sum(range(1000))", number=1000, repeat=5)) / 1000
     print(f"calibration: sum(range(1000)) {calibration * 1e6:.1f} us (an idle current x86 core: about 10); "
           f"load average {os.getloadavg()[0]:.1f}")
     for interval in args.intervals:
-        workers = [subprocess.Popen([sys.executable, "-c", _WORKER, tree, str(interval), str(args.processes)],
+        workers = [subprocess.Popen([sys.executable, "-c", _WORKER, tree, str(interval), str(args.processes),
+                                     str(args.phase_seconds)],
                                     cwd=tree, env={**os.environ, "PYTHONPATH": tree}, text=True,
                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE) for tree in trees]
         try:
