@@ -29,6 +29,9 @@ _HOST_TAIL_BYTES = 64 * 1024
 # Below this many new rows in all, each process folds its own: pyarrow's fixed cost (about 1 ms a scrape on
 # the development VM) is more than Python's 0.9 us a row (a 1 s scrape of 64 processes: 640 rows).
 BATCH_ROWS = 2000
+# At most about this many bytes of rows joined for one pyarrow read: a scraper back after hours meets up to
+# 8 MiB a process (process_state.MAX_READ_BYTES), and 64 of those joined would be 512 MiB held at once.
+BATCH_BYTES = 16 * 1024 * 1024
 
 
 class _HostFiles:
@@ -110,9 +113,16 @@ def _fold_rows(pending: list[tuple[ProcessState, bytes]]) -> dict[ProcessState, 
 
     runs: dict[ProcessState, list] = {}
     for (width, columns), members in groups.items():
-        folded = row_peaks.fold([data for _, data in members], width, columns)
-        if folded is not None:
-            runs.update(zip((process for process, _ in members), folded))
+        batch: list[tuple[ProcessState, bytes]] = []
+        size = 0
+        for k, (process, data) in enumerate(members):
+            batch.append((process, data))
+            size += len(data)
+            if size >= BATCH_BYTES or k == len(members) - 1:
+                folded = row_peaks.fold([d for _, d in batch], width, columns)
+                if folded is not None:
+                    runs.update(zip((p for p, _ in batch), folded))
+                batch, size = [], 0
     return runs
 
 

@@ -89,7 +89,8 @@ def test_rows_read_by_column_or_row_by_row_give_the_same_peaks(run):
         assert peaks == {"train": (1400 * MiB, 700 * MiB), "generate": (None if gap else 1800 * MiB, 900 * MiB)}
 
 
-def test_rows_of_all_processes_folded_at_once_stay_each_process_own(run, monkeypatch):
+@pytest.mark.parametrize("batch_bytes", [16 * MiB, 1], ids=["one-batch", "a-batch-a-process"])
+def test_rows_of_all_processes_folded_at_once_stay_each_process_own(run, monkeypatch, batch_bytes):
     """A scrape with many new rows folds those of every process of a host in one batch (row_peaks.py;
     here from the first row on): a phase that
     ends one process's rows and begins the next one's is two runs, and the peaks are those each process
@@ -99,6 +100,14 @@ def test_rows_of_all_processes_folded_at_once_stay_each_process_own(run, monkeyp
     from tests.metrics_run import COLUMNS
     from miles_profile.metrics import host_state
     monkeypatch.setattr(host_state, "BATCH_ROWS", 1)
+    monkeypatch.setattr(host_state, "BATCH_BYTES", batch_bytes)  # 1: a scraper back after hours, 8 MiB a process
+    from miles_profile.metrics import row_peaks
+    batches: list[int] = []
+
+    def fold(chunks, *args, real=row_peaks.fold):
+        batches.append(len(chunks))
+        return real(chunks, *args)
+    monkeypatch.setattr(row_peaks, "fold", fold)
     run_dir, first, _ = run
     write_process_meta(run_dir, f"{HOST}-78", {"host": HOST, "pid": 78, "rank": 4, "role": "actor"})
     second = SampleWriter(run_dir, f"{HOST}-78", COLUMNS, flush_interval_s=1e9)
@@ -112,6 +121,7 @@ def test_rows_of_all_processes_folded_at_once_stay_each_process_own(run, monkeyp
     expected = {"3": {"generate": (600 * MiB, 300 * MiB), "train": (1800 * MiB, 900 * MiB)},
                 "4": {"train": (400 * MiB, 200 * MiB), "generate": (100 * MiB, 50 * MiB)}}
     assert {p.rank: p.peaks for p in state.read().processes} == expected
+    assert batches == ([2] if batch_bytes > 1 else [1, 1])
     alone = {}
     for pid in (77, 78):
         process = ProcessState(run_dir, f"{HOST}-{pid}")
