@@ -250,9 +250,7 @@ class ProcessState:
         """Every row's peaks at once, each column converted in one C loop (no bytecode a row), folded
         per run of one phase. False, with nothing changed, when a row is torn or a needed cell is
         empty or not a number: then row by row."""
-        a, ap, rs, rsp = self._alloc_col, self._alloc_peak_col, self._rss_col, self._rss_peak_col
-        ap = ap if ap is not None else a
-        rsp = rsp if rsp is not None else rs
+        ap, rsp = self.row_layout()[1]
         if set(map(len, rows)) != {self._width}:
             return False
         try:
