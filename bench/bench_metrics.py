@@ -47,9 +47,11 @@ PHASES = ["generate", "offload_rollout", "train", "offload_train", "onload_train
 
 
 class FakeHost:
-    """N processes and one host sampler writing into `run_dir`, advanced `seconds` at a time."""
+    """N processes and one host sampler writing into `run_dir`, advanced `seconds` at a time; a phase
+    every `phase_s` seconds (1 s: a stress; an RL loop's phases last tens of seconds, its offloads a few)."""
 
-    def __init__(self, run_dir: Path, processes: int):
+    def __init__(self, run_dir: Path, processes: int, phase_s: float = 1.0):
+        self.phase_rows = max(1, int(round(phase_s / 0.1)))
         write_run_meta(run_dir, {"run_id": "bench", "command": ["bench"], "host": HOST, "pid": 1,
                                  "start_time": time.time(), "interval_ms": 100.0})
         self.uuids = [f"GPU-bench-{g:04d}" for g in range(8)]
@@ -72,7 +74,7 @@ class FakeHost:
         rows = int(round(seconds / 0.1))
         for i in range(rows):
             self.t += 0.1
-            new_phase = i % 10 == 0  # a phase begins and ends every second
+            new_phase = self.rows % self.phase_rows == 0  # a phase begins and ends every phase_s
             if new_phase:
                 self.phase_id += 1
             phase = PHASES[self.phase_id % len(PHASES)]
@@ -84,10 +86,11 @@ class FakeHost:
                 samples.append(self.t, phase, [rss, rss + 8192, 2 * GiB, GiB, 0, level, level + 2**21,
                                                level + 2**24, 2**28, 0])
                 if new_phase:  # a phase lasts a little longer or shorter each time: transition seconds move
+                    span = (self.phase_rows - 1) * 0.1
                     events.write("begin", phase, {"rollout_id": self.phase_id // len(PHASES), "expected_bytes": GiB,
-                                                  "tags": ["kv_cache"]}, t=self.t - 0.9 - (self.phase_id % 5) * 0.01,
+                                                  "tags": ["kv_cache"]}, t=self.t - span - (self.phase_id % 5) * 0.01,
                                  id=self.phase_id)
-                    summary = {"rows": 10, "t_first": self.t - 0.9, "t_last": self.t,
+                    summary = {"rows": self.phase_rows, "t_first": self.t - span, "t_last": self.t,
                                "series": {c: {"peak": level, "floor": level - GiB, "first": level, "last": level - GiB}
                                           for c in ("rss", "gpu0_alloc", "gpu0_reserved")}}
                     events.write("end", phase, {"status": "ok", "summary": summary}, t=self.t, id=self.phase_id)

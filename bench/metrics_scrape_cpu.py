@@ -11,6 +11,7 @@ round 3 without the cache of unchanged families; 0108de6, a hand-written exposit
         (cd $t && PYTHONPATH=$PWD python bench/metrics_scrape_cpu.py); done; done
 
     python bench/metrics_scrape_cpu.py --processes 8 16 24 32 48 64   # how the cost grows with processes
+    python bench/metrics_scrape_cpu.py --phase-seconds 10              # phases of 10 s instead of 1 s
 
 The host is bench_metrics.py's FakeHost (rows every 100 ms, a phase every second per process); the
 rendering is what the endpoint answers Debian's Prometheus 2.42 (bench_metrics.PROMETHEUS_ACCEPT).
@@ -36,6 +37,8 @@ from miles_profile.metrics.host_state import HostState  # noqa: E402
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--processes", type=int, nargs="+", default=[64])
+    parser.add_argument("--phase-seconds", type=float, default=1.0,
+                        help="a phase begins and ends this often in every process (1: the stress; RL phases: tens)")
     args = parser.parse_args(argv)
     which, render = b.renderer()
     # How loaded this machine is: on an idle current x86 core this takes about 10 us.
@@ -44,9 +47,11 @@ def main(argv: list[str] | None = None) -> int:
           f"{calibration * 1e6:.1f} us")
     for processes, interval in ((n, i) for n in args.processes for i in (1.0, 15.0)):
         with tempfile.TemporaryDirectory() as tmp:
-            host = b.FakeHost(Path(tmp), processes)
+            host = b.FakeHost(Path(tmp), processes, args.phase_seconds)
             state = HostState(tmp, b.HOST)
-            host.advance(interval)
+            # Longer phases need a whole cycle of them before every series is there (offloads, transitions);
+            # the 1 s stress keeps the warm-up of the previous rounds' figures.
+            host.advance(interval if args.phase_seconds == 1 else max(interval, len(b.PHASES) * args.phase_seconds))
             render(state.read())  # the first scrape reads every file's header and meta
             reads, renders, walls = [], [], []
             for _ in range(10):

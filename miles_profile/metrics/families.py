@@ -6,8 +6,9 @@ so an OTLP exporter added later gives the same names. Labels join dcgm-exporter'
 `UUID`, `hostname`) plus ours (`rank`, `role`, `phase`, `tag`); no pid and nothing per iteration on a
 fleet series: `miles_profile_process_info` alone maps (rank, role) to a pid.
 
-Built once a scrape by server.py's collector, a sample at a time with `add_sample` (its labels as one
-dict); prometheus_client's encoder renders them in the format the scraper asked for (most of a scrape's
+Built once a scrape by server.py's collector, a sample at a time as prometheus_client's `Sample` (its
+labels as one dict; `add_sample`, which does the same, is internal to prometheus_client and a call
+more a sample); prometheus_client's encoder renders them in the format the scraper asked for (most of a scrape's
 time: docs/prometheus.md).
 """
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 from typing import Iterator
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
+from prometheus_client.samples import Sample
 
 from miles_profile.metrics.readings import HostReading
 from miles_profile.oom import OOM_KILL, RAY_OOM_KILL, SIGKILL, VANISHED
@@ -84,31 +86,31 @@ def _processes(host: HostReading) -> Iterator[Metric]:
     transition = _gauge("transition_duration_seconds", "Seconds the last instance of each offload, onload and "
                         "weight update took", [*PROCESS, "phase"])
     for r in host.processes:
-        # Label dicts given whole (add_sample): add_metric zips names and values again for every sample,
+        # Label dicts given whole (a Sample): add_metric zips names and values again for every sample,
         # a third of building the families.
         ids = {"hostname": h, "rank": r.rank, "role": r.role}
         gpu_ids = {**ids, "gpu": r.gpu, "UUID": r.uuid}
-        info.add_sample(info.name + "_info", {**ids, "pid": str(r.pid), "gpu": r.gpu, "UUID": r.uuid}, 1)
-        phase.add_sample(phase.name, {**ids, "phase": r.phase}, 1)
+        info.samples.append(Sample(info.name + "_info", {**ids, "pid": str(r.pid), "gpu": r.gpu, "UUID": r.uuid}, 1))
+        phase.samples.append(Sample(phase.name, {**ids, "phase": r.phase}, 1))
         # A GPU series only once the process names its GPU: before CUDA starts its allocator reads 0 with no UUID,
         # a series that would join nothing in DCGM's and be replaced by the labelled one seconds later.
         on_gpu = bool(r.uuid)
         for attr, family in current.items():
             value = getattr(r, attr)
             if value is not None and (on_gpu or attr == "resident"):
-                family.add_sample(family.name, ids if attr == "resident" else gpu_ids, value)
+                family.samples.append(Sample(family.name, ids if attr == "resident" else gpu_ids, value))
         for name, (alloc, rss) in sorted(r.peaks.items()):
             if alloc is not None and on_gpu:
-                peak_alloc.add_sample(peak_alloc.name, {**gpu_ids, "phase": name}, alloc)
+                peak_alloc.samples.append(Sample(peak_alloc.name, {**gpu_ids, "phase": name}, alloc))
             if rss is not None:
-                peak_rss.add_sample(peak_rss.name, {**ids, "phase": name}, rss)
+                peak_rss.samples.append(Sample(peak_rss.name, {**ids, "phase": name}, rss))
         if r.floor_allocated is not None and on_gpu:
-            floor_alloc.add_sample(floor_alloc.name, gpu_ids, r.floor_allocated)
+            floor_alloc.samples.append(Sample(floor_alloc.name, gpu_ids, r.floor_allocated))
         if r.floor_resident is not None:
-            floor_rss.add_sample(floor_rss.name, ids, r.floor_resident)
-        iterations.add_sample(iterations.name + "_total", ids, r.iterations)
+            floor_rss.samples.append(Sample(floor_rss.name, ids, r.floor_resident))
+        iterations.samples.append(Sample(iterations.name + "_total", ids, r.iterations))
         for name, seconds in sorted(r.transitions.items()):
-            transition.add_sample(transition.name, {**ids, "phase": name}, seconds)
+            transition.samples.append(Sample(transition.name, {**ids, "phase": name}, seconds))
     yield from (info, phase, *current.values(), peak_alloc, peak_rss, floor_alloc, floor_rss, iterations, transition)
 
 
@@ -124,11 +126,11 @@ def _offloads(host: HostReading) -> Iterator[Metric]:
         for (name, tag), o in sorted(r.offloads.items()):
             ids = {"hostname": host.hostname, "rank": r.rank, "role": r.role, "phase": name, "tag": tag}
             if o.declared is not None:
-                declared.add_sample(declared.name, ids, o.declared)
+                declared.samples.append(Sample(declared.name, ids, o.declared))
             if o.freed is not None:
-                freed.add_sample(freed.name, ids, o.freed)
+                freed.samples.append(Sample(freed.name, ids, o.freed))
             # Only the current state: a scrape with 64 processes renders a sample per state otherwise.
-            verdict.add_sample(verdict.name, {**ids, "verdict": o.verdict}, 1)
+            verdict.samples.append(Sample(verdict.name, {**ids, "verdict": o.verdict}, 1))
     # No count of offloads: in an RL loop each tag is offloaded once an iteration, which
     # process_iterations_total counts already; 2 samples a process that every scrape paid to encode.
     yield from (declared, freed, verdict)

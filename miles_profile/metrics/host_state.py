@@ -26,6 +26,12 @@ DISCOVER_EVERY_S = 2.0
 # Of the host sampler's files only the latest rows count: a scrape reads at most this much of their end
 # (a row of 8 GPUs is ~300 bytes; the process list of one time ~70 bytes a process).
 _HOST_TAIL_BYTES = 64 * 1024
+# Below this many new rows in all, each process folds its own: pyarrow's fixed cost (about 1 ms a scrape on
+# the development VM) is more than Python's 0.9 us a row (a 1 s scrape of 64 processes: 640 rows).
+BATCH_ROWS = 2000
+# At most about this many bytes of rows joined for one pyarrow read: a scraper back after hours meets up to
+# 8 MiB a process (process_state.MAX_READ_BYTES), and 64 of those joined would be 512 MiB held at once.
+BATCH_BYTES = 16 * 1024 * 1024
 
 
 class _HostFiles:
@@ -89,6 +95,37 @@ class _HostFiles:
                 for c, v in zip(self.header, self.last_row) if c.startswith(_GPU_USED)}
 
 
+def _fold_rows(pending: list[tuple[ProcessState, bytes]]) -> dict[ProcessState, list]:
+    """The peaks per run of one phase of every process's new rows, folded at once for the processes
+    whose rows share a layout (row_peaks.py); a process missing from the answer folds its own."""
+    groups: dict[tuple, list[tuple[ProcessState, bytes]]] = collections.defaultdict(list)
+    rows = 0
+    for process, data in pending:
+        if data:
+            groups[process.row_layout()].append((process, data))
+            rows += data.count(b"\n")
+    if rows < BATCH_ROWS:
+        return {}
+    try:  # pyarrow and numpy: imported at the first scrape of many rows, never before
+        from miles_profile.metrics import row_peaks
+    except ImportError:  # a GPU host without them: each process folds its own rows, slower
+        return {}
+
+    runs: dict[ProcessState, list] = {}
+    for (width, columns), members in groups.items():
+        batch: list[tuple[ProcessState, bytes]] = []
+        size = 0
+        for k, (process, data) in enumerate(members):
+            batch.append((process, data))
+            size += len(data)
+            if size >= BATCH_BYTES or k == len(members) - 1:
+                folded = row_peaks.fold([d for _, d in batch], width, columns)
+                if folded is not None:
+                    runs.update(zip((p for p, _ in batch), folded))
+                batch, size = [], 0
+    return runs
+
+
 class HostState:
     """The host `hostname` of the run in `run_dir`. `read()` is what one scrape reports."""
 
@@ -131,8 +168,11 @@ class HostState:
             listed = self._discover()
             for files in self._hosts.values():
                 files.refresh()
-            for process in self._processes.values():
-                process.refresh(meta=listed)  # a meta changes at start and end only: looked at when listing
+            # A meta changes at start and end only: looked at when listing.
+            pending = [(process, process.read_new(meta=listed)) for process in self._processes.values()]
+            runs = _fold_rows(pending)
+            for process, data in pending:
+                process.add_rows(data, runs.get(process))
             return self._reading()
 
     def close(self) -> None:

@@ -189,3 +189,33 @@ def test_a_family_is_encoded_again_only_when_its_samples_change():
     cpu = _median_cpu({"ours": lambda: _answer(ours, PROMETHEUS_ACCEPT),
                        "theirs": lambda: _answer(theirs, PROMETHEUS_ACCEPT)})
     assert cpu["ours"] < 0.5 * cpu["theirs"]
+
+
+def test_only_the_samples_that_changed_are_encoded_again():
+    """Of a family where a few samples changed (one process's transition ended, its level moved, a NaN),
+    only those go through the encoder again; the answer is still prometheus_client's own, byte for byte,
+    label values with escapes included, in OpenMetrics and text 0.0.4."""
+    from miles_profile.metrics.family_cache import FamilyCache
+
+    readings = [_many(20)]
+    registry = _registry_of(readings)
+    theirs = make_wsgi_app(registry, disable_compression=True)
+    moved = _many(20)
+    moved.processes[5] = dataclasses.replace(moved.processes[5], transitions={"offload_train": 0.5})
+    moved.processes[9] = dataclasses.replace(moved.processes[9], allocated=1, floor_resident=float("nan"))
+    for accept in (PROMETHEUS_ACCEPT, ""):
+        unescaped = accept.replace("version=1.0.0,", "version=1.0.0;escaping=allow-utf-8,", 1)
+        real, content_type = choose_encoder(unescaped)
+        encoded: list[int] = []
+
+        def encoder(one, real=real, encoded=encoded):
+            encoded.append(sum(len(f.samples) for f in one.collect()))
+            return real(one)
+        cache = FamilyCache()
+        for reading, samples in ((_many(20), None), (moved, 3), (moved, 0), (_many(20), 3)):
+            readings[0] = reading
+            encoded.clear()
+            body = cache.encode(registry, encoder, content_type)
+            assert body == _answer(theirs, unescaped)[2], (accept, reading is moved)
+            if samples is not None:  # the transition and level of two processes and the NaN floor; none again
+                assert sum(encoded) == samples, encoded

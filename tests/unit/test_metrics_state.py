@@ -33,8 +33,13 @@ def test_the_peak_is_the_true_peak_since_the_previous_scrape(run):
     assert state.read().processes[0].peaks == {"generate": (None, 110 * MiB)}  # no new row: the last level
 
 
+@pytest.mark.parametrize("batch", [False, True], ids=["own-fold", "host-batch"])
 @pytest.mark.parametrize("freed, verdict", [(120 * MiB, "pass"), (60 * MiB, "fail")])
-def test_an_offload_is_judged_on_what_it_freed_inside_the_phase(run, freed, verdict):
+def test_an_offload_is_judged_on_what_it_freed_inside_the_phase(run, freed, verdict, batch, monkeypatch):
+    """The level before the phase is the row before its begin, found by the rows' times: those a process
+    reads itself and those the host's batch (row_peaks.fold) gives back."""
+    from miles_profile.metrics import host_state
+    monkeypatch.setattr(host_state, "BATCH_ROWS", 1 if batch else 10**9)
     run_dir, samples, events = run
     row(samples, 10.0, "", 50 * MiB, alloc=400 * MiB)  # the row right before the phase
     events.write("begin", "offload_train", {"expected_bytes": 120 * MiB, "rollout_id": 0}, t=10.01, id=1)
@@ -82,6 +87,54 @@ def test_rows_read_by_column_or_row_by_row_give_the_same_peaks(run):
             state = HostState(run_dir, HOST)
         peaks = state.read().processes[0].peaks
         assert peaks == {"train": (1400 * MiB, 700 * MiB), "generate": (None if gap else 1800 * MiB, 900 * MiB)}
+
+
+@pytest.mark.parametrize("batch_bytes", [16 * MiB, 1], ids=["one-batch", "a-batch-a-process"])
+def test_rows_of_all_processes_folded_at_once_stay_each_process_own(run, monkeypatch, batch_bytes):
+    """A scrape with many new rows folds those of every process of a host in one batch (row_peaks.py;
+    here from the first row on): a phase that
+    ends one process's rows and begins the next one's is two runs, and the peaks are those each process
+    folds alone; a torn row sends the batch back to each process's own fold, which drops that row."""
+    from miles_profile.logdir.writer import SampleWriter
+    from miles_profile.metrics.process_state import ProcessState
+    from tests.metrics_run import COLUMNS
+    from miles_profile.metrics import host_state
+    monkeypatch.setattr(host_state, "BATCH_ROWS", 1)
+    monkeypatch.setattr(host_state, "BATCH_BYTES", batch_bytes)  # 1: a scraper back after hours, 8 MiB a process
+    from miles_profile.metrics import row_peaks
+    batches: list[int] = []
+
+    def fold(chunks, *args, real=row_peaks.fold):
+        batches.append(len(chunks))
+        return real(chunks, *args)
+    monkeypatch.setattr(row_peaks, "fold", fold)
+    run_dir, first, _ = run
+    write_process_meta(run_dir, f"{HOST}-78", {"host": HOST, "pid": 78, "rank": 4, "role": "actor"})
+    second = SampleWriter(run_dir, f"{HOST}-78", COLUMNS, flush_interval_s=1e9)
+    for k, (phase, mib) in enumerate([("generate", 300), ("train", 900)]):
+        row(first, k, phase, mib * MiB, alloc=2 * mib * MiB)
+    for k, (phase, mib) in enumerate([("train", 100), ("train", 200), ("generate", 50), ("train", 70)]):
+        row(second, k, phase, mib * MiB, alloc=2 * mib * MiB)
+    first.flush()
+    second.flush()
+    state = HostState(run_dir, HOST)
+    expected = {"3": {"generate": (600 * MiB, 300 * MiB), "train": (1800 * MiB, 900 * MiB)},
+                "4": {"train": (400 * MiB, 200 * MiB), "generate": (100 * MiB, 50 * MiB)}}
+    assert {p.rank: p.peaks for p in state.read().processes} == expected
+    assert batches == ([2] if batch_bytes > 1 else [1, 1])
+    alone = {}
+    for pid in (77, 78):
+        process = ProcessState(run_dir, f"{HOST}-{pid}")
+        process.refresh()  # its own rows, folded by itself
+        alone[process.reading.rank] = process.take_peaks()
+    assert alone == expected
+    row(first, 5, "train", 950 * MiB, alloc=1900 * MiB)
+    first.flush()
+    second.close()
+    with open(run_dir / f"{HOST}-78.samples.csv", "ab") as f:
+        f.write(b"6.0,train,5\n7.0,generate,20971520,20971520,41943040,41943040,41943040\n")
+    assert {p.rank: p.peaks for p in state.read().processes} == {
+        "3": {"train": (1900 * MiB, 950 * MiB)}, "4": {"generate": (40 * MiB, 20 * MiB)}}
 
 
 def _offload_round(events, samples, t0: float, rollout: int, level: int):
@@ -141,3 +194,19 @@ def test_events_read_the_same_with_orjson_or_json_in_any_key_order(run, json_par
         offload = process.offloads[("offload_train", "w")]
         assert (offload.declared, offload.freed, offload.verdict, offload.count) == (64 * MiB, 64 * MiB, "pass", 3)
         assert process.phase == 'odd "name"'
+
+
+def test_a_host_without_pyarrow_folds_each_process_rows_itself(run, monkeypatch):
+    """pyarrow is imported at the first scrape of many rows; where it is missing (a GPU host without
+    network) the scrape reads the same peaks, each process folding its own rows."""
+    import sys
+    from miles_profile.metrics import host_state
+    monkeypatch.setattr(host_state, "BATCH_ROWS", 1)
+    monkeypatch.setitem(sys.modules, "pyarrow", None)  # `import pyarrow` raises ImportError
+    monkeypatch.delitem(sys.modules, "miles_profile.metrics.row_peaks", raising=False)
+    run_dir, samples, _ = run
+    for k, (phase, mib) in enumerate([("train", 300), ("train", 900), ("generate", 100)]):
+        row(samples, k, phase, mib * MiB, alloc=2 * mib * MiB)
+    samples.flush()
+    assert HostState(run_dir, HOST).read().processes[0].peaks == {"train": (1800 * MiB, 900 * MiB),
+                                                                  "generate": (200 * MiB, 100 * MiB)}
