@@ -158,6 +158,25 @@ def _separate_footprints(foot: pd.DataFrame) -> pd.Series:
                      index=sets.index)
 
 
+def _with_co_training(judged: pd.DataFrame) -> np.ndarray:
+    """Each row's `above`, a train row's plus that of other processes' train phases of its lane overlapping
+    it in time: Miles trains the critic beside the actor (two Ray actors on one GPU), and their two
+    training states are the run's training footprint, not a rollout footprint held during train (the
+    H100 run of `--launcher ray --use-critic` failed on that, 2026-12-05)."""
+    above = judged["above"].to_numpy(copy=True)
+    out = above.copy()
+    train = judged["phase"].to_numpy() == names.TRAIN
+    t0, t1, pid = judged["t0"].to_numpy(), judged["t1"].to_numpy(), judged["pid"].to_numpy()
+    for at in judged[train].groupby("lane_code").indices.values():
+        rows = np.flatnonzero(train)[at]
+        if len(np.unique(pid[rows])) < 2:
+            continue
+        a0, a1, ap = t0[rows], t1[rows], pid[rows]
+        overlap = (a0[:, None] < a1[None, :]) & (a0[None, :] < a1[:, None]) & (ap[:, None] != ap[None, :])
+        out[rows] += overlap.astype(float) @ np.nan_to_num(above[rows])
+    return out
+
+
 def _serialized_judge(df: pd.DataFrame, th: FleetThresholds, full: pd.DataFrame | None = None) -> pd.DataFrame:
     """The train and generate rows of the lanes that can be judged, with `together` (their process's peak
     plus what each other process of the lane held in their window, all above the processes' bases),
@@ -185,8 +204,9 @@ def _serialized_judge(df: pd.DataFrame, th: FleetThresholds, full: pd.DataFrame 
     if judged.empty:
         return judged
     # a footprint is held by one process per phase instance (the engine in generate, not the actor
-    # waiting on it over HTTP): the largest of each (iteration, phase) cell, then the median
-    cells = judged.groupby(["lane_code", "phase", "iteration"])["above"].max()
+    # waiting on it over HTTP): the largest of each (iteration, phase) cell, then the median; processes
+    # training at once (an actor and its critic, as Miles trains them) hold one training footprint together
+    cells = judged.assign(above=_with_co_training(judged)).groupby(["lane_code", "phase", "iteration"])["above"].max()
     medians = cells.groupby(level=["lane_code", "phase"]).median().unstack("phase")
     f_train = medians[names.TRAIN].reindex(judged["lane_code"]).to_numpy()
     f_rollout = medians[names.GENERATE].reindex(judged["lane_code"]).to_numpy()

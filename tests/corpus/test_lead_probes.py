@@ -37,3 +37,18 @@ def test_two_ray_actors_of_one_job_pass_and_are_told_apart(tmp_path):
     assert "2 processes with phases on 2 lanes (" in page and "vm:pid20774" in page and "vm:pid20807" in page
     assert "0.502 GiB (2%)" in page and "0.836 GiB" not in page, page[page.find("0.836") - 300:page.find("0.836") + 40]
     assert "rank -1" not in page
+
+
+def test_a_ray_actor_and_its_critic_training_on_one_gpu_pass(tmp_path):
+    """scripts/ray_gpu.sh on an H100 (2026-12-05): `--launcher ray --use-critic`, the rank, its critic and
+    its engine as three processes on one GPU, the critic training beside the actor as Miles trains them.
+    serialized_peaks_per_gpu FAILed it (the critic's 20 GiB of training taken for a residual held
+    during the actor's train); their two training states are one training footprint."""
+    with tarfile.open(PROBES / "ray_gpu_critic.tgz") as tar:
+        tar.extractall(tmp_path, filter="data")
+    (run_dir,) = tmp_path.glob("run-*")
+    checks = {c.name: c for c in judge(load_run(run_dir)).checks}
+    per_gpu = checks["serialized_peaks_per_gpu"]
+    assert per_gpu.status == "pass" and per_gpu.judged == {"lanes": 1, "processes": 3}, per_gpu.summary
+    assert per_gpu.worst["together"] > 40 * 2**30  # actor and critic training together: really judged
+    assert checks["offload_drop"].status == "pass" and checks["headroom"].status == "pass"

@@ -130,6 +130,30 @@ def test_engine_that_keeps_its_kv_cache_through_train_fails():
     assert result.worst["together"] == 40 * GiB  # 20 GiB of training + the 20 GiB the engine kept
 
 
+def _with_critic(t: pd.DataFrame) -> pd.DataFrame:
+    """_gpu's GPU with a critic (pid 3, context 1 GiB) that trains beside the actor, as Miles trains them (two
+    Ray actors): 18 GiB of its own training state, offloaded after."""
+    c, rows = 1 * GiB, []
+    for it in range(2):
+        t0 = 100.0 * it
+        rows += [row("n0", "G0", 3, 0, "critic", "train", it, t0 + 21, t0 + 39, proc=(c + 18 * GiB, c, c, c + 10 * GiB)),
+                 row("n0", "G0", 3, 0, "critic", "offload_train", it, t0 + 41, t0 + 42, expected=10 * GiB,
+                     proc=(c + 10 * GiB, c, c + 10 * GiB, c))]
+    return pd.concat([t, table(rows)], ignore_index=True)
+
+
+def test_an_actor_and_its_critic_training_at_once_are_one_training_footprint():
+    # 20 + 18 GiB training together against a 24 GiB rollout footprint: the training footprint (the H100
+    # run of --launcher ray --use-critic FAILed here when each process's train counted alone)
+    result = check_serialized_peaks_per_gpu(_with_critic(_gpu()), TH)
+    assert result.status == "pass", result.summary
+    assert result.judged == {"lanes": 1, "processes": 3}
+    # ... and an engine keeping 20 GiB of KV cache through that training still fails
+    bad = check_serialized_peaks_per_gpu(_with_critic(_gpu(engine_keeps=20 * GiB)), TH)
+    assert bad.status == "fail" and bad.worst["phase"] == "train", bad.summary
+    assert bad.worst["together"] == 58 * GiB  # 20 + 18 GiB of training + the 20 GiB the engine kept
+
+
 def test_host_lane_of_a_cpu_rank_is_judged_on_rss():
     assert check_serialized_peaks_per_gpu(_gpu(uuid="", series="rss"), TH).status == "pass"
     bad = check_serialized_peaks_per_gpu(_gpu(engine_keeps=20 * GiB, uuid="", series="rss"), TH)
