@@ -8,6 +8,8 @@ over HTTP like an SGLang server); gradients are averaged across ranks inside `Ac
 """
 from __future__ import annotations
 
+import dataclasses
+
 import os
 import shutil
 import signal
@@ -147,7 +149,8 @@ def run(cfg: RunConfig, critic=None) -> list[tuple[float, TrainStats]]:
 def _run(cfg: RunConfig, critic=None) -> list[tuple[float, TrainStats]]:
     torch.manual_seed(cfg.seed)
     rank = dist.from_env()
-    mp.annotate(forecast=forecast(cfg).to_json())  # the report sets it beside what was measured
+    # the report sets it beside what was measured; a critic in its own process (Ray) is not this one's memory
+    mp.annotate(forecast=forecast(dataclasses.replace(cfg, use_critic=False) if critic is not None else cfg).to_json())
     if mp.samples_heap():  # `record --heap`: the level the host forecast is measured from
         settle_torch(model_config(cfg.preset, cfg.digits))
         mp.heap_baseline()
