@@ -131,12 +131,6 @@ class Run:
             list(self.samples.columns)
 
     @property
-    def sample_rows(self) -> int:
-        """len(samples), without building it."""
-        store = self.process_samples
-        return store.rows if store is not None and self.__dict__.get("_samples") is None else len(self.samples)
-
-    @property
     def name(self) -> str:
         return self.path.name
 

@@ -32,6 +32,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from miles_profile.runmodel.sample_shape import (  # noqa: F401 (this module's API: the views import them from here)
+    columns_of, first_and_last_t, has_column, sample_columns, sample_count, sample_store,
+)
+
 GiB = 1024 ** 3
 
 # Per GPU, the columns in the order they are drawn, with their legend text.
@@ -131,43 +135,6 @@ def process_rows(run, pid: int) -> np.ndarray | None:
     return _rows_of(run, pid)
 
 
-def sample_store(run):
-    """The run's samples per process (logdir.reader.Run.process_samples) while the merged frame is not
-    the source (a view's or an import's frame, the live dashboard's rows): None then."""
-    store = getattr(run, "process_samples", None)
-    return store if store is not None and run.__dict__.get("_samples") is None else None
-
-
-def sample_columns(run) -> list[str]:
-    """The columns of `run.samples`, without merging a run read per process."""
-    store = sample_store(run)
-    return store.columns if store is not None else list(run.samples.columns)
-
-
-def has_column(run, column: str) -> bool:
-    """`column in run.samples`, without merging a run read per process."""
-    store = sample_store(run)
-    return column in store.columns if store is not None else column in run.samples
-
-
-def sample_count(run) -> int:
-    """len(run.samples), without merging a run read per process."""
-    store = sample_store(run)
-    return store.rows if store is not None else len(run.samples)
-
-
-def first_and_last_t(run) -> tuple[float, float] | None:
-    """(run.samples["t"].iloc[0], run.samples["t"].max()), or None without samples."""
-    store = sample_store(run)
-    if store is not None:
-        if not store.rows:
-            return None
-        return (min(float(f["t"].iloc[0]) for f in store.frames), max(float(f["t"].max()) for f in store.frames))
-    if not len(run.samples):
-        return None
-    return float(run.samples["t"].iloc[0]), float(run.samples["t"].max())
-
-
 def process_samples(run, pid: int):
     """One process's rows of `run.samples` (a frame of its own), through process_rows, holding only the
     columns it has a value in (own_columns)."""
@@ -204,12 +171,6 @@ def process_take(run, pid: int, at: np.ndarray, columns: list[str]) -> pd.DataFr
         return take_rows(store.by_pid[pid], at, columns)
     positions = _rows_of(run, pid)
     return take_rows(run.samples, at if positions is None else positions[at], columns)
-
-
-def columns_of(frame: pd.DataFrame, columns: list[str]) -> pd.DataFrame:
-    """`frame[columns]` sharing the columns' data (pandas would copy them): a process's frame of a run read
-    per process is the run's own, and a view of it costs nothing."""
-    return pd.DataFrame({c: frame[c] for c in columns}, columns=columns, copy=False)
 
 
 def own_columns(run, pid: int) -> list[str]:
