@@ -44,6 +44,7 @@ def test_each_process_frame_is_its_rows_of_the_merged_frame(rows_run):
     assert samples_reader.merges_built == before + 1
 
 
+@pytest.mark.slow  # a whole visualize of 16 processes: about 5 CPU s
 def test_visualize_never_merges_the_samples(rows_run, tmp_path, capsys):
     before = samples_reader.merges_built
     code = visualize.main([str(rows_run), "-o", str(tmp_path / "r.html"), "--json", str(tmp_path / "r.json")])
