@@ -7,7 +7,7 @@ in `Run.warnings`. A missing run, an unknown format version or a run with no met
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -33,7 +33,7 @@ from miles_profile.logdir.layout import (
 from miles_profile.logdir.merge import alias_event_pids, copied_stems, pid_aliases
 from miles_profile.logdir.meta_lists import PROCESS_LISTS, drop_retyped_lists
 from miles_profile.logdir.ranges import drop_impossible_ceilings
-from miles_profile.logdir.samples_reader import merge_samples, read_all_samples
+from miles_profile.logdir.samples_reader import ProcessSamples, read_process_frames
 from miles_profile.logdir.summaries import summaries_frame
 
 
@@ -43,7 +43,10 @@ class Run:
     path: Path
     meta: dict[str, Any]
     processes: list[dict[str, Any]]
-    samples: pd.DataFrame  # t, phase, pid, then byte columns (int64, float64 where a value is absent)
+    # t, phase, pid, then byte columns (int64, float64 where a value is absent): every process's rows merged
+    # in time order. Given a ProcessSamples (what load_run reads), it is built on first use only (_samples
+    # below): the report's views read `process_samples` instead.
+    samples: pd.DataFrame
     events: pd.DataFrame
     phases: pd.DataFrame  # one row per phase instance
     warnings: list[str] = field(default_factory=list)
@@ -114,6 +117,20 @@ class Run:
         return accounts_frame(self.events)
 
     @property
+    def process_samples(self) -> ProcessSamples | None:
+        """Each process's samples as read (pid -> its own frame), when the run was read from its files and
+        the merged `samples` was not given or assigned instead; None otherwise (runmodel/series.py then
+        takes each process's rows from `samples`)."""
+        return self.__dict__.get("_process_samples")
+
+    @property
+    def sample_columns(self) -> list[str]:
+        """The columns of `samples`, without building it."""
+        store = self.process_samples
+        return store.columns if store is not None and self.__dict__.get("_samples") is None else \
+            list(self.samples.columns)
+
+    @property
     def name(self) -> str:
         return self.path.name
 
@@ -124,12 +141,40 @@ class Run:
 
     @property
     def gpu_indices(self) -> list[int]:
-        found = {int(c[3:].split("_")[0]) for c in self.samples.columns if c.startswith("gpu") and "_" in c}
+        found = {int(c[3:].split("_")[0]) for c in self.sample_columns if c.startswith("gpu") and "_" in c}
         return sorted(found)
 
     @property
     def interval_ms(self) -> float | None:
         return self.meta.get("interval_ms")
+
+
+def _get_samples(run: Run) -> pd.DataFrame:
+    frame = run.__dict__.get("_samples")
+    if frame is None:  # the first use of the merged frame: built from the processes' own frames
+        frame = run.__dict__["_samples"] = run.__dict__["_process_samples"].merged()
+    return frame
+
+
+def _set_samples(run: Run, value) -> None:
+    """A ProcessSamples is kept as is (the merged frame built on first use); a frame (a view's, an import's, the
+    live dashboard's appended rows) replaces both."""
+    if isinstance(value, ProcessSamples):
+        run.__dict__["_process_samples"], run.__dict__["_samples"] = value, None
+    else:
+        run.__dict__["_process_samples"], run.__dict__["_samples"] = None, value
+
+
+# installed after @dataclass: __init__ assigns through it, and a run read from files merges only when asked
+Run.samples = property(_get_samples, _set_samples)
+
+
+def replace_run(run: Run, **changes) -> Run:
+    """dataclasses.replace of a run, keeping its samples as they are (per process: not merged to be copied)."""
+    store = run.process_samples
+    if "samples" not in changes and store is not None and run.__dict__.get("_samples") is None:
+        changes["samples"] = store
+    return replace(run, **changes)
 
 
 def _read_json(path: Path, what: str) -> dict[str, Any]:
@@ -212,9 +257,9 @@ def load_run(*paths: str | Path, sample_pids=None) -> Run:
     without_events: list[str] = []  # stems whose events file gave no event
     for folder, _ in dirs:
         finished = {p.get("stem") for p in processes if p.get("end_time")}
-        sample_frames.append(read_all_samples(folder, warnings, finished, sample_pids, copies.get(folder), aliases))
+        sample_frames += read_process_frames(folder, warnings, finished, sample_pids, copies.get(folder), aliases)
         event_frames.append(read_all_events(folder, warnings, copies.get(folder), without_events))
-    samples = sample_frames[0] if len(sample_frames) == 1 else merge_samples(sample_frames)
+    store = ProcessSamples(sample_frames)  # not merged: see Run.samples
     events = event_frames[0] if len(event_frames) == 1 else events_frame(
         [row for frame in event_frames for row in frame.to_dict("records")])
     events = alias_event_pids(events, aliases)
@@ -229,14 +274,28 @@ def load_run(*paths: str | Path, sample_pids=None) -> Run:
     # only stems with samples of their own: a pid read from a name (e-7) may be another host's process 7
     with_rows = {s for s in without_events for folder, _ in dirs if _has_rows(folder / f"{s}{SAMPLES_SUFFIX}")}
     completeness.warn_phases_without_events(
-        samples, {s: aliases.get(s, pid_of(Path(s + EVENTS_SUFFIX), EVENTS_SUFFIX)) for s in with_rows}, warnings)
+        store.phase_and_pid() if with_rows else None,
+        {s: aliases.get(s, pid_of(Path(s + EVENTS_SUFFIX), EVENTS_SUFFIX)) for s in with_rows}, warnings)
     completeness.warn_planned_without_events(processes, events, warnings)
-    phases = phases_from_events(events, samples)
-    outside = [p["pid"] for p in processes if p.get("role") == "exec_parent"]
-    if outside and len(samples):
-        samples = fill_phases_from_timeline(samples, events, outside)
+    phases = phases_from_events(events, _last_sample(store))
+    samples = _fill_outside(store, events, processes)
     return Run(run_dir, meta, processes, samples, events, phases, completeness.collapse_repeats(warnings),
                [d for d, _ in dirs], None if sample_pids is None else frozenset(sample_pids))
+
+
+def _last_sample(store: ProcessSamples) -> pd.DataFrame:
+    """The one row phases_from_events reads of the samples (their last time), or none."""
+    last = store.last_t()
+    return pd.DataFrame({"t": [] if last is None else [last]}, dtype=float)
+
+
+def _fill_outside(store: ProcessSamples, events: pd.DataFrame, processes: list[dict[str, Any]]):
+    """The samples as the run keeps them: per process, or, where a process was sampled from outside
+    (`record --exec`: its rows take the phases of the timeline, re-coding every process's phase), merged."""
+    outside = [p["pid"] for p in processes if p.get("role") == "exec_parent"]
+    if outside and store.rows:
+        return fill_phases_from_timeline(store.merged(), events, outside)
+    return store
 
 
 def _has_rows(path: Path) -> bool:
@@ -253,18 +312,15 @@ def with_samples(run: Run, pids=None) -> Run:
     finished = {p.get("stem") for p in run.processes if p.get("end_time")}
     copies = copied_stems(run.directories)
     aliases = {p["stem"]: p["pid"] for p in run.processes if "os_pid" in p and isinstance(p.get("stem"), str)}
-    frames = [read_all_samples(folder, warnings, finished, pids, copies.get(folder), aliases)
-              for folder in run.directories]
-    samples = frames[0] if len(frames) == 1 else merge_samples(frames)
+    store = ProcessSamples([f for folder in run.directories
+                            for f in read_process_frames(folder, warnings, finished, pids, copies.get(folder), aliases)])
     # a lazy load read no samples: a process without events is judged against them now
     have = set(run.events["pid"].tolist()) if len(run.events) else set()
     found: list[str] = []
-    completeness.warn_phases_without_events(samples, {p["stem"]: p["pid"] for p in run.processes if isinstance(
-        p.get("stem"), str) and p.get("pid") not in have}, found)
+    without = {p["stem"]: p["pid"] for p in run.processes if isinstance(p.get("stem"), str) and p.get("pid") not in have}
+    completeness.warn_phases_without_events(store.phase_and_pid() if without else None, without, found)
     warnings += [w for w in found if w not in run.warnings]
-    outside = [p["pid"] for p in run.processes if p.get("role") == "exec_parent"]
-    if outside and len(samples):
-        samples = fill_phases_from_timeline(samples, run.events, outside)
+    samples = _fill_outside(store, run.events, run.processes)
     new = Run(run.path, run.meta, run.processes, samples, run.events, run.phases, run.warnings + warnings,
               run.directories, None if pids is None else frozenset(pids))
     for cached in ("_host_data", "_gpu_procs", "gpu_used", "hosts", "phase_summaries", "accounts",

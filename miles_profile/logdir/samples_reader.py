@@ -87,8 +87,10 @@ def read_samples(path: Path, warnings: list[str], cache: bool = False) -> pd.Dat
     return frame
 
 
-def read_all_samples(run_dir: Path, warnings: list[str], finished: set | frozenset = frozenset(),
-                     pids=None, skip: set[str] | None = None, aliases: dict[str, int] | None = None) -> pd.DataFrame:
+def read_process_frames(run_dir: Path, warnings: list[str], finished: set | frozenset = frozenset(), pids=None,
+                        skip: set[str] | None = None, aliases: dict[str, int] | None = None) -> list[pd.DataFrame]:
+    """Each samples file of `run_dir` read (in name order) into a frame of its own: t, phase, pid, then its
+    own columns, times cleaned and impossible bytes dropped; files without rows left out."""
     frames = []
     for path in sorted(run_dir.glob(f"*{SAMPLES_SUFFIX}")):
         stem = path.name[: -len(SAMPLES_SUFFIX)]
@@ -107,15 +109,93 @@ def read_all_samples(run_dir: Path, warnings: list[str], finished: set | frozens
             frame = drop_impossible_bytes(frame, warnings, path.name)
             frame.insert(2, "pid", np.int64(pid))
             frames.append(frame)
+    return frames
+
+
+def empty_samples() -> pd.DataFrame:
+    return pd.DataFrame({"t": pd.Series(dtype=float), "phase": pd.Series(dtype="category"),
+                         "pid": pd.Series(dtype="int64")})
+
+
+def read_all_samples(run_dir: Path, warnings: list[str], finished: set | frozenset = frozenset(),
+                     pids=None, skip: set[str] | None = None, aliases: dict[str, int] | None = None) -> pd.DataFrame:
+    frames = read_process_frames(run_dir, warnings, finished, pids, skip, aliases)
     if not frames:
-        return pd.DataFrame({"t": pd.Series(dtype=float), "phase": pd.Series(dtype="category"),
-                             "pid": pd.Series(dtype="int64")})
+        return empty_samples()
     if len(frames) == 1:
         return frames[0]
     return _concat_by_time(frames)  # processes interleave in time
 
 
-def _concat_by_time(frames: list[pd.DataFrame]) -> pd.DataFrame:
+# how many times a run's merged frame was built from its processes' frames (ProcessSamples.merged): a
+# report that reads only the processes' own frames leaves it unchanged (tests/unit/test_process_samples.py)
+merges_built = 0
+
+
+class ProcessSamples:
+    """A run's samples kept per process, as read: no merged frame of every process's columns (on 32
+    processes of 300,000 rows, 9.6 million rows x 11 columns, 7/8 of each GPU column empty, the most
+    of visualize's memory). `frames`: in read order; `by_pid`: pid -> its frame (t, phase, pid and the
+    columns of its own file, in time order). With more than one frame every `phase` has the sorted union
+    of the phase names as categories, as the merged frame's has, so a process's codes are the merged
+    frame's. `merged()`: the frame `read_all_samples`/`merge_samples` gave, built on demand."""
+
+    def __init__(self, frames: list[pd.DataFrame]):
+        frames = [f for f in frames if len(f)]
+        if len(frames) > 1:
+            _same_phase_categories(frames)
+            _merged_dtypes(frames)
+        self.frames = frames
+        grouped: dict[int, list[pd.DataFrame]] = {}
+        for frame in frames:
+            grouped.setdefault(int(frame["pid"].iat[0]), []).append(frame)
+        # a pid read from two files (two directories of one host): one frame in time order, as in the merge
+        self.by_pid = {pid: found[0] if len(found) == 1 else _concat_by_time(found, release=False)
+                       for pid, found in grouped.items()}
+        # the merged frame's columns, in its order: the union in order of appearance
+        self.columns = list(dict.fromkeys(c for f in frames for c in f.columns)) if frames else ["t", "phase", "pid"]
+        self.rows = sum(len(f) for f in frames)
+
+    def own_columns(self, pid: int) -> list[str]:
+        """t, phase, pid and the columns `pid`'s frame has a value in, in the merged frame's order."""
+        cache = self.__dict__.setdefault("_own", {})
+        if pid not in cache:
+            frame = self.by_pid[pid]
+            cache[pid] = [c for c in self.columns if c in frame and (
+                c in ("t", "phase", "pid") or not frame[c].hasnans or frame[c].notna().any())]
+        return cache[pid]
+
+    def empty_merged(self) -> pd.DataFrame:
+        """`merged().iloc[:0]`: its columns and dtypes, no rows."""
+        if not self.frames:
+            return empty_samples()
+        dtypes = {}
+        for frame in self.frames:
+            for c in frame.columns:
+                dtypes.setdefault(c, frame[c].dtype)
+        return pd.DataFrame({c: pd.Series(dtype=d) for c, d in dtypes.items()}, columns=self.columns)
+
+    def merged(self) -> pd.DataFrame:
+        global merges_built
+        merges_built += 1
+        if not self.frames:
+            return empty_samples()
+        if len(self.frames) == 1:
+            return self.frames[0]
+        return _concat_by_time(self.frames, release=False)
+
+    def last_t(self) -> float | None:
+        return max(float(f["t"].max()) for f in self.frames) if self.frames else None
+
+    def phase_and_pid(self) -> pd.DataFrame:
+        """phase (as text) and pid of every row, for completeness.warn_phases_without_events."""
+        if not self.frames:
+            return empty_samples()
+        return pd.DataFrame({"phase": np.concatenate([f["phase"].astype(str).to_numpy(object) for f in self.frames]),
+                             "pid": np.concatenate([f["pid"].to_numpy() for f in self.frames])})
+
+
+def _concat_by_time(frames: list[pd.DataFrame], release: bool = True) -> pd.DataFrame:
     """`pd.concat(frames).sort_values("t", kind="stable").reset_index(drop=True)`, built one column at a
     time: the frames' column sets differ (gpu3_proc in one process, gpu5_proc in another), and the
     concat filled every hole and copied the whole wide frame twice more to sort it (40 % of visualize on
@@ -140,7 +220,8 @@ def _concat_by_time(frames: list[pd.DataFrame]) -> pd.DataFrame:
             for f, slot in zip(frames, slots):
                 codes[slot] = f["phase"].cat.codes.to_numpy()
             out[column] = pd.Categorical.from_codes(codes, dtype=frames[0]["phase"].dtype)
-            _release(frames, column)
+            if release:
+                _release(frames, column)
             continue
         dtypes = {f[column].dtype for f in frames if column in f}
         dtype = next(iter(dtypes))
@@ -156,10 +237,27 @@ def _concat_by_time(frames: list[pd.DataFrame]) -> pd.DataFrame:
                 if column in f:
                     values[slot] = f[column].to_numpy(np.float64, na_value=np.nan)
         out[column] = values
-        _release(frames, column)
+        if release:  # not when the frames are kept (ProcessSamples)
+            _release(frames, column)
     # no consolidation: pandas would copy the columns into one 2-D block, doubling the 0.8 GB frame of
     # 32 x 300,000 rows at the moment of the peak
     return pd.DataFrame(out, copy=False)
+
+
+def _merged_dtypes(frames: list[pd.DataFrame]) -> None:
+    """Give each frame's columns the dtype the merged frame has (_concat_by_time): float64 with NaN where
+    not every frame has the column as one dtype, so a process's frame holds what its rows of the merged
+    frame would."""
+    for column in dict.fromkeys(c for f in frames for c in f.columns):
+        if column == "phase":
+            continue
+        have = [f for f in frames if column in f]
+        dtypes = {f[column].dtype for f in have}
+        if len(have) == len(frames) and len(dtypes) == 1 and next(iter(dtypes)) != object:
+            continue
+        for f in have:
+            if f[column].dtype != np.float64:
+                f[column] = f[column].to_numpy(np.float64, na_value=np.nan)
 
 
 def _release(frames: list[pd.DataFrame], column: str) -> None:

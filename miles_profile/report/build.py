@@ -23,6 +23,7 @@ from miles_profile.importers.miles_csv import load_miles_csv
 from miles_profile.importers.miles_dashboard import is_miles_dashboard, load_miles_dashboard
 from miles_profile.logdir.layout import RUN_META, find_runs
 from miles_profile.logdir.reader import load_run, run_id_of, with_samples
+from miles_profile.runmodel.series import sample_count
 from miles_profile.report import export, fleet_report
 from miles_profile.report.compare import comparison_html
 from miles_profile.report.fleet_figures import fleet_heatmap
@@ -109,7 +110,7 @@ def load_inputs(paths: list[str], lazy: bool = False) -> tuple[list, list[str]]:
         for target in targets:
             try:
                 run = _load_one(target, lazy)
-                if run.samples.empty and getattr(run, "sample_pids", None) is None:
+                if not sample_count(run) and getattr(run, "sample_pids", None) is None:
                     raise MilesProfileError(f"{target[0]}: the run has no samples")
                 runs.append(run)
             except MilesProfileError as exc:

@@ -39,7 +39,9 @@ from miles_profile.runmodel import timeline_marks as marks
 from miles_profile.report.phase_style import PHASE_COLORS, iteration_text, loop_sorted, phase_color, text_color  # noqa: F401
 from miles_profile.runmodel.reduce import phase_ranges, reduce_series, thin_bars
 from miles_profile.runmodel.series import SPARSE_SUFFIXES
-from miles_profile.runmodel.series import GiB, Series, main_pid, series_arrays, timeline_series
+from miles_profile.runmodel.series import (
+    GiB, Series, first_and_last_t, has_column, main_pid, series_arrays, timeline_series,
+)
 
 _LINE = {  # kind -> (color, dash, width)
     "used": ("#1f1f1f", "solid", 1.5), "proc": ("#7f7f7f", "dot", 1.2), "reserved": ("#2ca02c", "solid", 1.2),
@@ -59,8 +61,8 @@ def run_start(run) -> float:
     """Time zero of the run's plots: its meta start time, else its first sample or event."""
     start = run.meta.get("start_time")
     candidates = [float(start)] if isinstance(start, (int, float)) and np.isfinite(start) else []
-    if len(run.samples):
-        candidates.append(float(run.samples["t"].iloc[0]))
+    if (span := first_and_last_t(run)) is not None:
+        candidates.append(span[0])
     if len(run.phases):
         candidates.append(float(run.phases["start"].min()))
     return min(candidates) if candidates else 0.0
@@ -106,7 +108,7 @@ def time_range(run) -> tuple[float, float]:
     """(0, seconds) from the run's start to its last sample or phase end: the x range of its timeline
     and of its ledger over time, so the two line up."""
     t0 = run_start(run)
-    ends = [float(run.samples["t"].max())] if len(run.samples) else []
+    ends = [span[1]] if (span := first_and_last_t(run)) is not None else []
     if len(run.phases) and np.isfinite(run.phases["end"].to_numpy(float)).any():
         ends.append(float(np.nanmax(run.phases["end"].to_numpy(float))))
     end = max(ends) - t0 if ends else 0.0
@@ -173,7 +175,7 @@ def _judged_columns(run, series: list[Series], pid: int) -> list[tuple[str, int,
         if not mine:
             continue
         s = mine[0]
-        peak = f"{s.column}_peak" if f"{s.column}_peak" in run.samples else ""
+        peak = f"{s.column}_peak" if has_column(run, f"{s.column}_peak") else ""
         what = "host RSS" if group == "host" else f"GPU {group[3:]} {dict(alloc='allocated').get(s.kind, s.kind)}"
         rows.append((what, s.pid, s.column, peak))
     return rows

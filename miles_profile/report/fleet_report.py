@@ -33,7 +33,7 @@ from miles_profile.runmodel.process_view import (  # noqa: F401 - re-exported
     phase_processes,
 )
 from miles_profile.runmodel.reduce import reduce_series
-from miles_profile.runmodel.series import series_arrays
+from miles_profile.runmodel.series import has_column, pids as recorded_pids, sample_columns, series_arrays
 from miles_profile.words import counted
 from miles_profile.logdir.reader import with_samples
 from miles_profile.report.figures import run_start
@@ -90,10 +90,10 @@ def build_fleet(run, spec: str | None = None, *, max_points: int = 100_000) -> F
 # -- one lane: its processes stacked ------------------------------------------------------------
 def _own_column(run, pid: int, kind: str, gpu_index: int) -> str | None:
     if kind == "host":
-        return "rss" if "rss" in run.samples else None
+        return "rss" if has_column(run, "rss") else None
     for series in fleet.OWN_GPU_SERIES:
         column = f"gpu{gpu_index}_{series}"
-        if column in run.samples and np.isfinite(series_arrays(run, pid, column)[1]).any():
+        if has_column(run, column) and np.isfinite(series_arrays(run, pid, column)[1]).any():
             return column
     return None
 
@@ -122,7 +122,7 @@ def lane_figure(run, table: pd.DataFrame, lane: dict, *, max_points: int = 20_00
     pids = [int(p) for p in lane["pids"]]
     n = max(500, max_points // max(1, len(pids) + 2))
     series: dict[str, tuple[np.ndarray, np.ndarray]] = {}
-    have = set(run.samples["pid"].unique().tolist()) if len(run.samples) else set()
+    have = set(recorded_pids(run))
     on_gpu = lane["kind"] == "gpu"
     drawn = set()
     for pid in pids:
@@ -132,7 +132,7 @@ def lane_figure(run, table: pd.DataFrame, lane: dict, *, max_points: int = 20_00
         index = int(info["gpu_index"]) if "gpu_index" in who and info["gpu_index"] >= 0 else 0
         column = _own_column(run, pid, "gpu" if on_gpu else "host", index) if pid in have else None
         if column is None and on_gpu:
-            column = next((c for c in run.samples.columns if pid in have and c.startswith("gpu") and
+            column = next((c for c in sample_columns(run) if pid in have and c.startswith("gpu") and
                            c.rsplit("_", 1)[-1] in fleet.OWN_GPU_SERIES and
                            np.isfinite(series_arrays(run, pid, c)[1]).any()), None)
         if column is not None:

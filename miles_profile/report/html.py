@@ -31,7 +31,7 @@ from miles_profile.verdicts.types import TOO_SMALL
 from miles_profile.report.figures import run_start, timeline_figure
 from miles_profile.report.run_fold import FOLD_SCRIPT, fold_close, fold_open
 from miles_profile.report.forecast_html import forecast_html
-from miles_profile.runmodel.series import GiB
+from miles_profile.runmodel.series import GiB, first_and_last_t, sample_columns, sample_count
 from miles_profile.report.summary import Summary, summarize
 from miles_profile.report.summary_html import SUMMARY_CSS, SUMMARY_SCRIPT, summary_html
 from miles_profile.report.transitions_html import SECTION_CSS as MOVING_CSS, transitions_html
@@ -95,7 +95,7 @@ def build_run_report(run, *, thresholds: checks_mod.Thresholds | None = None, ch
     if fleet_report.is_fleet(run):
         view = fleet_report.build_fleet(run, lanes, max_points=max_points)
         run = view.run
-    elif run.samples.empty and getattr(run, "sample_pids", None) is not None:
+    elif not sample_count(run) and getattr(run, "sample_pids", None) is not None:
         run = with_samples(run)
     phase_instances(run)
     step("phase statistics")
@@ -222,8 +222,8 @@ def _facts_html(run) -> str:
     command = meta.get("command")
     command = " ".join(map(str, command)) if isinstance(command, list) else (command or "–")
     start = run_start(run)
-    t = run.samples["t"] if len(run.samples) else pd.Series(dtype=float)
-    duration = (float(t.iloc[-1]) - start) if len(t) else float("nan")
+    span = first_and_last_t(run)  # the samples are in time order: the last row's time is the latest
+    duration = (span[1] - start) if span is not None else float("nan")
     devices = ", ".join(f"GPU {d.get('index')}: {d.get('name') or '?'} ({_total_text(d.get('total'))})"
                         for d in run.devices) or "no GPU seen (NVML absent): host memory only"
     processes = ", ".join(f"pid {p.get('pid')} ({p.get('role', '?')}, rank {p.get('rank', 0)})"
@@ -233,12 +233,12 @@ def _facts_html(run) -> str:
     interval = meta.get("interval_ms")
     when = _dt.datetime.fromtimestamp(start).strftime("%Y-%m-%d %H:%M:%S") if start > 1e8 else "–"
     # Imports (Miles' CSV, Miles' dashboard) have levels only: no peak column, no claim of true peaks.
-    peaks = ("true peaks between samples are kept" if any(str(c).endswith("_peak") for c in run.samples.columns)
+    peaks = ("true peaks between samples are kept" if any(str(c).endswith("_peak") for c in sample_columns(run))
              else "sampled levels only: a peak between two samples is not seen")
     rows = [("run", str(run.path)), ("command", command), ("host", meta.get("host", "–")), ("started", when),
             ("duration", f"{duration:.1f} s" if np.isfinite(duration) else "–"),
             ("sampling interval", f"{interval:g} ms ({peaks})" if interval else "–"),
-            ("samples", f"{len(run.samples):,}"), ("phases", f"{len(run.phases):,}"),
+            ("samples", f"{sample_count(run):,}"), ("phases", f"{len(run.phases):,}"),
             ("devices", devices), ("processes", processes)]
     return '<table class="facts">' + "".join(f"<tr><th>{_e(k)}</th><td>{_e(v)}</td></tr>" for k, v in rows) + "</table>"
 

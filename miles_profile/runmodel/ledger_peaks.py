@@ -7,7 +7,7 @@ import pandas as pd
 
 from miles_profile.runmodel.ledger_categories import HOST, _held, _gpu_rows, _host_rows, _value
 from miles_profile.runmodel.ledger_sources import _Context, _gpu_indices, _member, _nvml, _row_at, _used_at
-from miles_profile.runmodel.series import pids, process_samples
+from miles_profile.runmodel.series import pids, process_samples, sample_count
 
 
 # The series whose highest sample inside a phase marks its peak instant, best first: on a GPU the
@@ -43,8 +43,7 @@ def _carry_nvml(frame: pd.DataFrame) -> pd.DataFrame:
 def _samples_by_process(run, only: set[tuple[str, int]] | None) -> dict[int, pd.DataFrame]:
     """Each recorded pid's samples in time order (samples carry no host: pids are unique in a run),
     NVML carried between its reads (_carry_nvml)."""
-    samples = run.samples
-    if samples.empty:
+    if not sample_count(run):
         return {}
     wanted = pids(run) if only is None else sorted({int(p) for _, p in only} & set(pids(run)))
     # Each process's rows from the run's one index (series.process_rows: already in time order), not

@@ -11,7 +11,7 @@ import pandas as pd
 
 from miles_profile.logdir.accounts import declared_at
 from miles_profile.runmodel.ledger_categories import _Member, _value
-from miles_profile.runmodel.series import own_columns, process_rows, series_arrays, take_rows
+from miles_profile.runmodel.series import own_columns, process_take, sample_count, series_arrays
 
 
 def _process_states(run, only: set[tuple[str, int]] | None = None) -> dict[tuple[str, int], pd.DataFrame]:
@@ -29,8 +29,7 @@ def _process_states(run, only: set[tuple[str, int]] | None = None) -> dict[tuple
                                      aggfunc="last")
         for (host, pid), frame in wide.groupby(level=[0, 1], sort=False):
             states[(str(host), int(pid))] = frame.droplevel([0, 1]).astype(float).sort_index()
-    samples = run.samples
-    if run.phases.empty or samples.empty:
+    if run.phases.empty or not sample_count(run):
         return states
     for (host, pid), ends in run.phases.groupby([run.phases["host"].fillna("").astype(str), "pid"]):
         if (host, int(pid)) in states or only is not None and (host, int(pid)) not in only:
@@ -42,9 +41,8 @@ def _process_states(run, only: set[tuple[str, int]] | None = None) -> dict[tuple
             continue
         at = np.searchsorted(t, np.sort(ends["end"].to_numpy(float)), "right") - 1
         at = np.unique(at[at >= 0])
-        positions = process_rows(run, int(pid))
         columns = [c for c in own_columns(run, int(pid)) if c not in ("phase", "pid")]  # not every process's
-        picked = take_rows(samples, at if positions is None else positions[at], columns)
+        picked = process_take(run, int(pid), at, columns)
         states[(host, int(pid))] = picked.set_index("t").apply(pd.to_numeric, errors="coerce").astype(float)
     return states
 

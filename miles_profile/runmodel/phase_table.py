@@ -32,7 +32,9 @@ import numpy as np
 import pandas as pd
 
 from miles_profile.logdir.sample_summaries import processes_read, summaries_from_samples
-from miles_profile.runmodel.series import own_columns, pids, process_rows, series_arrays, take_rows
+from miles_profile.runmodel.series import (
+    has_column, own_columns, pids, process_columns, sample_columns, sample_count, series_arrays,
+)
 from miles_profile.runmodel.stats import _iterations
 
 _GPU_COLUMN = re.compile(r"^gpu(\d+)_(proc|alloc|reserved|used|boundary_proc)$")
@@ -212,13 +214,11 @@ def _loaded_samples(run, pid: int) -> pd.DataFrame | None:
     """A process's samples when the run holds them in memory (the reader read them): the summaries come
     from there instead of a second parse of its file."""
     sample_pids = getattr(run, "sample_pids", None)
-    if run.samples.empty or (sample_pids is not None and pid not in sample_pids) or pid not in pids(run):
+    if not sample_count(run) or (sample_pids is not None and pid not in sample_pids) or pid not in pids(run):
         return None
     # only the columns this process wrote: the run's frame holds every process's (gpu3_proc beside
     # gpu5_proc), empty for the others, and a summary has no row for a series without a value anyway
-    own = [c for c in own_columns(run, pid) if c != "pid"]
-    rows = process_rows(run, pid)
-    return run.samples[own] if rows is None else take_rows(run.samples, rows, own)
+    return process_columns(run, pid, [c for c in own_columns(run, pid) if c != "pid"])
 
 
 def _fill_from_samples(run, table: pd.DataFrame, info: dict) -> None:
@@ -237,20 +237,20 @@ def _fill_from_samples(run, table: pd.DataFrame, info: dict) -> None:
         # what has no samples file (an imported run's samples are only in memory) goes on below
         done = processes_read(run)
         missing &= ~pd.Series(list(zip(table["host"], table["pid"].astype(int)))).isin(done).to_numpy()
-    if not missing.any() or run.samples.empty or "pid" not in run.samples:
+    if not missing.any() or not sample_count(run) or not has_column(run, "pid"):
         return
-    have = set(run.samples["pid"].unique().tolist())
+    have = set(pids(run))
     for (host, pid), rows in table[missing].groupby(["host", "pid"], sort=False).groups.items():
         if pid not in have:
             continue
         p_info = info.get((host, pid), {"gpu_index": -1})
-        index = _gpu_index_of(p_info, run.samples.columns)
+        index = _gpu_index_of(p_info, sample_columns(run))
         for kind in own:
             column = "rss" if kind == "rss" else (f"gpu{index}_{kind}" if index is not None else None)
-            if column is None or column not in run.samples:
+            if column is None or not has_column(run, column):
                 continue
             t, y = series_arrays(run, int(pid), column)
-            peak = series_arrays(run, int(pid), f"{column}_peak")[1] if f"{column}_peak" in run.samples else None
+            peak = series_arrays(run, int(pid), f"{column}_peak")[1] if has_column(run, f"{column}_peak") else None
             stats = window_stats(t, y, table.loc[rows, "t0"], table.loc[rows, "t1"], peak)
             for stat, values in zip(_STATS, stats):
                 table.loc[rows, f"{kind}_{stat}"] = values

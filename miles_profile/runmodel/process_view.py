@@ -14,7 +14,8 @@ import pandas as pd
 from miles_profile import names
 from miles_profile.logdir.reader import Run
 from miles_profile.runmodel import engine_server
-from miles_profile.runmodel.series import own_columns, take_rows
+from miles_profile.logdir.samples_reader import merge_samples
+from miles_profile.runmodel.series import columns_of, own_columns, pids, sample_store, take_rows
 
 # "in_process": the trainer recorded in record's own process (no torchrun), the rank, engine server or not
 _JUDGED_ROLES = ("actor", "in_process", "engine", "critic")
@@ -48,13 +49,17 @@ def process_view(run, host: str, pid: int, rows_of: dict, unidentified: frozense
         maybe = sorted(p for h, p in unidentified if h == host)
         if maybe:
             meta[0]["engine_unreadable"] = maybe
-    parts = [rows_of[p] for p in (pid, engine and int(engine["pid"])) if p is not None and p in rows_of]
-    rows = np.sort(np.concatenate(parts)) if parts else None
-    # only the columns these processes have values in (series.own_columns): the run's frame carries
-    # every process's columns, and copying them all was most of the per-process checks' time
-    columns = list(dict.fromkeys(c for p in (pid, engine and int(engine["pid"])) if p is not None and p in rows_of
-                                 for c in own_columns(run, p)))
-    samples = take_rows(run.samples, rows, columns) if rows is not None else run.samples.iloc[:0]
+    store = sample_store(run)
+    if store is not None:
+        samples = _stored_view(store, [p for p in (pid, engine and int(engine["pid"])) if p is not None])
+    else:
+        parts = [rows_of[p] for p in (pid, engine and int(engine["pid"])) if p is not None and p in rows_of]
+        rows = np.sort(np.concatenate(parts)) if parts else None
+        # only the columns these processes have values in (series.own_columns): the run's frame carries
+        # every process's columns, and copying them all was most of the per-process checks' time
+        columns = list(dict.fromkeys(c for p in (pid, engine and int(engine["pid"])) if p is not None and p in rows_of
+                                     for c in own_columns(run, p)))
+        samples = take_rows(run.samples, rows, columns) if rows is not None else run.samples.iloc[:0]
     ph = run.phases
     ph_host = ph["host"].fillna("").astype(str) if "host" in ph else pd.Series("", index=ph.index)
     phases = _inherit_rollout_ids(ph[(ph["pid"] == pid) & (ph_host == host)].reset_index(drop=True), run, meta)
@@ -65,6 +70,22 @@ def process_view(run, host: str, pid: int, rows_of: dict, unidentified: frozense
         meta[0]["devices"] = run.devices  # NVML's list is in the host sampler's meta only
     meta += [dict(engine, view_peer=True)] if engine is not None else []  # checks.check_headroom skips it
     return Run(run.path, run.meta, meta, samples, events, phases, [], run.directories)
+
+
+def _stored_view(store, wanted: list[int]) -> pd.DataFrame:
+    """The rows of `wanted` processes (a process and its engine server) of a run read per process, their own
+    columns: the frame the merged path takes from `run.samples` (rows in its order, columns in the order
+    asked), read from the processes' own frames."""
+    have = [p for p in wanted if p in store.by_pid]
+    if not have:
+        return store.empty_merged()
+    columns = list(dict.fromkeys(c for p in have for c in store.own_columns(p)))
+    if len(have) == 1:
+        return columns_of(store.by_pid[have[0]], columns)
+    # in read order: rows at one time go in the order the merged frame has them
+    order = sorted(have, key=lambda p: next(k for k, f in enumerate(store.frames) if int(f["pid"].iat[0]) == p))
+    merged = merge_samples([columns_of(store.by_pid[p], store.own_columns(p)) for p in order])
+    return columns_of(merged, columns)
 
 
 def _inherit_rollout_ids(phases: pd.DataFrame, run, meta: list[dict]) -> pd.DataFrame:
@@ -107,7 +128,7 @@ def judged_processes(run) -> list[tuple[str, int, dict]]:
     """(host, pid, meta) of the actor and engine processes with phases whose samples were read (every
     process with phases when no process has those roles)."""
     with_phases = phase_processes(run)
-    have = set(run.samples["pid"].unique().tolist()) if len(run.samples) else set()
+    have = set(pids(run))
     metas = [p for p in run.processes if (str(p.get("host") or ""), int(p.get("pid", -1))) in with_phases]
     chosen = [p for p in metas if p.get("role") in _JUDGED_ROLES] or metas
     return [(str(p.get("host") or ""), int(p["pid"]), p) for p in chosen if int(p["pid"]) in have]

@@ -12,6 +12,11 @@ Public API (stable; shared with the Dash dashboard):
     series_arrays(run, pid, column) -> (t, y)   # float64 arrays, t sorted
     process_rows(run, pid) -> positions | None  # one process's rows, all processes indexed in one pass
     process_samples(run, pid) -> DataFrame      # those rows, its own columns only
+    process_columns(run, pid, columns) -> DataFrame   # some columns of those rows
+    process_take(run, pid, at, columns) -> DataFrame  # some of those rows (positions among them)
+    sample_store(run) -> ProcessSamples | None  # the samples per process, as read (not merged)
+    sample_columns(run) / has_column(run, c) / sample_count(run) / first_and_last_t(run)
+                                                # the merged frame's shape, without merging
     own_columns(run, pid) -> [column]           # t, phase, pid and the columns it has values in
     process_label(run, pid) -> str
     Track(name, label, pid, t, value, peak)     # one memory level and its true-peak envelope;
@@ -26,6 +31,10 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+
+from miles_profile.runmodel.sample_shape import (  # noqa: F401 (this module's API: the views import them from here)
+    columns_of, first_and_last_t, has_column, sample_columns, sample_count, sample_store,
+)
 
 GiB = 1024 ** 3
 
@@ -129,14 +138,48 @@ def process_rows(run, pid: int) -> np.ndarray | None:
 def process_samples(run, pid: int):
     """One process's rows of `run.samples` (a frame of its own), through process_rows, holding only the
     columns it has a value in (own_columns)."""
+    store = sample_store(run)
+    if store is not None:
+        if pid not in store.by_pid:  # no rows: the merged frame's t, phase and pid, empty
+            frame = store.frames[0] if store.frames else None
+            return frame[["t", "phase", "pid"]].iloc[:0].reset_index(drop=True) if frame is not None else \
+                pd.DataFrame({"t": pd.Series(dtype=float), "phase": pd.Series(dtype="category"),
+                              "pid": pd.Series(dtype="int64")})
+        frame = store.by_pid[pid]
+        if len(store.frames) == 1:  # the run's one frame: `run.samples` itself, as below
+            return frame
+        own = store.own_columns(pid)
+        return frame if own == list(frame.columns) else columns_of(frame, own)
     rows = _rows_of(run, pid)
     return run.samples if rows is None else take_rows(run.samples, rows, own_columns(run, pid))
+
+
+def process_columns(run, pid: int, columns: list[str]) -> pd.DataFrame:
+    """`columns` of one process's rows (a frame of its own, index 0..n-1)."""
+    store = sample_store(run)
+    if store is not None:
+        frame = store.by_pid[pid]
+        return columns_of(frame, columns)
+    rows = _rows_of(run, pid)
+    return run.samples[columns] if rows is None else take_rows(run.samples, rows, columns)
+
+
+def process_take(run, pid: int, at: np.ndarray, columns: list[str]) -> pd.DataFrame:
+    """`process_columns(run, pid, columns).iloc[at]` with index 0..n-1, copying only those rows."""
+    store = sample_store(run)
+    if store is not None:
+        return take_rows(store.by_pid[pid], at, columns)
+    positions = _rows_of(run, pid)
+    return take_rows(run.samples, at if positions is None else positions[at], columns)
 
 
 def own_columns(run, pid: int) -> list[str]:
     """The samples columns of one process: t, phase, pid and every column it has a value in. The run's
     frame holds every process's columns (gpu3_proc beside gpu5_proc), empty but for their owner's rows;
     a copy of them per process was most of the checks' and the ledger's time on a 32-process run."""
+    store = sample_store(run)
+    if store is not None:
+        return store.own_columns(pid) if pid in store.by_pid else ["t", "phase", "pid"]
     return [c for c in run.samples.columns if c in ("t", "phase", "pid") or pid in _value_counts(run, c)]
 
 
@@ -157,6 +200,14 @@ def _value_counts(run, column: str) -> dict[int, int]:
     """{pid: values it has in `column`} for the processes with any, from the run's one index: one pass
     over the column, not a groupby of it per call."""
     cache = _cache(run).setdefault("value_counts", {})
+    if column not in cache and (store := sample_store(run)) is not None:
+        found = {}
+        for pid, frame in store.by_pid.items():
+            if column in frame:
+                n = len(frame) if not frame[column].hasnans else int(frame[column].notna().sum())
+                if n:
+                    found[pid] = n
+        cache[column] = dict(sorted(found.items()))
     if column not in cache:
         samples = run.samples
         if column not in samples or not len(samples):
@@ -188,6 +239,15 @@ def series_arrays(run, pid: int, column: str) -> tuple[np.ndarray, np.ndarray]:
     """(t, y) of one column of one process, float64, sorted by t."""
     cache = _cache(run).setdefault("arrays", {})
     key = (pid, column)
+    if key not in cache and (store := sample_store(run)) is not None:
+        frame = store.by_pid.get(pid)
+        times = _cache(run).setdefault("times", {})
+        if pid not in times:
+            times[pid] = frame["t"].to_numpy(np.float64) if frame is not None else np.empty(0)
+        t = times[pid]
+        y = frame[column].to_numpy(dtype=np.float64, na_value=np.nan) if frame is not None and column in frame \
+            else np.full(len(t), np.nan)
+        cache[key] = (t, y)
     if key not in cache:
         rows = _rows_of(run, pid)
         t = _column(run, "t")
@@ -207,6 +267,8 @@ def series_arrays(run, pid: int, column: str) -> tuple[np.ndarray, np.ndarray]:
 
 def pids(run) -> list[int]:
     cache = _cache(run)
+    if "pids" not in cache and (store := sample_store(run)) is not None:
+        cache["pids"] = sorted(store.by_pid)
     if "pids" not in cache:
         cache["pids"] = sorted(int(p) for p in run.samples["pid"].unique()) if len(run.samples) else []
     return cache["pids"]
@@ -214,7 +276,7 @@ def pids(run) -> list[int]:
 
 def pids_with(run, column: str) -> list[int]:
     """Processes with at least one value in `column`, most values first."""
-    if column not in run.samples:
+    if not has_column(run, column):
         return []
     cache = _cache(run).setdefault("pids_with", {})
     if column not in cache:
@@ -287,7 +349,7 @@ def host_track(run, pid: int | None) -> Track | None:
         outside = [p for p in candidates if _role(run, p) == "exec_parent"]
         pid = (outside or candidates)[0]
     t, value = series_arrays(run, pid, "rss")
-    peak = series_arrays(run, pid, "rss_peak")[1] if "rss_peak" in run.samples else value
+    peak = series_arrays(run, pid, "rss_peak")[1] if has_column(run, "rss_peak") else value
     peak = np.fmax(peak, value)
     return Track("host", f"host RSS of {process_label(run, pid)}", pid, t, value, peak)
 
@@ -303,9 +365,9 @@ def _device_columns(run, pid: int, kinds: tuple[str, ...] = ALLOCATOR_KINDS) -> 
     for i in run.gpu_indices:
         for kind in kinds:
             column = f"gpu{i}_{kind}"
-            y = series_arrays(run, pid, column)[1] if column in run.samples else None
+            y = series_arrays(run, pid, column)[1] if has_column(run, column) else None
             if y is not None and np.isfinite(y).any() and np.nanmax(y) > 0:
-                peak = f"gpu{i}_alloc_peak" if f"gpu{i}_alloc_peak" in run.samples else None
+                peak = f"gpu{i}_alloc_peak" if has_column(run, f"gpu{i}_alloc_peak") else None
                 chosen.append((column, peak))
                 break
     return chosen

@@ -14,7 +14,7 @@ from dataclasses import replace
 import numpy as np
 import pandas as pd
 
-from miles_profile.runmodel.series import pids, process_rows
+from miles_profile.runmodel.series import pids, process_rows, sample_store
 from miles_profile.runmodel.process_view import (
     judged_processes,
     phase_processes,
@@ -48,7 +48,9 @@ def per_process_checks(run, thresholds: checks_mod.Thresholds | None = None) -> 
     judged = judged_processes(run)
     total = len(phase_processes(run))
     # each process's rows from the run's one index (report/series.process_rows), shared with the figures
-    rows_of = {p: np.arange(len(run.samples)) if (r := process_rows(run, p)) is None else r for p in pids(run)}
+    # (a run read per process has no such rows: its views are its processes' own frames)
+    rows_of = {p: None for p in pids(run)} if sample_store(run) is not None else \
+        {p: np.arange(len(run.samples)) if (r := process_rows(run, p)) is None else r for p in pids(run)}
     per_check: dict[str, list] = {}
     # processes with phases but no readable meta: an actor's engine server may be one of them
     unidentified = phase_processes(run) - {(str(p.get("host") or ""), int(p.get("pid", -1))) for p in run.processes}
