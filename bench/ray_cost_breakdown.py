@@ -2,13 +2,16 @@
 plain Ray actor, and in a recorded and a plain Python process under `record --exec`, with each process's
 CPU split by thread (Linux schedstat: ns on CPU per thread) and the step split into its phase boundaries.
 
-    python bench/ray_cost_breakdown.py [--rounds 2] [--steps 300] [--env KEY=VALUE ...]
+    python bench/ray_cost_breakdown.py [--rounds 2] [--steps 300] [--env KEY=VALUE ...] [--b-env KEY=VALUE ...]
 
 `--env` sets a variable in the four measured processes: MILES_PROFILE_HEAP=0 (no heap read at the
 boundaries), BREAKDOWN_PARTS=1 (each part of a boundary row timed, wall and CPU: `part:NAME` in the thread
 table; the wrappers cost a little themselves), BREAKDOWN_MIMIC=1 (the control: in the two processes that
 record nothing, the reads and writes of one phase's two boundary rows, done by hand right after the body
-and timed apart: the same work in an unrecorded actor and in a plain process).
+and timed apart: the same work in an unrecorded actor and in a plain process). `--b-env` adds a third
+process of each kind, `recorded_b`, recorded with those variables as well, asked in turn with the other two
+step by step: an A/B in one run (round 4: MILES_PROFILE_HEAP=0, the boundary work of a process with GPU
+columns, which reads no heap at its boundaries).
 Prints one JSON object: per kind (actor/local) and mode (recorded/plain), the means per step (µs) of wall,
 process CPU, main-thread CPU, the phase's enter and exit (wall and this thread's CPU), the body's CPU and
 the control's; each thread's CPU over the measured steps (ms per 100 steps, by name: `main`, our
@@ -206,15 +209,14 @@ def ray_job(steps: int) -> dict:
     import ray
     ray.init(address=os.environ["RAY_ADDRESS"], logging_level="ERROR")
     Actor = ray.remote(num_cpus=0)(Probe)
-    extra = json.loads(os.environ.get("BREAKDOWN_ENV", "{}"))
-    pairs = {node: {"recorded": Actor.options(resources={node: 0.1}, runtime_env={"env_vars": extra}).remote(),
-                    "plain": Actor.options(resources={node: 0.1}, runtime_env={
-                        "env_vars": dict(extra, MILES_PROFILE_RUN_DIR="")}).remote()}
+    envs = mode_envs()
+    pairs = {node: {mode: Actor.options(resources={node: 0.1}, runtime_env={"env_vars": env}).remote()
+                    for mode, env in envs.items()}
              for node in ("head", "node2")}
-    out = {node: {"recorded": [], "plain": []} for node in pairs}
+    out = {node: {mode: [] for mode in envs} for node in pairs}
     for i in range(steps):
         for node, pair in pairs.items():
-            for mode in (("recorded", "plain") if i % 2 == 0 else ("plain", "recorded")):
+            for mode in step_order(list(envs), i):
                 out[node][mode].append(ray.get(pair[mode].step.remote(i)))
     return {node: {mode: {"steps": out[node][mode], "threads": ray.get(actor.threads.remote()),
                           "probes": ray.get(actor.probe_costs.remote())}
@@ -237,12 +239,29 @@ for line in sys.stdin:
 """
 
 
-def local_job(steps: int) -> dict:
+def mode_envs() -> dict[str, dict[str, str]]:
+    """The measured processes' own variables by mode: `recorded`, `plain` (records nothing) and, with
+    `--b-env`, `recorded_b` (recorded with those variables too), asked in turn with the other two."""
     extra = json.loads(os.environ.get("BREAKDOWN_ENV", "{}"))
-    envs = {"recorded": dict(os.environ, **extra), "plain": dict(os.environ, **extra, MILES_PROFILE_RUN_DIR="")}
+    b_env = json.loads(os.environ.get("BREAKDOWN_B_ENV", "{}"))
+    envs = {"recorded": dict(extra), "plain": dict(extra, MILES_PROFILE_RUN_DIR="")}
+    if b_env:
+        envs["recorded_b"] = dict(extra, **b_env)
+    return envs
+
+
+def step_order(modes: list[str], i: int) -> list[str]:
+    """Each step asks every mode once, the order rotated step by step (ABC, BCA, CAB, then reversed)."""
+    k = i % len(modes)
+    order = modes[k:] + modes[:k]
+    return order[::-1] if (i // len(modes)) % 2 else order
+
+
+def local_job(steps: int) -> dict:
+    envs = {mode: dict(os.environ, **env) for mode, env in mode_envs().items()}
     procs = {mode: subprocess.Popen([sys.executable, "-c", WORKER, str(REPO)], env=env, stdin=subprocess.PIPE,
                                     stdout=subprocess.PIPE, text=True) for mode, env in envs.items()}
-    out = {"recorded": [], "plain": []}
+    out = {mode: [] for mode in envs}
 
     def ask(mode: str, line: str):
         procs[mode].stdin.write(line + "\n")
@@ -250,7 +269,7 @@ def local_job(steps: int) -> dict:
         return json.loads(procs[mode].stdout.readline())
 
     for i in range(steps):
-        for mode in (("recorded", "plain") if i % 2 == 0 else ("plain", "recorded")):
+        for mode in step_order(list(envs), i):
             out[mode].append(ask(mode, str(i)))
     result = {"local": {mode: {"steps": out[mode], "threads": ask(mode, "threads"), "probes": ask(mode, "probes")}
                         for mode in procs}}
@@ -258,6 +277,12 @@ def local_job(steps: int) -> dict:
         proc.stdin.close()
         proc.wait(timeout=60)
     return result
+
+
+def _boundary_mean_se(values: list[float]) -> dict[str, float]:
+    mean = statistics.mean(values)
+    se = statistics.stdev(values) / len(values) ** 0.5 if len(values) > 1 else float("nan")
+    return {"boundary_cpu_us": round(mean * 1e6, 1), "boundary_cpu_se_us": round(se * 1e6, 1)}
 
 
 def summarize(runs: list[dict]) -> dict:
@@ -282,6 +307,9 @@ def summarize(runs: list[dict]) -> dict:
                    for name, col in zip(("wall_us", "cpu_us", "main_us", "enter_us", "exit_us",
                                              "enter_cpu_us", "exit_cpu_us", "body_cpu_us",
                                              "mimic_heap_us", "mimic_rest_us"), cols)},
+                # the phase's two boundary rows, this thread's CPU, with the standard error of the mean: what
+                # an A/B (--b-env) compares across modes
+                **_boundary_mean_se([e + x for e, x in zip(cols[5], cols[6])]),
                 "threads_ms_per_100_steps": {name: round(ns / 1e6 * 100 / entry["n"], 2)
                                              for name, ns in sorted(entry["threads"].items(), key=lambda x: -x[1])
                                              if ns > 0},
@@ -296,6 +324,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--env", action="append", default=[], help="KEY=VALUE for the measured processes")
+    parser.add_argument("--b-env", action="append", default=[],
+                        help="KEY=VALUE for a third process of each kind, recorded_b, asked in turn with the other two "
+                             "(an A/B in one run: e.g. MILES_PROFILE_HEAP=0)")
     parser.add_argument("--job", choices=("ray", "local"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.job:
@@ -305,6 +336,7 @@ def main(argv: list[str] | None = None) -> int:
     from miles_profile.identity import HOST_ENV
     from tests.ray_cluster import start_cluster
     extra = dict(kv.split("=", 1) for kv in args.env)
+    b_env = dict(kv.split("=", 1) for kv in args.b_env)
     env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
                BREAKDOWN_ENV=json.dumps(extra))
     runs = []
@@ -316,14 +348,15 @@ def main(argv: list[str] | None = None) -> int:
                     command = [sys.executable, "-m", "miles_profile.record", "--log-dir", f"{tmp}/{job}-{i}",
                                "--exec", "--", sys.executable, __file__, "--job", job, "--steps", str(args.steps)]
                     done = subprocess.run(command, env=dict(cluster.env, RAY_ADDRESS=cluster.address,
-                                                            BREAKDOWN_ENV=json.dumps(extra)),
+                                                            BREAKDOWN_ENV=json.dumps(extra),
+                                                            BREAKDOWN_B_ENV=json.dumps(b_env)),
                                           capture_output=True, text=True, timeout=1800)
                     if done.returncode != 0:
                         raise RuntimeError(done.stderr[-3000:])
                     runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
         finally:
             cluster.stop()
-    print(json.dumps({"rounds": args.rounds, "steps": args.steps, "env": extra, "load_avg": os.getloadavg(),
+    print(json.dumps({"rounds": args.rounds, "steps": args.steps, "env": extra, "b_env": b_env, "load_avg": os.getloadavg(),
                       **summarize(runs)}, indent=1))
     return 0
 

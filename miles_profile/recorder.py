@@ -28,7 +28,7 @@ from miles_profile.logdir.writer import (
 )
 from miles_profile.phase_summary import PhaseSummaries, stamp
 from miles_profile.probes.disk import DiskProbe
-from miles_profile.probes.heap import open_heap
+from miles_profile.probes.heap import boundary_heap_unread, open_heap
 from miles_profile.probes.host import HostProbe
 from miles_profile.probes.nvml import open_nvml
 from miles_profile.probes.process import OwnProcessProbe, ProcessTreeProbe
@@ -341,6 +341,8 @@ class Recorder:
         if self._heap and self._child_pid is not None:
             meta.append({"name": "heap", "active": False,
                          "reason": "another process's heap can't be read from here (a recorded child reads its own)"})
+        elif self._heap == "boundaries" and (unread := boundary_heap_unread(Sampler.columns_of(probes))):
+            meta.append({"name": "heap", "active": False, "reason": unread})
         elif self._heap:
             heap, heap_meta = open_heap(every_sample=self._heap == "every")
             meta.append(heap_meta)

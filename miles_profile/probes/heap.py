@@ -17,13 +17,15 @@ Linux with glibc 2.33 or later; elsewhere `heap_in_use()` is None and the probe 
 By default (no flag) the heap is read at phase boundaries only (the rows a phase's begin and end take,
 `partial_reads`): what offload_drop needs to tell a kept reference from glibc keeping freed pages in
 RSS (the level before an offload, at its end, and in the next phase), at two reads per phase
-(bench/heap_boundary_cost.py measures it). `record --no-heap` turns even that off.
+(bench/heap_boundary_cost.py measures it). `record --no-heap` turns even that off, and a process with GPU
+columns does not read it at boundaries at all (`boundary_heap_unread`: offload_drop judges the allocator and
+NVML there).
 """
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
-from typing import Any
+from typing import Any, Iterable
 
 from miles_profile.probes import absent
 
@@ -79,6 +81,19 @@ class HeapProbe:
 
     def close(self) -> None:
         pass
+
+
+GPU_HEAP_UNREAD = ("a process with GPU columns: offload_drop judges its allocator and NVML there, not glibc's heap "
+                   "(record --heap reads it at every sample)")
+
+
+def boundary_heap_unread(columns: Iterable[str]) -> str:
+    """Why a process whose rows have `columns` reads no heap at its phase boundaries, or "" where something
+    uses it. A GPU column in any process's rows makes the run's `gpu_indices` non-empty, and on such a run
+    offload_drop judges the allocator and NVML, never the heap (verdicts/offload_series.py); the forecast
+    reads only a heap read at every sample (`record --heap`). Nothing would read those two mallinfo2 walks
+    a phase, the largest part of a Ray actor's boundary cost (16 malloc arenas to walk; docs/ray.md, "Cost")."""
+    return GPU_HEAP_UNREAD if any(c.startswith("gpu") for c in columns) else ""
 
 
 def open_heap(every_sample: bool = True) -> tuple[HeapProbe | None, dict[str, Any]]:

@@ -90,3 +90,51 @@ def test_an_integrations_step_phase_leaves_the_heap_unread_until_the_program_ope
     # the start row, 2 steps x (before, after), the offload's two rows, the third step's two, the last row
     assert len(read) == 1 + 4 + 2 + 2 + 1, rows[["t", "phase", "heap_used"]]
     assert read[1:5] == [False] * 4 and read[5:9] == [True] * 4, rows[["t", "phase", "heap_used"]]
+
+
+def test_a_process_with_gpu_columns_reads_no_heap_at_its_boundaries():
+    """Its columns make the run's gpu_indices non-empty, where nothing reads the heap at boundaries
+    (the next test): the two mallinfo2 walks a phase are skipped (a Ray actor's largest boundary cost)."""
+    from miles_profile.probes.heap import boundary_heap_unread
+    assert boundary_heap_unread(["rss", "rss_peak", "host_available", "gpu0_boundary_proc", "disk"])
+    assert boundary_heap_unread(["rss", "gpu3_alloc", "gpu3_alloc_peak"])
+    assert boundary_heap_unread(["rss", "rss_peak", "rss_anon", "host_available", "disk"]) == ""
+
+
+def _with_gpu_column(src, dst, drop_heap: bool) -> None:
+    """A copy of the run at `src` whose process also has an empty `gpu0_boundary_proc` column (what a
+    process on a GPU host records before its own GPU is known), and, with `drop_heap`, no heap columns."""
+    import csv
+    import shutil
+    shutil.copytree(src, dst)
+    for path in dst.glob("*.samples.csv"):
+        with open(path, newline="") as f:
+            rows = list(csv.reader(f))
+        keep = [k for k, c in enumerate(rows[0]) if not (drop_heap and c.startswith("heap_used"))]
+        with open(path, "w", newline="") as f:
+            writer = csv.writer(f, lineterminator="\n")
+            writer.writerows([[row[k] for k in keep] + (["gpu0_boundary_proc"] if n == 0 else [""])
+                              for n, row in enumerate(rows)])
+
+
+def test_on_a_run_with_gpu_columns_no_verdict_reads_the_heap(tmp_path, monkeypatch):
+    """What boundary_heap_unread relies on: a run with a GPU column (even an empty one) judges its offloads
+    on GPU series, so every verdict is the same with or without the heap read at boundaries."""
+    monkeypatch.delenv("MILES_PROFILE_HEAP", raising=False)
+    with mp.Recorder(tmp_path / "rec", interval_ms=60_000):
+        for _ in range(2):
+            with mp.phase("train"):
+                state = torch.ones(48 * MiB // 4)
+            with mp.phase("offload_train", expected_bytes=48 * MiB, target="disk"):
+                del state
+    src = next((tmp_path / "rec").iterdir())
+    assert mp.load(src).samples["heap_used"].notna().any()
+    _with_gpu_column(src, tmp_path / "heap", drop_heap=False)
+    _with_gpu_column(src, tmp_path / "noheap", drop_heap=True)
+    from miles_profile.verdicts.engine import judge
+    with_heap, without = mp.load(tmp_path / "heap"), mp.load(tmp_path / "noheap")
+    assert with_heap.gpu_indices == [0] and "heap_used" in with_heap.samples and "heap_used" not in without.samples
+    judged = [[(c.name, c.status, c.summary, [(f.status, f.message) for f in c.findings]) for c in judge(run).checks]
+              for run in (with_heap, without)]
+    assert judged[0] == judged[1]
+    assert [c for c in judged[0] if c[0] == "offload_drop"][0][3], judged[0]  # two offloads judged
