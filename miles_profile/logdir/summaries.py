@@ -49,11 +49,19 @@ def _summaries_frame(events: pd.DataFrame) -> pd.DataFrame:
                 rows.append((*key, series, stats.get("peak"), stats.get("floor"), stats.get("first"),
                              stats.get("last"), *whole))
     cols = dict(zip(SUMMARY_COLUMNS, map(list, zip(*rows)))) if rows else {c: [] for c in SUMMARY_COLUMNS}
-    frame = pd.DataFrame({c: pd.Series(v, dtype=object) for c, v in cols.items()})
-    for column in ("host", "name", "series"):
-        frame[column] = frame[column].astype(str)
-    frame["pid"] = frame["pid"].astype(np.int64)
-    frame["id"] = frame["id"].astype(np.int64)
+    if rows and all(set(map(type, cols[c])) <= {str} for c in ("host", "name", "series")):
+        # each column made as it ends up (the usual case): not twelve object columns first and then
+        # converted (half a second at 276,000 rows)
+        frame = pd.DataFrame({c: pd.Series(v, dtype=str if c in ("host", "name", "series") else object)
+                              for c, v in cols.items() if c not in ("pid", "id")} | {
+            "pid": np.array(cols["pid"], dtype=np.int64), "id": np.array(cols["id"], dtype=np.int64)},
+            columns=SUMMARY_COLUMNS)
+    else:
+        frame = pd.DataFrame({c: pd.Series(v, dtype=object) for c, v in cols.items()})
+        for column in ("host", "name", "series"):
+            frame[column] = frame[column].astype(str)
+        frame["pid"] = frame["pid"].astype(np.int64)
+        frame["id"] = frame["id"].astype(np.int64)
     for column in ("peak", "floor", "first", "last", "rows"):
         frame[column] = _int64(cols[column])  # exact: no float round trip
     for column in ("t_first", "t_last"):
