@@ -77,6 +77,22 @@ def bounded_lines(path: str | os.PathLike, max_line: int = EVENT_LINE_MAX,
     return _lines(file, max_line, too_long if too_long is not None else [0])
 
 
+def read_lines_bounded(path: str | os.PathLike, max_line: int = EVENT_LINE_MAX,
+                       too_long: list[int] | None = None) -> bytes:
+    """`b"".join(bounded_lines(path, max_line, too_long))`, a file of at most `max_line` bytes (which
+    can hold no line over it) read in one call: reading a 1,024-process run's 276,000 event lines one
+    `readline` at a time took a fifth of a second. A larger file line by line, as before."""
+    too_long = too_long if too_long is not None else [0]
+    file = os.fdopen(open_regular(path), "rb")
+    with file:
+        if os.fstat(file.fileno()).st_size <= max_line:
+            data = file.read(max_line + 1)
+            if len(data) <= max_line:  # else it grew since: line by line from its start
+                return data
+            file.seek(0)
+        return b"".join(_lines(file, max_line, too_long))
+
+
 def _lines(file, max_line: int, too_long: list[int]) -> Iterator[bytes]:
     with file:
         while line := file.readline(max_line + 1):
