@@ -102,7 +102,10 @@ def _clean_file(path: Path) -> list[str] | None:
         body = first.find(b"\n") + 1
         if body <= 0:
             return None
-        header = first[: body - 1].decode(errors="replace").split(",")
+        try:  # a header that is not UTF-8 is damage pandas' path says; pyarrow would fail only in to_pandas
+            header = first[: body - 1].decode().split(",")
+        except UnicodeDecodeError:
+            return None
         at, tail = body, b""
         while at < size:
             chunk = tail + os.pread(fd, _SCAN_CHUNK, at)
@@ -133,9 +136,9 @@ def _read_clean(path: Path, header: list[str], warnings: list[str]) -> pd.DataFr
         with quiet_invalid_rows():
             table = pacsv.read_csv(str(path), parse_options=pacsv.ParseOptions(invalid_row_handler=on_invalid),
                                    convert_options=pacsv.ConvertOptions(column_types=types, null_values=[""]))
+        frame = table.to_pandas(split_blocks=True, self_destruct=True)  # no consolidation copy
     except (pa.ArrowInvalid, pa.ArrowTypeError, UnicodeDecodeError, OSError):
         return None
-    frame = table.to_pandas(split_blocks=True, self_destruct=True)  # no consolidation copy
     del table
     if bad:
         warnings.append(f"{path.name}: skipped {len(bad)} malformed rows")

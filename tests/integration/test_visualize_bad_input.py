@@ -162,3 +162,18 @@ def test_too_few_max_points_is_a_usage_error_not_silently_raised(points, capsys)
         main(["sample_logs/cpu", "--max-points", points])
     assert exit_info.value.code == 2
     assert "--max-points must be at least 1000" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("at", [0, 2])
+def test_a_host_csv_header_that_is_not_utf8_is_damage_said_not_an_internal_error(good_log, tmp_path, capsys, at):
+    """The example the sweep above found in a full suite run (a 0x80 byte in host.csv's header): the host
+    file's fast path parsed it with pyarrow, whose column name failed to decode only later, in the report."""
+    run = tmp_path / "run"
+    shutil.copytree(good_log, run)
+    (host,) = run.glob("*.host.csv")
+    raw = host.read_bytes()
+    host.write_bytes(raw[:at] + b"\x80" + raw[at:])
+    code, out, err = run_main([run, "-o", tmp_path / "r.html"], capsys)
+    assert UNEXPECTED not in err and "Traceback" not in err, err
+    # said as damage to that file ("no t column in its header" at 0, "unreadable values set to absent" at 2)
+    assert code in (0, 1) and f"{host.name}: " in out + err, (code, out, err)
