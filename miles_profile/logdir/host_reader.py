@@ -120,22 +120,30 @@ def _clean_file(path: Path) -> list[str] | None:
         os.close(fd)
 
 
-def _read_clean(path: Path, header: list[str], warnings: list[str]) -> pd.DataFrame | None:
-    """A clean host CSV (_clean_file) parsed from its path; None where pyarrow still fails (then read whole)."""
-    if "t" not in header:
-        return None
+def _arrow_options(header: list[str], bad: list) -> dict[str, Any]:
+    """pyarrow's options for a host CSV: malformed rows skipped (their numbers appended to `bad`), integer
+    columns, t as float, gpu_uuid as categories (a few GPUs' names over millions of rows, 2.4 million per host
+    on 16 processes of 300,000 samples, made as many Python strings: 3x the frame's memory and a slow groupby
+    per GPU), and only an empty cell absent ("nan", "NULL", "N/A" are damage to say)."""
     types = {c: pa.int64() for c in header}
     types.update(t=pa.float64(), gpu_uuid=pa.dictionary(pa.int32(), pa.string()))
-    bad: list = []
 
     def on_invalid(row) -> str:
         bad.append(row.number)
         return "skip"
 
+    return {"parse_options": pacsv.ParseOptions(invalid_row_handler=on_invalid),
+            "convert_options": pacsv.ConvertOptions(column_types=types, null_values=[""])}
+
+
+def _read_clean(path: Path, header: list[str], warnings: list[str]) -> pd.DataFrame | None:
+    """A clean host CSV (_clean_file) parsed from its path; None where pyarrow still fails (then read whole)."""
+    if "t" not in header:
+        return None
+    bad: list = []
     try:
         with quiet_invalid_rows():
-            table = pacsv.read_csv(str(path), parse_options=pacsv.ParseOptions(invalid_row_handler=on_invalid),
-                                   convert_options=pacsv.ConvertOptions(column_types=types, null_values=[""]))
+            table = pacsv.read_csv(str(path), **_arrow_options(header, bad))
         frame = table.to_pandas(split_blocks=True, self_destruct=True)  # no consolidation copy
     except (pa.ArrowInvalid, pa.ArrowTypeError, UnicodeDecodeError, OSError):
         return None
@@ -172,24 +180,12 @@ def _read_csv(path: Path, warnings: list[str]) -> pd.DataFrame | None:
     if "t" not in header:
         _say(warnings, f"{path.name}: no t column in its header; not read")
         return None
-    types = {c: pa.int64() for c in header}
-    # gpu_uuid as categories: a few GPUs' names over millions of rows (2.4 million per host on 16 processes
-    # of 300,000 samples) made as many Python strings, 3x the frame's memory and a slow groupby per GPU
-    types.update(t=pa.float64(), gpu_uuid=pa.dictionary(pa.int32(), pa.string()))
     bad: list = []
-
-    def on_invalid(row) -> str:
-        bad.append(row.number)
-        return "skip"
-
     try:
         if hexadecimal_cell(data, [(0, len(data))], data.find(b"\n") + 1):
             raise pa.ArrowInvalid("a hexadecimal cell")  # pyarrow reads `0x10` as 16; pandas' cells do not
         with quiet_invalid_rows():  # a malformed row that is not UTF-8 fails inside pyarrow: the fallback below
-            frame = pacsv.read_csv(pa.py_buffer(data), parse_options=pacsv.ParseOptions(invalid_row_handler=on_invalid),
-                                   # only an empty cell is absent: "nan", "NULL", "N/A" are damage to say
-                                   convert_options=pacsv.ConvertOptions(column_types=types, null_values=[""]),
-                                   ).to_pandas()
+            frame = pacsv.read_csv(pa.py_buffer(data), **_arrow_options(header, bad)).to_pandas()
     except (pa.ArrowInvalid, pa.ArrowTypeError, UnicodeDecodeError):
         bad = []
         frame = pd.read_csv(io.BytesIO(data), dtype=str, keep_default_na=False, na_values=[""],
