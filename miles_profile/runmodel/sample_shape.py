@@ -20,9 +20,10 @@ def sample_store(run):
 
 
 def sample_columns(run) -> list[str]:
-    """The columns of `run.samples`, without merging a run read per process."""
-    store = sample_store(run)
-    return store.columns if store is not None else list(run.samples.columns)
+    """The columns of `run.samples`, without merging a run read per process (the run's own answer where it
+    has one: logdir.reader.Run.sample_columns)."""
+    own = getattr(run, "sample_columns", None)
+    return own if own is not None else list(run.samples.columns)
 
 
 def has_column(run, column: str) -> bool:

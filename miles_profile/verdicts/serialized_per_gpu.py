@@ -165,10 +165,10 @@ def _with_co_training(judged: pd.DataFrame) -> np.ndarray:
     H100 run of `--launcher ray --use-critic` failed on that, 2026-12-05)."""
     above = judged["above"].to_numpy(copy=True)
     out = above.copy()
-    train = judged["phase"].to_numpy() == names.TRAIN
+    train = np.flatnonzero(judged["phase"].to_numpy() == names.TRAIN)
     t0, t1, pid = judged["t0"].to_numpy(), judged["t1"].to_numpy(), judged["pid"].to_numpy()
-    for at in judged[train].groupby("lane_code").indices.values():
-        rows = np.flatnonzero(train)[at]
+    for at in judged.iloc[train].groupby("lane_code").indices.values():
+        rows = train[at]
         if len(np.unique(pid[rows])) < 2:
             continue
         a0, a1, ap = t0[rows], t1[rows], pid[rows]
