@@ -17,6 +17,12 @@ from hypothesis import settings
 settings.register_profile("ci", derandomize=True, print_blob=True)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 
+# OpenMP's threads (torch's intra-op pool) spin after each parallel region by default: with two xdist
+# workers each running torch programs on two cores, the spinning threads took most of the CPU (the README's
+# quick start beside other work: 93 CPU-s and 110 s, against 26 CPU-s and 37 s with waiting threads asleep).
+# Set before any torch import: this process, every subprocess and every Ray node inherit it.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 REPO = Path(__file__).resolve().parents[1]
 CHROMIUM = os.environ.get("MILES_PROFILE_CHROMIUM", "/usr/bin/chromium")
 ARTIFACTS = REPO / "artifacts"  # screenshots saved by browser tests (git-ignored)
