@@ -15,12 +15,12 @@ after scrape).
 from __future__ import annotations
 
 import copy
-from operator import eq
 from typing import Any, Callable, NamedTuple
+
+from prometheus_client.utils import floatToGoString
 
 # OpenMetrics ends the whole exposition with this line; an encoder run on one family writes it too.
 OPENMETRICS_EOF = b"# EOF\n"
-_PROBE = 8  # samples compared first (_changed_only)
 
 
 class _OneFamily:
@@ -36,6 +36,17 @@ class _OneFamily:
 class _Encoded(NamedTuple):
     source: tuple  # (type, documentation, unit, samples) the bytes were encoded from
     body: bytes
+    lines: list[bytes] | None  # body's lines, header first then one a sample (_lines); None: not laid out so
+    header: int  # how many header lines lead
+    plain: bool  # every sample plain (_plain) and none zero: equal samples give equal lines
+
+
+def _plain(sample: Any) -> bool:
+    """True when prometheus_client's encoders write `sample`'s line as its name and labels, one space and
+    floatToGoString(value), nothing after: no timestamp, exemplar or native histogram, and a value of
+    int or float (whose equal values give one float, hence one string, but for the sign of a zero)."""
+    return (sample[3] is None and sample[4] is None and sample[5] is None
+            and (type(sample[2]) is float or type(sample[2]) is int))
 
 
 def _lines(body: bytes, samples: int) -> tuple[list[bytes] | None, int]:
@@ -52,13 +63,19 @@ def _lines(body: bytes, samples: int) -> tuple[list[bytes] | None, int]:
         header += 1
     if body.count(b"\n#") + (body[:1] == b"#") != header or len(lines) != header + samples:
         return None, 0
+    # The family's own header has one # TYPE line; the text format's `_created` gauge, its samples all
+    # `_created`, follows it with its own right away: lines that go with those samples, not the family.
+    if body.count(b"\n# TYPE ") + body.startswith(b"# TYPE ") != 1:
+        return None, 0
     return lines, header
 
 
 class FamilyCache:
     """Encodes a registry's families with `encoder`, reusing a family's bytes while its samples are
-    equal to those it was encoded from, and a sample's line while that sample is equal to the one at
-    its place before. Safe for two scrapes at once: both may encode a family, either result is right."""
+    equal to those it was encoded from; of a family where some samples changed, a sample's line while
+    it is equal to the one at its place before, that line's prefix with the new value after it where
+    only the value moved (_spliced). Safe for two scrapes at once: both may encode a family, either
+    result is right."""
 
     def __init__(self) -> None:
         self._encoded: dict[tuple[str, str], _Encoded] = {}  # (content type, family name) -> its last encoding
@@ -70,14 +87,14 @@ class FamilyCache:
             key = (content_type, family.name)
             source = (family.type, family.documentation, family.unit, family.samples)
             known = self._encoded.get(key)
-            if known is not None and known.source == source:  # a NaN is never equal: encoded again, rightly
+            if known is not None and known.plain and known.source == source:
                 parts.append(known.body)
                 continue
             encoded = None
-            if known is not None and known.source[:3] == source[:3] and len(known.source[3]) == len(family.samples):
-                encoded = _changed_only(family, source, known, encoder, openmetrics)
+            if known is not None and known.lines is not None and known.source[:3] == source[:3]:
+                encoded = _spliced(family, source, known, encoder, openmetrics)
             if encoded is None:
-                encoded = _Encoded(source, _one(family, encoder, openmetrics))
+                encoded = _whole(family, source, encoder, openmetrics)
             self._encoded[key] = encoded
             parts.append(encoded.body)
         if openmetrics:
@@ -92,28 +109,50 @@ def _one(family: Any, encoder: Callable[[Any], bytes], openmetrics: bool) -> byt
     return body
 
 
-def _changed_only(family: Any, source: tuple, known: _Encoded, encoder: Callable[[Any], bytes],
-                  openmetrics: bool) -> _Encoded | None:
-    """`family` with the lines of the samples unequal to the previous ones at their place encoded anew,
-    the others kept; None when most changed (encoding the whole family costs less than splicing it) or
-    a body is not laid out as _lines expects."""
-    samples, before = family.samples, known.source[3]
-    # A family whose first samples all changed (levels and peaks, every scrape) is encoded whole without
-    # comparing the rest: comparing 2,000 samples costs 0.8 ms on the development VM.
-    if len(samples) > 2 * _PROBE and not any(map(eq, samples[:_PROBE], before[:_PROBE])):
+def _is_plain(samples: list) -> bool:
+    """Every sample plain and none zero (0.0 and -0.0 are equal, written apart)."""
+    return all(map(_plain, samples)) and 0 not in [s[2] for s in samples]
+
+
+def _whole(family: Any, source: tuple, encoder: Callable[[Any], bytes], openmetrics: bool) -> _Encoded:
+    body = _one(family, encoder, openmetrics)
+    lines, header = _lines(body, len(family.samples))
+    return _Encoded(source, body, lines, header, _is_plain(family.samples))
+
+
+def _spliced(family: Any, source: tuple, known: _Encoded, encoder: Callable[[Any], bytes],
+             openmetrics: bool) -> _Encoded | None:
+    """`family` from the lines of `known`: a sample equal to the one at its place before keeps that line;
+    one whose name and labels are that one's and both plain (_plain) keeps the line's prefix, everything up
+    to its value, as the encoder wrote it, followed by the new value formatted by prometheus_client's own
+    floatToGoString (the value, the last thing on a plain line, never holds a space); the others are
+    encoded anew, as a copy of the family holding only them, and their lines put at their places. None
+    when most samples need the encoder (encoding the whole family costs less than splicing it) or a body
+    is not laid out as _lines expects."""
+    samples, before, lines, header = family.samples, known.source[3], known.lines, known.header
+    out = lines[:header]
+    redo = []
+    for i, (s, o) in enumerate(zip(samples, before), start=header):
+        if s[:2] == o[:2] and _plain(s) and _plain(o):
+            value = s[2]
+            line = lines[i]
+            if value != o[2] or not value:  # a zero's sign may differ between equal values: written again
+                line = line[:line.rindex(b" ") + 1] + floatToGoString(value).encode()
+            out.append(line)
+        else:
+            redo.append(i - header)
+            out.append(b"")
+    redo.extend(range(len(before), len(samples)))
+    out.extend(b"" for _ in range(len(before), len(samples)))
+    if 2 * len(redo) > len(samples):
         return None
-    changed = [i for i, same in enumerate(map(eq, samples, before)) if not same]
-    if 2 * len(changed) > len(samples):
-        return None
-    lines, header = _lines(known.body, len(samples))
-    if lines is None:
-        return None
-    part = copy.copy(family)  # its name, help, type and unit: the same header
-    part.samples = [samples[i] for i in changed]
-    new, new_header = _lines(_one(part, encoder, openmetrics), len(changed))
-    if new is None or new[:new_header] != lines[:header]:
-        return None
-    for k, i in enumerate(changed, start=header):
-        lines[header + i] = new[k]
-    lines.append(b"")
-    return _Encoded(source, b"\n".join(lines))
+    if redo:
+        part = copy.copy(family)  # its name, help, type and unit: the same header
+        part.samples = [samples[i] for i in redo]
+        new, new_header = _lines(_one(part, encoder, openmetrics), len(redo))
+        if new is None or new[:new_header] != out[:header]:
+            return None
+        for k, i in enumerate(redo, start=new_header):
+            out[header + i] = new[k]
+    body = b"\n".join(out) + b"\n"
+    return _Encoded(source, body, out, header, _is_plain(samples))
