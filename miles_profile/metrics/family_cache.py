@@ -36,9 +36,13 @@ class _OneFamily:
 class _Encoded(NamedTuple):
     source: tuple  # (type, documentation, unit, samples) the bytes were encoded from
     body: bytes
-    lines: list[bytes] | None  # body's lines, header first then one a sample (_lines); None: not laid out so
-    header: int  # how many header lines lead
+    header: list[bytes] | None  # body's header lines, when it is laid out as _lines expects; else None
     plain: bool  # every sample plain (_plain) and none zero: equal samples give equal lines
+    # The line of each sample of `source`, in its order, or None where the sample is not plain.
+    lines: list[bytes | None]
+    # (sample name, its labels' names and values) -> (the line's prefix as the encoder wrote it, a line):
+    # the plain samples of this family seen in this content type, from scrape to scrape.
+    prefixes: dict[tuple, bytes]
 
 
 def _plain(sample: Any) -> bool:
@@ -47,6 +51,23 @@ def _plain(sample: Any) -> bool:
     int or float (whose equal values give one float, hence one string, but for the sign of a zero)."""
     return (sample[3] is None and sample[4] is None and sample[5] is None
             and (type(sample[2]) is float or type(sample[2]) is int))
+
+
+def _key(sample: Any) -> tuple:
+    # The label names then their values: as many of each, so two different label dicts never meet.
+    return (sample[0], *sample[1], *sample[1].values())
+
+
+def _remember(prefixes: dict, samples: list, lines: list[bytes]) -> list[bytes | None]:
+    """Puts the prefix of each plain sample's line in `prefixes`; the lines, None where not plain."""
+    kept: list[bytes | None] = []
+    for sample, line in zip(samples, lines):
+        if _plain(sample):
+            prefixes[_key(sample)] = line[:line.rindex(b" ") + 1]
+            kept.append(line)
+        else:
+            kept.append(None)
+    return kept
 
 
 def _lines(body: bytes, samples: int) -> tuple[list[bytes] | None, int]:
@@ -73,9 +94,8 @@ def _lines(body: bytes, samples: int) -> tuple[list[bytes] | None, int]:
 class FamilyCache:
     """Encodes a registry's families with `encoder`, reusing a family's bytes while its samples are
     equal to those it was encoded from; of a family where some samples changed, a sample's line while
-    it is equal to the one at its place before, that line's prefix with the new value after it where
-    only the value moved (_spliced). Safe for two scrapes at once: both may encode a family, either
-    result is right."""
+    it is the same, its prefix with the new value after it where only the value moved (_spliced). Safe
+    for two scrapes at once: both may encode a family, either result is right."""
 
     def __init__(self) -> None:
         self._encoded: dict[tuple[str, str], _Encoded] = {}  # (content type, family name) -> its last encoding
@@ -91,10 +111,10 @@ class FamilyCache:
                 parts.append(known.body)
                 continue
             encoded = None
-            if known is not None and known.lines is not None and known.source[:3] == source[:3]:
+            if known is not None and known.header is not None and known.source[:3] == source[:3]:
                 encoded = _spliced(family, source, known, encoder, openmetrics)
             if encoded is None:
-                encoded = _whole(family, source, encoder, openmetrics)
+                encoded = _whole(family, source, encoder, openmetrics, None if known is None else known.prefixes)
             self._encoded[key] = encoded
             parts.append(encoded.body)
         if openmetrics:
@@ -109,50 +129,80 @@ def _one(family: Any, encoder: Callable[[Any], bytes], openmetrics: bool) -> byt
     return body
 
 
-def _is_plain(samples: list) -> bool:
-    """Every sample plain and none zero (0.0 and -0.0 are equal, written apart)."""
-    return all(map(_plain, samples)) and 0 not in [s[2] for s in samples]
-
-
-def _whole(family: Any, source: tuple, encoder: Callable[[Any], bytes], openmetrics: bool) -> _Encoded:
+def _whole(family: Any, source: tuple, encoder: Callable[[Any], bytes], openmetrics: bool,
+           prefixes: dict | None) -> _Encoded:
+    """`family` encoded whole; its plain samples' prefixes added to `prefixes` (of this family, seen
+    before) unless that holds many more series than the family now: series gone for good, forgotten."""
+    samples = family.samples
     body = _one(family, encoder, openmetrics)
-    lines, header = _lines(body, len(family.samples))
-    return _Encoded(source, body, lines, header, _is_plain(family.samples))
+    lines, header = _lines(body, len(samples))
+    if prefixes is None or _too_many(prefixes, samples):
+        prefixes = {}
+    if lines is None:
+        return _Encoded(source, body, None, False, [], prefixes)
+    kept = _remember(prefixes, samples, lines[header:])
+    plain = None not in kept and 0 not in [s[2] for s in samples]
+    return _Encoded(source, body, lines[:header], plain, kept, prefixes)
+
+
+def _too_many(prefixes: dict, samples: list) -> bool:
+    return len(prefixes) > 4 * len(samples) + 1024
 
 
 def _spliced(family: Any, source: tuple, known: _Encoded, encoder: Callable[[Any], bytes],
              openmetrics: bool) -> _Encoded | None:
-    """`family` from the lines of `known`: a sample equal to the one at its place before keeps that line;
-    one whose name and labels are that one's and both plain (_plain) keeps the line's prefix, everything up
-    to its value, as the encoder wrote it, followed by the new value formatted by prometheus_client's own
-    floatToGoString (the value, the last thing on a plain line, never holds a space); the others are
-    encoded anew, as a copy of the family holding only them, and their lines put at their places. None
-    when most samples need the encoder (encoding the whole family costs less than splicing it) or a body
-    is not laid out as _lines expects."""
-    samples, before, lines, header = family.samples, known.source[3], known.lines, known.header
-    out = lines[:header]
+    """`family` from the lines of the samples seen before. A plain sample (_plain) whose name and labels
+    are those of the sample at its place at the previous scrape, also plain, keeps that line while its
+    value is equal (and not zero: 0.0 and -0.0 are equal, written apart), else the line's prefix,
+    everything up to its value, as the encoder wrote it, followed by the new value formatted by
+    prometheus_client's own floatToGoString (the value, the last thing on a plain line, never holds a
+    space); one whose name and labels were seen at another place or scrape takes the prefix kept for
+    them. The others are encoded anew, as a copy of the family holding only them, and their lines put at
+    their places. None when most samples need the encoder (encoding the whole family costs less than
+    splicing it), when the prefixes kept are many more than the family's series (series gone for good:
+    the whole family encoded starts them again) or a body is not laid out as _lines expects."""
+    samples, header, prefixes = family.samples, known.header, known.prefixes
+    if _too_many(prefixes, samples):
+        return None
+    out = list(header)
+    kept: list[bytes | None] = []
     redo = []
-    for i, (s, o) in enumerate(zip(samples, before), start=header):
-        if s[:2] == o[:2] and _plain(s) and _plain(o):
-            value = s[2]
-            line = lines[i]
-            if value != o[2] or not value:  # a zero's sign may differ between equal values: written again
-                line = line[:line.rindex(b" ") + 1] + floatToGoString(value).encode()
-            out.append(line)
+    plain = True
+    before, lines = known.source[3], known.lines
+    n = len(before)
+    seen = prefixes.get
+    for i, s in enumerate(samples):
+        name, labels, value, timestamp, exemplar, histogram = s
+        if timestamp is None and exemplar is None and histogram is None and (type(value) is float or type(value) is int):
+            if not value:
+                plain = False
+            if i < n and (line := lines[i]) is not None and name == (o := before[i])[0] and labels == o[1]:
+                if value != o[2] or not value:  # a NaN is never equal: written again, rightly
+                    line = line[:line.rindex(b" ") + 1] + floatToGoString(value).encode()
+                out.append(line)
+                kept.append(line)
+                continue
+            prefix = seen(_key(s))
+            if prefix is not None:
+                line = prefix + floatToGoString(value).encode()
+                out.append(line)
+                kept.append(line)
+                continue
         else:
-            redo.append(i - header)
-            out.append(b"")
-    redo.extend(range(len(before), len(samples)))
-    out.extend(b"" for _ in range(len(before), len(samples)))
+            plain = False
+        redo.append(i)
+        out.append(b"")
+        kept.append(None)
     if 2 * len(redo) > len(samples):
         return None
     if redo:
         part = copy.copy(family)  # its name, help, type and unit: the same header
         part.samples = [samples[i] for i in redo]
         new, new_header = _lines(_one(part, encoder, openmetrics), len(redo))
-        if new is None or new[:new_header] != out[:header]:
+        if new is None or new[:new_header] != header:
             return None
-        for k, i in enumerate(redo, start=new_header):
-            out[header + i] = new[k]
-    body = b"\n".join(out) + b"\n"
-    return _Encoded(source, body, out, header, _is_plain(samples))
+        new_kept = _remember(prefixes, part.samples, new[new_header:])
+        for i, line, k in zip(redo, new[new_header:], new_kept):
+            out[len(header) + i] = line
+            kept[i] = k
+    return _Encoded(source, b"\n".join(out) + b"\n", header, plain, kept, prefixes)
