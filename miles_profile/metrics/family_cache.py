@@ -1,16 +1,19 @@
 """prometheus_client's encoder run a family at a time, the bytes of a family kept with its samples and
-answered again while its samples stay the same; of a family where some samples changed, only those are
-encoded again.
+answered again while its samples stay the same; of a family where some samples changed, a sample whose
+value alone moved keeps its line's prefix as the encoder wrote it, the new value after it.
 
-prometheus_client encodes every sample of every family at every scrape, about 6.5 us a sample on the
-development VM (docs/prometheus.md, Cost), although between two scrapes a second apart most families of
-a host repeat exactly: the info series, floors, iteration counts, the last offloads and transitions,
-GPU totals, kills; and of a family that changed, often only some samples did (the transition that
-ended this second, one of four a process). Each family is still encoded by prometheus_client's own
-encoder (the one it chose for the scraper's Accept header), alone, or as a copy holding only the samples
-that changed, whose lines then replace those samples' lines; the answer is, byte for byte, what that
-encoder gives for the whole registry (tests/unit/test_metrics_exposition.py holds them equal scrape
-after scrape).
+prometheus_client encodes every sample of every family at every scrape, 6.5 to 8 us a sample on the
+development VM (docs/prometheus.md, Cost), although between two scrapes most families of a host repeat
+exactly (the info series, floors, iteration counts, the last offloads and transitions, GPU totals, kills)
+and of the others most samples keep their labels and move only their value (levels, peaks). A sample's
+line is its name and labels, one space and floatToGoString(value) when it has no timestamp, exemplar or
+native histogram: everything before the value, as the encoder wrote it, is kept for those labels and the
+value formatted by prometheus_client's own floatToGoString. A sample the encoder has not written the
+labels of, or not plain, goes through the encoder (the one it chose for the scraper's Accept header), as
+a copy of its family holding only such samples, whose lines then take their places. The answer is, byte
+for byte, what that encoder gives for the whole registry: tests/unit/test_metrics_exposition.py holds it
+equal scrape after scrape, test_metrics_family_cache_property.py over random families, labels, values and
+changes.
 """
 from __future__ import annotations
 
@@ -36,12 +39,13 @@ class _OneFamily:
 class _Encoded(NamedTuple):
     source: tuple  # (type, documentation, unit, samples) the bytes were encoded from
     body: bytes
-    header: list[bytes] | None  # body's header lines, when it is laid out as _lines expects; else None
-    plain: bool  # every sample plain (_plain) and none zero: equal samples give equal lines
-    # The line of each sample of `source`, in its order, or None where the sample is not plain.
-    lines: list[bytes | None]
-    # (sample name, its labels' names and values) -> (the line's prefix as the encoder wrote it, a line):
-    # the plain samples of this family seen in this content type, from scrape to scrape.
+    # body's lines, its header then one a sample, when it is laid out as _lines expects; else None
+    lines: list[bytes] | None
+    header: int  # how many header lines lead
+    all_plain: bool  # every sample plain (_plain): each line a prefix and a value
+    plain: bool  # and none zero: equal samples give equal lines
+    # (sample name, its labels' names and values) -> the prefix of its line as the encoder wrote it: the
+    # plain samples of this family seen in this content type, from scrape to scrape.
     prefixes: dict[tuple, bytes]
 
 
@@ -58,16 +62,11 @@ def _key(sample: Any) -> tuple:
     return (sample[0], *sample[1], *sample[1].values())
 
 
-def _remember(prefixes: dict, samples: list, lines: list[bytes]) -> list[bytes | None]:
-    """Puts the prefix of each plain sample's line in `prefixes`; the lines, None where not plain."""
-    kept: list[bytes | None] = []
+def _remember(prefixes: dict, samples: list, lines: list[bytes]) -> None:
+    """Puts the prefix of each plain sample's line in `prefixes`."""
     for sample, line in zip(samples, lines):
         if _plain(sample):
             prefixes[_key(sample)] = line[:line.rindex(b" ") + 1]
-            kept.append(line)
-        else:
-            kept.append(None)
-    return kept
 
 
 def _lines(body: bytes, samples: int) -> tuple[list[bytes] | None, int]:
@@ -111,7 +110,7 @@ class FamilyCache:
                 parts.append(known.body)
                 continue
             encoded = None
-            if known is not None and known.header is not None and known.source[:3] == source[:3]:
+            if known is not None and known.lines is not None and known.source[:3] == source[:3]:
                 encoded = _spliced(family, source, known, encoder, openmetrics)
             if encoded is None:
                 encoded = _whole(family, source, encoder, openmetrics, None if known is None else known.prefixes)
@@ -139,10 +138,11 @@ def _whole(family: Any, source: tuple, encoder: Callable[[Any], bytes], openmetr
     if prefixes is None or _too_many(prefixes, samples):
         prefixes = {}
     if lines is None:
-        return _Encoded(source, body, None, False, [], prefixes)
-    kept = _remember(prefixes, samples, lines[header:])
-    plain = None not in kept and 0 not in [s[2] for s in samples]
-    return _Encoded(source, body, lines[:header], plain, kept, prefixes)
+        return _Encoded(source, body, None, 0, False, False, prefixes)
+    _remember(prefixes, samples, lines[header:])
+    all_plain = all(map(_plain, samples))
+    plain = all_plain and 0 not in [s[2] for s in samples]
+    return _Encoded(source, body, lines, header, all_plain, plain, prefixes)
 
 
 def _too_many(prefixes: dict, samples: list) -> bool:
@@ -161,48 +161,55 @@ def _spliced(family: Any, source: tuple, known: _Encoded, encoder: Callable[[Any
     their places. None when most samples need the encoder (encoding the whole family costs less than
     splicing it), when the prefixes kept are many more than the family's series (series gone for good:
     the whole family encoded starts them again) or a body is not laid out as _lines expects."""
-    samples, header, prefixes = family.samples, known.header, known.prefixes
+    samples, prefixes, header = family.samples, known.prefixes, known.header
     if _too_many(prefixes, samples):
         return None
-    out = list(header)
-    kept: list[bytes | None] = []
-    redo = []
-    plain = True
-    before, lines = known.source[3], known.lines
-    n = len(before)
+    before, all_before_plain = known.source[3], known.all_plain
+    out = known.lines[:header]
+    append = out.append
+    redo = []  # places in `out`
+    all_plain = plain = True
     seen = prefixes.get
-    for i, s in enumerate(samples):
+    # The samples at a place the previous scrape had, then the rest (zip stops at the shorter).
+    for s, o, line in zip(samples, before, known.lines[header:]):
         name, labels, value, timestamp, exemplar, histogram = s
         if timestamp is None and exemplar is None and histogram is None and (type(value) is float or type(value) is int):
             if not value:
                 plain = False
-            if i < n and (line := lines[i]) is not None and name == (o := before[i])[0] and labels == o[1]:
+            if name == o[0] and labels == o[1] and (all_before_plain or _plain(o)):
                 if value != o[2] or not value:  # a NaN is never equal: written again, rightly
                     line = line[:line.rindex(b" ") + 1] + floatToGoString(value).encode()
-                out.append(line)
-                kept.append(line)
+                append(line)
                 continue
             prefix = seen(_key(s))
             if prefix is not None:
-                line = prefix + floatToGoString(value).encode()
-                out.append(line)
-                kept.append(line)
+                append(prefix + floatToGoString(value).encode())
                 continue
         else:
-            plain = False
-        redo.append(i)
-        out.append(b"")
-        kept.append(None)
+            all_plain = plain = False
+        redo.append(len(out))
+        append(b"")
+    for s in samples[len(before):]:
+        if _plain(s):
+            if not s[2]:
+                plain = False
+            prefix = seen(_key(s))
+            if prefix is not None:
+                append(prefix + floatToGoString(s[2]).encode())
+                continue
+        else:
+            all_plain = plain = False
+        redo.append(len(out))
+        append(b"")
     if 2 * len(redo) > len(samples):
         return None
     if redo:
         part = copy.copy(family)  # its name, help, type and unit: the same header
-        part.samples = [samples[i] for i in redo]
+        part.samples = [samples[i - header] for i in redo]
         new, new_header = _lines(_one(part, encoder, openmetrics), len(redo))
-        if new is None or new[:new_header] != header:
+        if new is None or new[:new_header] != out[:header]:
             return None
-        new_kept = _remember(prefixes, part.samples, new[new_header:])
-        for i, line, k in zip(redo, new[new_header:], new_kept):
-            out[len(header) + i] = line
-            kept[i] = k
-    return _Encoded(source, b"\n".join(out) + b"\n", header, plain, kept, prefixes)
+        _remember(prefixes, part.samples, new[new_header:])
+        for i, line in zip(redo, new[new_header:]):
+            out[i] = line
+    return _Encoded(source, b"\n".join(out) + b"\n", out, header, all_plain, plain, prefixes)
