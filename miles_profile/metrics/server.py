@@ -103,7 +103,9 @@ def metrics_app(registry):
       encoder, which checks a name with one regular expression instead, writes the very same bytes; the
       answer's Content-Type is put back to the `underscores` the scraper asked for.
     - A family whose samples did not change since the previous scrape is answered with the bytes
-      prometheus_client's encoder gave it then (family_cache.py).
+      prometheus_client's encoder gave it then; a sample whose value alone moved keeps its line's
+      prefix as that encoder wrote it, the value after it through prometheus_client's floatToGoString
+      (family_cache.py).
 
     Anything but a plain GET of the exposition (OPTIONS, another method, a `name[]` filter) is
     prometheus_client's own app's to answer. tests/unit/test_metrics_exposition.py holds status, headers
