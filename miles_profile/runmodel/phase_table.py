@@ -161,9 +161,10 @@ def phase_table(run) -> pd.DataFrame:
     table["iteration"] = _iterations(phases.assign(pid=(table["host"] + ":" + table["pid"].astype(str)).to_numpy()))
     info = _process_info(run)
     default = dict(rank=-1, role="", gpu_uuid="", gpu_total=np.nan, gpu_index=-1)
-    keys = list(zip(table["host"], table["pid"]))
+    keys = list(zip(hosts.tolist(), table["pid"].tolist()))  # lists: iterating the str column is slow
+    found = [info.get(k, default) for k in keys]
     for field in ("rank", "role", "gpu_uuid", "gpu_total", "gpu_index"):
-        table[field] = [info.get(k, default)[field] for k in keys]
+        table[field] = [p[field] for p in found]
     table["identified"] = [k in info for k in keys]  # False: its meta was unreadable (rank, role, GPU unknown)
     for s in ("used", "proc", "alloc", "reserved", "rss"):
         for stat in _STATS:
