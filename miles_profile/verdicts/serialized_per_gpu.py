@@ -215,7 +215,8 @@ def _serialized_judge(df: pd.DataFrame, th: FleetThresholds, full: pd.DataFrame 
     together = judged["above"].to_numpy(copy=True)
     windows = judged.groupby("lane_code").indices
     w0, w1, owner = judged["t0"].to_numpy(), judged["t1"].to_numpy(), judged["pid"].to_numpy()
-    rows = df[df["lane_code"].isin(lanes_ok)]
+    # the columns read below only: each process's group of the whole table was a copy of all its columns
+    rows = df.loc[df["lane_code"].isin(lanes_ok), ["lane_code", "pid", "t0", "t1", "own_peak", "own_last"]]
     for (lane, pid), p in rows.groupby(["lane_code", "pid"], sort=False):
         at = windows[lane]
         level = fleet.levels_during(p["t0"].to_numpy(), p["t1"].to_numpy(), p["own_peak"].to_numpy(),
