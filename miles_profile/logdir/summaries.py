@@ -6,6 +6,7 @@ import pandas as pd
 
 from miles_profile import names
 from miles_profile.logdir.gc_pause import gc_paused
+from miles_profile.logdir.str_column import str_array
 
 SUMMARY_COLUMNS = ["host", "pid", "id", "name", "series", "peak", "floor", "first", "last", "rows",
                    "t_first", "t_last"]
@@ -54,9 +55,9 @@ def _summaries_frame(events: pd.DataFrame) -> pd.DataFrame:
         # converted (half a second at 276,000 rows)
         # the numbers' columns are added below, in SUMMARY_COLUMNS' order: made here as object
         # columns first, they were half of this function's time
-        frame = pd.DataFrame({"host": pd.Series(cols["host"], dtype=str), "pid": np.array(cols["pid"], dtype=np.int64),
-                              "id": np.array(cols["id"], dtype=np.int64), "name": pd.Series(cols["name"], dtype=str),
-                              "series": pd.Series(cols["series"], dtype=str)})
+        frame = pd.DataFrame({"host": str_array(cols["host"]), "pid": np.array(cols["pid"], dtype=np.int64),
+                              "id": np.array(cols["id"], dtype=np.int64), "name": str_array(cols["name"]),
+                              "series": str_array(cols["series"])})
     else:
         frame = pd.DataFrame({c: pd.Series(v, dtype=object) for c, v in cols.items()})
         for column in ("host", "name", "series"):
