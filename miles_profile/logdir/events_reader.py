@@ -90,13 +90,12 @@ def events_frame(rows: list[dict]) -> pd.DataFrame:
     order = np.argsort(times, kind="stable")
     if (order != np.arange(len(order))).any():
         at = order.tolist()
-        columns = {c: [v[k] for k in at] for c, v in columns.items()}
+        columns = {c: [v[k] for k in at] for c, v in columns.items() if c != "t"}
+    columns["t"] = times[order]  # float already: no astype (which copied the frame's other columns)
     for c in ("kind", "name", "host"):  # pyarrow makes the str column (logdir/str_column.py)
         if set(map(type, columns[c])) <= {str}:
             columns[c] = str_array(columns[c])
-    events = pd.DataFrame(columns, columns=EVENT_COLUMNS)
-    events["t"] = events["t"].astype(float)
-    return events
+    return pd.DataFrame(columns, columns=EVENT_COLUMNS)
 
 
 def phases_from_events(events: pd.DataFrame, samples: pd.DataFrame) -> pd.DataFrame:

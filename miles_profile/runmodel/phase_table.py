@@ -182,7 +182,7 @@ def _fill_from_summaries(run, table: pd.DataFrame, info: dict, summaries: pd.Dat
     if summaries.empty:
         return
     # series names are few: parse each once, then work on codes (a 1,024-process run has ~600,000 rows)
-    names_, code = np.unique(summaries["series"].astype(str).to_numpy(), return_inverse=True)
+    names_, code = _sorted_codes(summaries["series"].astype(str))
     parsed = [(m.group(2), int(m.group(1))) if (m := _GPU_COLUMN.match(n)) else
               (("rss", -1) if n == "rss" else (None, -1)) for n in names_]
     kind = np.array([k or "" for k, _ in parsed], dtype=object)[code]
@@ -209,6 +209,18 @@ def _fill_from_summaries(run, table: pd.DataFrame, info: dict, summaries: pd.Dat
             values = table[f"{k}_{stat}"].to_numpy(dtype=float, copy=True)  # NaN unless filled before
             values[position[rows]] = summaries[stat].to_numpy(dtype=float, na_value=np.nan)[rows]
             table[f"{k}_{stat}"] = values
+
+
+def _sorted_codes(values: pd.Series) -> tuple[np.ndarray, np.ndarray]:
+    """np.unique(values, return_inverse=True) of a str column: the sorted distinct values and each
+    value's position among them, with the few distinct values sorted instead of all (np.unique sorted
+    600,000 Python strings at 1,024 processes)."""
+    first_seen, distinct = pd.factorize(values)
+    distinct = np.asarray(distinct, dtype=object)
+    order = np.argsort(distinct, kind="stable")
+    rank = np.empty(len(order), dtype=np.intp)
+    rank[order] = np.arange(len(order))
+    return distinct[order], rank[first_seen]
 
 
 def _loaded_samples(run, pid: int) -> pd.DataFrame | None:
