@@ -124,7 +124,8 @@ def _delegated_floors(df: pd.DataFrame, offloads: pd.DataFrame) -> pd.Series:
     finite level of its latest phase ended by then) minus the offload's expected_bytes. Without it an
     engine that never releases would have its stuck memory taken for its context."""
     rollout = offloads[offloads["phase"].isin(_ROLLOUT_OFFLOADS) & (offloads["role"] != names.ROLE_ENGINE)]
-    engines = df[(df["role"] == names.ROLE_ENGINE) & df["own_last"].notna()]
+    # the columns read below only: each process's group of the whole table copied all its columns
+    engines = df.loc[(df["role"] == names.ROLE_ENGINE) & df["own_last"].notna(), ["lane_code", "pid", "t0", "t1", "own_last"]]
     out = {}
     if rollout.empty or engines.empty:
         return pd.Series(out, dtype=float)
