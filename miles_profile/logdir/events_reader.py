@@ -16,6 +16,7 @@ from miles_profile.logdir.str_column import str_array
 
 PHASE_COLUMNS = ["name", "start", "end", "duration", "pid", "host", "id", "parent", "depth", "status", "attrs"]
 EVENT_COLUMNS = ["t", "kind", "name", "pid", "host", "id", "parent", "attrs"]
+_STR = pd.Series([""], dtype=str).dtype  # pandas' str dtype
 
 
 def read_all_events(run_dir: Path, warnings: list[str], skip: set[str] | None = None,
@@ -120,13 +121,16 @@ def phases_from_events(events: pd.DataFrame, samples: pd.DataFrame) -> pd.DataFr
     t = begins["t"].to_numpy(float)
     end = np.where(found, end_t, np.maximum(last_t, t))
     ids, parents = begins["id"], begins["parent"]
-    rows = {"name": begins["name"].to_numpy(), "start": t, "end": end, "duration": end - t,
-            "pid": begins["pid"].astype(int).to_numpy(), "host": _hosts(begins),
+    # the str columns as they end up (names kept as the events' str column, hosts made by pyarrow, the
+    # status an object column): not inferred from Python objects again (138,000 phases)
+    name = begins["name"]
+    rows = {"name": name.array if name.dtype == _STR else name.to_numpy(), "start": t, "end": end,
+            "duration": end - t, "pid": begins["pid"].astype(int).to_numpy(), "host": str_array(_hosts(begins)),
             "id": pd.to_numeric(ids, errors="coerce").fillna(-1).astype(int).to_numpy(),
             "parent": pd.to_numeric(parents, errors="coerce").fillna(-1).astype(int).to_numpy(),
-            "status": np.where(found, end_status, "open"), "attrs": begins["attrs"].to_numpy()}
+            "status": pd.Series(np.where(found, end_status, "open"), dtype=object, index=pd.RangeIndex(len(t))),
+            "attrs": begins["attrs"].to_numpy()}
     phases = pd.DataFrame(rows)
-    phases["status"] = phases["status"].astype(object)
     phases["depth"] = _depths(phases)
     extra = _attr_columns(phases["attrs"].tolist(), phases.index)
     phases = pd.concat([phases[PHASE_COLUMNS], extra], axis=1)
@@ -158,11 +162,13 @@ def _hosts(events: pd.DataFrame) -> list[str]:
 def _depths(phases: pd.DataFrame) -> list[int]:
     # plain lists: iterating the (Arrow-backed) host column costs a second at 138,000 phases
     keys = list(zip(phases["host"].tolist(), phases["pid"].tolist()))
-    ids = phases["id"].tolist()
-    parent_of = {(*k, i): par for k, i, par in zip(keys, ids, phases["parent"].tolist())}
+    ids, parents = phases["id"].tolist(), phases["parent"].tolist()
+    parent_of = {(*k, i): par for k, i, par in zip(keys, ids, parents)}
+    # (host, pid, id) unique (the usual case): a phase's entry is its own parent, no lookup to make it
+    own = len(parent_of) == len(ids)
     depths = []
-    for key, phase_id in zip(keys, ids):
-        depth, parent = 0, parent_of.get((*key, phase_id), -1)
+    for key, phase_id, parent in zip(keys, ids, parents):
+        depth, parent = 0, parent if own else parent_of.get((*key, phase_id), -1)
         while parent != -1 and depth < 64:
             depth, parent = depth + 1, parent_of.get((*key, parent), -1)
         depths.append(depth)
