@@ -117,6 +117,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         # plotly, pandas and pyarrow only once the flags are valid (usage errors answer at once)
+        from miles_profile.logdir.gc_pause import gc_relaxed
         from miles_profile.report.build import VisualizeOptions, visualize
         from miles_profile.verdicts.gate import RegressionThresholds
         thresholds, fleet_thresholds = _thresholds(args.threshold)
@@ -127,7 +128,8 @@ def main(argv: list[str] | None = None) -> int:
             lanes=args.lanes, phases=args.phase, baseline=args.baseline,
             baseline_thresholds=RegressionThresholds.parse(args.baseline_threshold),
             baseline_by_iteration=args.baseline_by == "iteration", strict=args.strict)
-        return visualize(options, echo=_echo)
+        with gc_relaxed():
+            return visualize(options, echo=_echo)
     except MilesProfileError as exc:
         print(f"miles_profile.visualize: error: {exc}", file=sys.stderr)
         return exc.exit_code

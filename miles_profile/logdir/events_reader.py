@@ -12,9 +12,11 @@ from miles_profile.logdir.events import EventProblems, parse_event_lines
 from miles_profile.logdir.gc_pause import gc_paused
 from miles_profile.logdir.files import EVENT_LINE_MAX, NotRegularFile, read_lines_bounded
 from miles_profile.logdir.layout import EVENTS_SUFFIX, pid_of
+from miles_profile.logdir.str_column import str_array
 
 PHASE_COLUMNS = ["name", "start", "end", "duration", "pid", "host", "id", "parent", "depth", "status", "attrs"]
 EVENT_COLUMNS = ["t", "kind", "name", "pid", "host", "id", "parent", "attrs"]
+_STR = pd.Series([""], dtype=str).dtype  # pandas' str dtype
 
 
 def read_all_events(run_dir: Path, warnings: list[str], skip: set[str] | None = None,
@@ -79,9 +81,22 @@ def events_frame(rows: list[dict]) -> pd.DataFrame:
     except KeyError:
         columns = {c: [row.get(c, np.nan) for row in rows] for c in plain}
     columns["attrs"] = [a if isinstance(a := row.get("attrs"), dict) else {} for row in rows]
-    events = pd.DataFrame(columns, columns=EVENT_COLUMNS) if rows else pd.DataFrame(rows, columns=EVENT_COLUMNS)
-    events["t"] = events["t"].astype(float)
-    return events.sort_values("t", kind="stable").reset_index(drop=True)
+    if not rows:
+        events = pd.DataFrame(rows, columns=EVENT_COLUMNS)
+        events["t"] = events["t"].astype(float)
+        return events.sort_values("t", kind="stable").reset_index(drop=True)
+    # in time order before the frame is made (the order sort_values("t", kind="stable") gives): a sort
+    # of the frame took each str column again
+    times = np.array(columns["t"], dtype=float)
+    order = np.argsort(times, kind="stable")
+    if (order != np.arange(len(order))).any():
+        at = order.tolist()
+        columns = {c: [v[k] for k in at] for c, v in columns.items() if c != "t"}
+    columns["t"] = times[order]  # float already: no astype (which copied the frame's other columns)
+    for c in ("kind", "name", "host"):  # pyarrow makes the str column (logdir/str_column.py)
+        if set(map(type, columns[c])) <= {str}:
+            columns[c] = str_array(columns[c])
+    return pd.DataFrame(columns, columns=EVENT_COLUMNS)
 
 
 def phases_from_events(events: pd.DataFrame, samples: pd.DataFrame) -> pd.DataFrame:
@@ -106,18 +121,35 @@ def phases_from_events(events: pd.DataFrame, samples: pd.DataFrame) -> pd.DataFr
     t = begins["t"].to_numpy(float)
     end = np.where(found, end_t, np.maximum(last_t, t))
     ids, parents = begins["id"], begins["parent"]
-    rows = {"name": begins["name"].to_numpy(), "start": t, "end": end, "duration": end - t,
-            "pid": begins["pid"].astype(int).to_numpy(), "host": _hosts(begins),
+    # the str columns as they end up (names kept as the events' str column, hosts made by pyarrow, the
+    # status an object column): not inferred from Python objects again (138,000 phases)
+    name = begins["name"]
+    rows = {"name": name.array if name.dtype == _STR else name.to_numpy(), "start": t, "end": end,
+            "duration": end - t, "pid": begins["pid"].astype(int).to_numpy(), "host": str_array(_hosts(begins)),
             "id": pd.to_numeric(ids, errors="coerce").fillna(-1).astype(int).to_numpy(),
             "parent": pd.to_numeric(parents, errors="coerce").fillna(-1).astype(int).to_numpy(),
-            "status": np.where(found, end_status, "open"), "attrs": begins["attrs"].to_numpy()}
+            "status": pd.Series(np.where(found, end_status, "open"), dtype=object, index=pd.RangeIndex(len(t))),
+            "attrs": begins["attrs"].to_numpy()}
     phases = pd.DataFrame(rows)
-    phases["status"] = phases["status"].astype(object)
     phases["depth"] = _depths(phases)
-    extra = pd.DataFrame([{k: v for k, v in a.items() if k not in PHASE_COLUMNS} for a in phases["attrs"]],
-                         index=phases.index)
+    extra = _attr_columns(phases["attrs"].tolist(), phases.index)
     phases = pd.concat([phases[PHASE_COLUMNS], extra], axis=1)
     return phases.sort_values(["start", "depth"], kind="stable").reset_index(drop=True)
+
+
+def _attr_columns(attrs: list[dict], index: pd.Index) -> pd.DataFrame:
+    """The attributes as columns (those not named like a phase column), in the order they first appear,
+    NaN where a phase lacks one: the frame that a list of dicts makes (the same dtypes), column by
+    column, a third of the time at 138,000 phases."""
+    keys: dict = {}
+    for a in attrs:
+        for k in a:
+            if k not in keys and k not in PHASE_COLUMNS:
+                keys[k] = None
+    if not keys:  # as the list of dicts makes it (its empty column index, too)
+        return pd.DataFrame([{} for _ in attrs], index=index)
+    nan = np.nan
+    return pd.DataFrame({k: [a.get(k, nan) for a in attrs] for k in keys}, index=index)
 
 
 def _hosts(events: pd.DataFrame) -> list[str]:
@@ -130,11 +162,13 @@ def _hosts(events: pd.DataFrame) -> list[str]:
 def _depths(phases: pd.DataFrame) -> list[int]:
     # plain lists: iterating the (Arrow-backed) host column costs a second at 138,000 phases
     keys = list(zip(phases["host"].tolist(), phases["pid"].tolist()))
-    ids = phases["id"].tolist()
-    parent_of = {(*k, i): par for k, i, par in zip(keys, ids, phases["parent"].tolist())}
+    ids, parents = phases["id"].tolist(), phases["parent"].tolist()
+    parent_of = {(*k, i): par for k, i, par in zip(keys, ids, parents)}
+    # (host, pid, id) unique (the usual case): a phase's entry is its own parent, no lookup to make it
+    own = len(parent_of) == len(ids)
     depths = []
-    for key, phase_id in zip(keys, ids):
-        depth, parent = 0, parent_of.get((*key, phase_id), -1)
+    for key, phase_id, parent in zip(keys, ids, parents):
+        depth, parent = 0, parent if own else parent_of.get((*key, phase_id), -1)
         while parent != -1 and depth < 64:
             depth, parent = depth + 1, parent_of.get((*key, parent), -1)
         depths.append(depth)

@@ -21,6 +21,7 @@ from typing import Callable
 from miles_profile.errors import MilesProfileError
 from miles_profile.importers.miles_csv import load_miles_csv
 from miles_profile.importers.miles_dashboard import is_miles_dashboard, load_miles_dashboard
+from miles_profile.logdir.gc_pause import keep_loaded
 from miles_profile.logdir.layout import RUN_META, find_runs
 from miles_profile.logdir.reader import load_run, run_id_of, with_samples
 from miles_profile.runmodel.series import sample_count
@@ -168,6 +169,7 @@ def visualize(options: VisualizeOptions, echo: Callable[[str], None] = print) ->
 
     started = time.perf_counter()
     runs, notes = load_inputs(options.paths, lazy=len(options.paths) == 1)
+    keep_loaded()  # the runs live until the end: no collection walks them again (logdir/gc_pause.py)
     # a bad --phase, or one matching none of a run's phases: exit 2 before any work
     selections = [selection_for(run, options.phases) for run in runs]
     baseline = _load_baseline(options.baseline) if options.baseline else None

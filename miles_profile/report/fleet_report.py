@@ -208,7 +208,7 @@ def fleet_html(view: FleetView, k: int, t0: float) -> str:
         div = figure.to_html(full_html=False, include_plotlyjs=False, div_id=f"lane-fig-{k}-{i}", config=_CONFIG)
         figures.append(f'<div class="lane" id="{lane_anchor(k, i)}"><h4>{_e(lane["label"])}</h4>'
                        f'<div class="figure">{div}</div></div>')
-    processes = len({(h, p) for h, p in zip(view.table["host"], view.table["pid"])})
+    processes = len(set(zip(view.table["host"].tolist(), view.table["pid"].tolist())))
     return f"""
   <h3>Fleet</h3>
   <p class="muted small">{counted(processes, "processes")} with phases on {counted(n_lanes, "lanes")} (a lane is a GPU; on a run without

@@ -436,7 +436,9 @@ def _drops(df: pd.DataFrame) -> pd.Series:
     release) while the allocator misses a torch_memory_saver pause; a shortfall is one no series saw
     freed. A phase shorter than the sampling interval has one row, after the release: the level before
     it is the previous phase's last."""
-    order = df.sort_values(["pid", "t0"], kind="stable")
+    lasts = [f"{s}_last" for s in ("reserved", "alloc", "proc", "rss") if f"{s}_last" in df]
+    # sorted with the columns read only (the table's str columns were most of the sort)
+    order = df[["pid", "t0", *lasts]].sort_values(["pid", "t0"], kind="stable")
     best = pd.Series(np.nan, index=df.index)
     for s in ("reserved", "alloc", "proc", "rss"):
         first, last = f"{s}_first", f"{s}_last"

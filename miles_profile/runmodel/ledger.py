@@ -45,7 +45,7 @@ from miles_profile.runmodel.ledger_categories import (  # noqa: F401 - the categ
     OTHER_ANONYMOUS, OTHER_PROCESSES, RSS_UNSPLIT, SHARED_MEMORY, UNDECLARED, _gpu_rows, _host_rows, at_peaks, ends)
 from miles_profile.runmodel.ledger_peaks import _peak_rows, _samples_by_process
 from miles_profile.runmodel.ledger_sources import _Context, _context, _gpu_indices, _member, _nvml, _row_at, _used_at
-from miles_profile.runmodel.stats import _iterations
+from miles_profile.runmodel.stats import process_iterations
 
 # Up to this many processes the report accounts for all of them; past it (a fleet), for the processes
 # of the GPUs it draws (its cost grows with their phase instances, 1.3 s at 32 processes).
@@ -75,7 +75,7 @@ def _phase_rows(ctx: _Context, host: str, pid: int, t: float) -> list[tuple]:
 def phase_iterations(phases: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     """Each phase's host and iteration (a pid's iterations are its own: pids repeat across hosts)."""
     hosts = phases["host"].fillna("").astype(str).to_numpy() if "host" in phases else np.array([""] * len(phases))
-    return hosts, _iterations(phases.assign(pid=[f"{h}:{p}" for h, p in zip(hosts, phases["pid"])]))
+    return hosts, process_iterations(phases, hosts.tolist())
 
 
 def ledger(run, processes: Iterable[tuple[str, int]] | None = None, *, peaks: bool = False,

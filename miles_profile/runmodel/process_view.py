@@ -22,10 +22,17 @@ _JUDGED_ROLES = ("actor", "in_process", "engine", "critic")
 
 
 def phase_processes(run) -> set:
-    if run.phases.empty:
+    phases = run.phases
+    if phases.empty:
         return set()
-    hosts = run.phases["host"].fillna("").astype(str) if "host" in run.phases else pd.Series("", index=run.phases.index)
-    return set(zip(hosts, run.phases["pid"].astype(int)))
+    # asked 5 times a report: made once per phases frame (a live run's new frame is made again)
+    cache = run.__dict__.setdefault("_report_cache", {})
+    made = cache.get("phase_processes")
+    if made is None or made[0] is not phases:
+        # lists, not the str (Arrow) column: iterating that costs a microsecond a phase
+        hosts = phases["host"].fillna("").astype(str).tolist() if "host" in phases else [""] * len(phases)
+        made = cache["phase_processes"] = (phases, frozenset(zip(hosts, phases["pid"].astype(int).tolist())))
+    return set(made[1])
 
 
 def is_fleet(run) -> bool:

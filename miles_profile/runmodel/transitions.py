@@ -34,7 +34,7 @@ import pandas as pd
 from miles_profile import names
 from miles_profile.calibrate import ceilings_of
 from miles_profile.runmodel.ledger import ledger
-from miles_profile.runmodel.stats import _iterations
+from miles_profile.runmodel.stats import process_iterations
 
 GB = 1e9  # bandwidth unit; sizes stay GiB on screen
 OFFLOAD, ONLOAD, UPDATE = "offload", "onload", names.UPDATE_WEIGHTS
@@ -88,6 +88,9 @@ def kind_of(name: str) -> str | None:
     return None
 
 
+_NO_ATTRS: dict = {}
+
+
 def _attr(attrs, key):
     return attrs.get(key) if isinstance(attrs, dict) else None
 
@@ -109,16 +112,18 @@ def phase_ends(ledger_frame: pd.DataFrame) -> pd.DataFrame:
 
 
 def _declares(attrs) -> bool:
-    return isinstance(attrs, dict) and any(isinstance(attrs.get(k), (int, float)) for k in ("expected_bytes", "weights_bytes"))
+    # no generator per phase: 138,000 of them at 1,024 processes
+    return isinstance(attrs, dict) and (isinstance(attrs.get("expected_bytes"), (int, float))
+                                        or isinstance(attrs.get("weights_bytes"), (int, float)))
 
 
-def _mirrors(phases: pd.DataFrame) -> np.ndarray:
+def _mirrors(phases: pd.DataFrame, hosts: list, attrs: list) -> np.ndarray:
     """True for the server side of a call the client recorded: a phase that declares no bytes, inside a
     same-named phase of another process that does (an engine server's /release_memory_occupation inside
     the actor's offload_kv). Ranks' own phases, which declare their bytes, overlap and are all kept."""
     out = np.zeros(len(phases), dtype=bool)
-    key = (phases["host"].fillna("").astype(str) + ":" + phases["pid"].astype(str)).to_numpy()
-    declares = np.array([_declares(a) for a in phases["attrs"]], dtype=bool)
+    key = np.array([f"{h}:{p}" for h, p in zip(hosts, phases["pid"].tolist())], dtype=object)
+    declares = np.array([_declares(a) for a in attrs], dtype=bool)
     for _, rows in phases.groupby("name", sort=False).indices.items():
         clients, servers = rows[declares[rows]], rows[~declares[rows]]
         if not len(clients) or not len(servers):
@@ -190,16 +195,24 @@ def _link(kind: str, name: str, target, on_gpu: bool, copied: bool, train_at=Non
     return "pinned_d2h" if kind == OFFLOAD else "pinned_h2d"
 
 
-def _rows(run, ledger_frame: pd.DataFrame, ceilings: dict[str, float]) -> pd.DataFrame:
+def _phase_hosts(phases: pd.DataFrame) -> list[str]:
+    # a plain list: iterating the str (Arrow) column itself costs a microsecond a value
+    return phases["host"].fillna("").astype(str).tolist() if "host" in phases else [""] * len(phases)
+
+
+def _rows(run, ledger_frame: pd.DataFrame, ceilings: dict[str, float], hosts_: list[str],
+          iterations: np.ndarray) -> pd.DataFrame:
+    """`hosts_`, `iterations`: each phase's host and iteration (`transitions` makes them once, `_steps`
+    reads them too)."""
     phases = run.phases
     if phases.empty:
         return pd.DataFrame(columns=TABLE_COLUMNS)
     phases = phases.reset_index(drop=True)
-    hosts = phases["host"].fillna("").astype(str) if "host" in phases else pd.Series([""] * len(phases))
-    phases = phases.assign(host=hosts.to_numpy())
-    iterations = _iterations(phases.assign(pid=[f"{h}:{p}" for h, p in zip(hosts, phases["pid"])]))
-    kinds = [kind_of(n) for n in phases["name"].astype(str)]
-    mirrors = _mirrors(phases)
+    # plain lists: a fleet has tens of thousands of phases, and a pandas row costs 0.5 ms
+    names_, attrs_, pids_ = phases["name"].astype(str).tolist(), phases["attrs"].tolist(), phases["pid"].tolist()
+    kind_by_name = {n: kind_of(n) for n in set(names_)}  # few names, 138,000 phases at 1,024 processes
+    kinds = [kind_by_name[n] for n in names_]
+    mirrors = _mirrors(phases, hosts_, attrs_)
     bounds = _boundaries(ledger_frame)
     gpu_pids = set()
     if ledger_frame is not None and len(ledger_frame):
@@ -209,9 +222,6 @@ def _rows(run, ledger_frame: pd.DataFrame, ceilings: dict[str, float]) -> pd.Dat
     copied_last: dict[tuple, bool] = {}  # (host, pid, tags) -> whether its last release copied
     train_at: dict[tuple, str | None] = {}  # (host, pid) -> where its training state is (None: on the device)
     out = []
-    # plain lists: a fleet has tens of thousands of phases, and a pandas row costs 0.5 ms
-    names_, attrs_, pids_ = phases["name"].astype(str).tolist(), phases["attrs"].tolist(), phases["pid"].tolist()
-    hosts_ = hosts.tolist()  # `hosts.iat[k]` per phase: 0.9 of 19 CPU s of a 1,024-process report
     ids_, starts, durations = phases["id"].tolist(), phases["start"].tolist(), phases["duration"].tolist()
     still_open = (phases["status"].astype(str) == names.OPEN).to_numpy() if "status" in phases else np.zeros(len(phases), bool)
     for k in np.argsort(phases["start"].to_numpy(float), kind="stable"):
@@ -219,9 +229,10 @@ def _rows(run, ledger_frame: pd.DataFrame, ceilings: dict[str, float]) -> pd.Dat
         if kind is None or mirrors[k] or still_open[k]:  # a phase still running has no cost yet
             continue
         name, attrs, host, pid = names_[k], attrs_[k], hosts_[k], int(pids_[k])
+        attrs = attrs if isinstance(attrs, dict) else _NO_ATTRS  # _attr's test once, not per key
         pid_id = int(ids_[k]) if ids_[k] == ids_[k] else -1
-        tags, target = _tags_of(name, attrs), _attr(attrs, "target")
-        declared = _attr(attrs, "weights_bytes" if kind == UPDATE else "expected_bytes")
+        tags, target = _tags_of(name, attrs), attrs.get("target")
+        declared = attrs.get("weights_bytes" if kind == UPDATE else "expected_bytes")
         declared = float(declared) if isinstance(declared, (int, float)) else np.nan
         d = bounds[(host, pid)].deltas(pid_id) if (host, pid) in bounds else None
         freed, taken, nvml, host_change = d if d is not None else (np.nan,) * 4
@@ -240,7 +251,7 @@ def _rows(run, ledger_frame: pd.DataFrame, ceilings: dict[str, float]) -> pd.Dat
         nbytes = measured if measured == measured and measured > 0 else declared
         rate = nbytes / seconds if seconds > 0 and nbytes == nbytes else np.nan
         ceiling = ceilings.get(link, np.nan) if link else np.nan
-        out.append((host, pid, pid_id, name, kind, int(iterations[k]), tags, target, _attr(attrs, "backend"),
+        out.append((host, pid, pid_id, name, kind, int(iterations[k]), tags, target, attrs.get("backend"),
                     float(starts[k]), seconds, declared, measured, nvml, copied, link or NO_COPY, rate, ceiling,
                     rate / ceiling if ceiling == ceiling and rate == rate else np.nan))
     return pd.DataFrame(out, columns=TABLE_COLUMNS)
@@ -273,7 +284,7 @@ def _union_seconds(spans: list[tuple[float, float]]) -> float:
     return total
 
 
-def _steps(run, table: pd.DataFrame) -> pd.DataFrame:
+def _steps(run, table: pd.DataFrame, hosts: list[str], its: np.ndarray) -> pd.DataFrame:
     """Per process that made transitions and per iteration (rollout): its span from the first phase's
     start to the last one's end, the seconds inside its transition phases (overlaps counted once), and
     their share. Per process, so that ranks moving memory at the same time are not added into one step."""
@@ -281,18 +292,17 @@ def _steps(run, table: pd.DataFrame) -> pd.DataFrame:
     phases = run.phases
     if phases.empty or table.empty:
         return pd.DataFrame(columns=cols)
-    hosts = phases["host"].fillna("").astype(str) if "host" in phases else pd.Series([""] * len(phases))
-    its = _iterations(phases.assign(pid=[f"{h}:{p}" for h, p in zip(hosts, phases["pid"])]))
-    spans = pd.DataFrame({"host": hosts.to_numpy(), "pid": phases["pid"].to_numpy(np.int64), "iteration": its,
+    pids_ = phases["pid"].to_numpy(np.int64)
+    spans = pd.DataFrame({"host": np.array(hosts, dtype=object), "pid": pids_, "iteration": its,
                           "start": phases["start"].to_numpy(float), "end": phases["end"].to_numpy(float)})
-    movers = set(zip(table["host"], table["pid"]))
-    spans = spans[(spans["iteration"].to_numpy() >= 0) &
-                  np.array([k in movers for k in zip(spans["host"], spans["pid"])], dtype=bool)]
+    table_hosts = table["host"].tolist()  # lists, not the str columns: iterated per phase
+    movers = set(zip(table_hosts, table["pid"].tolist()))
+    spans = spans[(its >= 0) & np.array([k in movers for k in zip(hosts, pids_.tolist())], dtype=bool)]
     keys = ["host", "pid", "iteration"]
     steps = spans.groupby(keys).agg(first=("start", "min"), last=("end", "max")).reset_index()
     busy: dict[tuple, list] = {}
-    for key, begin, seconds in zip(zip(table["host"], table["pid"], table["iteration"]), table["start"],
-                                   table["seconds"]):
+    for key, begin, seconds in zip(zip(table_hosts, table["pid"].tolist(), table["iteration"].tolist()),
+                                   table["start"].tolist(), table["seconds"].tolist()):
         busy.setdefault(key, []).append((begin, begin + seconds))
     out = []
     for host, pid, it, first, last in steps.itertuples(index=False):
@@ -307,8 +317,10 @@ def transitions(run, ledger_frame: pd.DataFrame | None = None) -> Transitions:
     if ledger_frame is None:
         ledger_frame = ledger(run)
     ceilings = ceilings_of(run.meta)
-    table = _rows(run, ledger_frame, ceilings)
-    steps = _steps(run, table)
+    hosts = _phase_hosts(run.phases)
+    iterations = process_iterations(run.phases, hosts) if len(run.phases) else np.zeros(0, np.int64)
+    table = _rows(run, ledger_frame, ceilings, hosts, iterations)
+    steps = _steps(run, table, hosts, iterations)
     total = float(steps["seconds"].sum()) if len(steps) else 0.0
     share = float(steps["transition_seconds"].sum() / total) if total > 0 else None
     return Transitions(table, _by_kind(table, total or None), steps, share, ceilings)

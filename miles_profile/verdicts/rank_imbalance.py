@@ -126,6 +126,9 @@ def _imbalance(values: np.ndarray, columns: pd.DataFrame, who: list[dict], th: F
         matters_floor = np.where(np.isfinite(totals) & (totals > 0), th.imbalance_total_share * totals, 0.0)[:, None]
         matters = fails & (excess > matters_floor)
     iterations = cols["iteration"].to_numpy()
+    # each shown cell's column once, and the phases as one array: a pandas row or comparison per lane
+    # was most of this check at 1,024 processes (1,536 rows)
+    phase_of, col_of = cols["phase"].to_numpy(), {}
     findings, worst = [], None
     for r, w in enumerate(who):
         row = excess[r]
@@ -135,10 +138,11 @@ def _imbalance(values: np.ndarray, columns: pd.DataFrame, who: list[dict], th: F
         shown = matters[r] if matters[r].any() else (fails[r] if fails[r].any() else small[r])
         c = int(np.nanargmax(np.where(shown, row, -np.inf))) if shown.any() else int(np.nanargmax(row))
         recur = (len(set(iterations[matters[r]])), len(set(iterations[fails[r]])))
-        finding = _imbalance_finding(w, cols.iloc[c], values[r, c], median[c], spread[c], int(peers[c]),
+        col = col_of[c] if c in col_of else col_of.setdefault(c, cols.iloc[c])
+        finding = _imbalance_finding(w, col, values[r, c], median[c], spread[c], int(peers[c]),
                                      int(fails[r].sum()), bool(small[r].any()), floor[r, 0], peers_name,
                                      recur, float(matters_floor[r, 0]), th.imbalance_min_iterations)
-        same = (cols["phase"] == cols.iloc[c]["phase"]).to_numpy()  # the shown phase's cells, over iterations
+        same = phase_of == phase_of[c]  # the shown phase's cells, over iterations
         if finding.status == "fail" and _grows(row[same], iterations[same], fails[r][same]):
             finding = replace(finding, status=WARN, cause="sustained_growth",
                               message=finding.message.replace("an outlier among its peers", "") +
@@ -147,7 +151,7 @@ def _imbalance(values: np.ndarray, columns: pd.DataFrame, who: list[dict], th: F
         findings.append(finding)
         if worst is None or row[c] > worst["excess"]:
             worst = dict(finding.numbers, phase=finding.phase, iteration=finding.iteration,
-                         message=f"{cols.iloc[c]['label']} {gib(row[c])} over the median of {peers_name}")
+                         message=f"{col['label']} {gib(row[c])} over the median of {peers_name}")
     return findings, worst
 
 

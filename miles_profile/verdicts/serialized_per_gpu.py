@@ -124,7 +124,8 @@ def _delegated_floors(df: pd.DataFrame, offloads: pd.DataFrame) -> pd.Series:
     finite level of its latest phase ended by then) minus the offload's expected_bytes. Without it an
     engine that never releases would have its stuck memory taken for its context."""
     rollout = offloads[offloads["phase"].isin(_ROLLOUT_OFFLOADS) & (offloads["role"] != names.ROLE_ENGINE)]
-    engines = df[(df["role"] == names.ROLE_ENGINE) & df["own_last"].notna()]
+    # the columns read below only: each process's group of the whole table copied all its columns
+    engines = df.loc[(df["role"] == names.ROLE_ENGINE) & df["own_last"].notna(), ["lane_code", "pid", "t0", "t1", "own_last"]]
     out = {}
     if rollout.empty or engines.empty:
         return pd.Series(out, dtype=float)
@@ -215,7 +216,8 @@ def _serialized_judge(df: pd.DataFrame, th: FleetThresholds, full: pd.DataFrame 
     together = judged["above"].to_numpy(copy=True)
     windows = judged.groupby("lane_code").indices
     w0, w1, owner = judged["t0"].to_numpy(), judged["t1"].to_numpy(), judged["pid"].to_numpy()
-    rows = df[df["lane_code"].isin(lanes_ok)]
+    # the columns read below only: each process's group of the whole table was a copy of all its columns
+    rows = df.loc[df["lane_code"].isin(lanes_ok), ["lane_code", "pid", "t0", "t1", "own_peak", "own_last"]]
     for (lane, pid), p in rows.groupby(["lane_code", "pid"], sort=False):
         at = windows[lane]
         level = fleet.levels_during(p["t0"].to_numpy(), p["t1"].to_numpy(), p["own_peak"].to_numpy(),
