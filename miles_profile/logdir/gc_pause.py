@@ -36,6 +36,7 @@ def gc_paused() -> Iterator[None]:
 # `visualize` of a 1,024-process fleet makes millions of long-lived objects (events, frames, figures),
 # and the default thresholds walked them again and again for no garbage.
 RELAXED_THRESHOLDS = (50_000, 20, 20)
+_relaxed = 0  # how many gc_relaxed blocks are open (keep_loaded freezes only inside one)
 
 
 @contextmanager
@@ -43,11 +44,14 @@ def gc_relaxed() -> Iterator[None]:
     """For a command's whole run: the collector at RELAXED_THRESHOLDS, and what `keep_loaded` froze
     unfrozen at the end; the caller's thresholds after it (a test calling the command in its own
     process keeps its settings)."""
+    global _relaxed
     before = gc.get_threshold()
     gc.set_threshold(*RELAXED_THRESHOLDS)
+    _relaxed += 1
     try:
         yield
     finally:
+        _relaxed -= 1
         gc.unfreeze()
         gc.set_threshold(*before)
 
@@ -55,5 +59,7 @@ def gc_relaxed() -> Iterator[None]:
 def keep_loaded() -> None:
     """Inside `gc_relaxed`, once the runs are read: every object made so far (the runs' events, frames
     and phase summaries: live until the command ends) is left out of every later collection, which
-    walked them all each time (gc.freeze)."""
-    gc.freeze()
+    walked them all each time (gc.freeze). Outside one, nothing: a long-lived caller (the dashboard, a
+    test process) would never collect a cycle frozen there."""
+    if _relaxed:
+        gc.freeze()

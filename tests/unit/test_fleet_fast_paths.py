@@ -88,3 +88,10 @@ def test_gc_relaxed_restores_the_callers_settings():
         assert gc.get_freeze_count() > 0
     assert gc.get_threshold() == before
     assert gc.get_freeze_count() == 0  # what the command froze is collectable again in a test's process
+
+
+def test_keep_loaded_outside_a_command_freezes_nothing():
+    # visualize() called as a library (the dashboard, a test's process) lives on: a cycle frozen there would
+    # never be collected
+    keep_loaded()
+    assert gc.get_freeze_count() == 0
