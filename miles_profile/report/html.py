@@ -316,6 +316,15 @@ h4{font-size:13px;margin:16px 0 6px;color:#3a4354} .lane{margin:10px 0} table.ou
 """
 
 
+def _overall_coverage(reports, single: bool) -> str:
+    """One run: which checks it judged. Several: each run named with how many (its section lists them):
+    nine runs' lists of check names in a row read as one list of no run's."""
+    if single:
+        return "; ".join(r.verdict.coverage for r in reports if r.verdict.checks)
+    judged = [f"{r.run.name}: {r.verdict.coverage_count}" for r in reports if r.verdict.checks]
+    return "· per run: " + " · ".join(judged) if judged else ""
+
+
 def render_html(reports: list[RunReport], *, comparison: str | None = None, notes: tuple[str, ...] = (),
                 extra: str = "") -> str:
     """`extra`: HTML sections placed before the comparison (e.g. the baseline gate, gate_html.py)."""
@@ -340,7 +349,7 @@ def render_html(reports: list[RunReport], *, comparison: str | None = None, note
 <div class="muted small">memory report written {generated} by python -m miles_profile.visualize · GiB = 1024³ bytes</div>
 <p class="verdict">Overall: <span class="badge {cls}" id="overall" data-status="{_e(overall)}">{text}</span>
 <span class="muted small" id="overall-exit">exit code {exit_code_for(overall)}{" (1 with --strict)" if overall == "warn" else ""}</span>
-<span class="muted small" id="overall-coverage">{_e("; ".join(r.verdict.coverage for r in reports if r.verdict.checks))}</span></p>
+<span class="muted small" id="overall-coverage">{_e(_overall_coverage(reports, single))}</span></p>
 {_failing_html(reports, single)}{note_html}{nav}{extra}{comparison_html}{body}
 <script type="application/json" id="report-data">{_report_data(reports, overall)}</script>
 <script>{SUMMARY_SCRIPT}</script>

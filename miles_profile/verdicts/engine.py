@@ -77,7 +77,17 @@ class RunVerdict:
         """What was judged, for the overall line: "2 of 8 checks judged: headroom, leak"."""
         judged = [_judged_name(c) for c in self.checks if c.status in JUDGED]
         text = f"{len(judged)} of {len(self.checks)} checks judged" + (f": {', '.join(judged)}" if judged else "")
-        return text + ("; nothing but headroom judged: not a pass" if self.judged_nothing else "")
+        return text + self._not_a_pass
+
+    @property
+    def coverage_count(self) -> str:
+        """The coverage without the checks' names, for a line that names many runs: "2 of 8 checks judged"."""
+        judged = sum(c.status in JUDGED for c in self.checks)
+        return f"{judged} of {len(self.checks)} checks judged" + self._not_a_pass
+
+    @property
+    def _not_a_pass(self) -> str:
+        return "; nothing but headroom judged: not a pass" if self.judged_nothing else ""
 
     @property
     def status(self) -> Status:

@@ -69,6 +69,11 @@ def test_comparison_renders(browser, artifacts, tmp_path):
         page.wait_for_selector("#comparison-figure .main-svg")
         assert page.locator("#comparison-figure .barlayer .trace").count() >= 2  # stacked ledger bars
         assert page.locator("#comparison-table tbody tr").count() >= 6
+        # the overall line names each run with what it judged (two runs' check lists in a row named none)
+        names = page.eval_on_selector_all('p a[href^="#run-"]', "els => els.map(e => e.textContent)")
+        coverage = page.locator("#overall-coverage").inner_text().removeprefix("· per run: ")
+        assert len(names) == 2 and [part.split(": ")[0] for part in coverage.split(" · ")] == names, coverage
+        assert all(" checks judged" in part for part in coverage.split(" · ")), coverage
         page.locator("#comparison").screenshot(path=str(artifacts / "visualize_comparison.png"))
     finally:
         page.close()
