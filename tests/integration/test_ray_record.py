@@ -111,7 +111,9 @@ def test_every_actor_on_both_nodes_is_recorded_and_the_node_local_logs_are_gathe
     stem = next(p["stem"] for p in actors if p["host"] == NODE2_HOST)
     assert (Path(node2["node_dir"]) / f"{stem}.samples.csv").is_file() and (run_dir / f"{stem}.samples.csv").is_file()
     assert list(run_dir.glob(f"{NODE2_HOST}-*.host.csv")), "node2's host sampler"
-    assert all(n["start_s"] < 2.0 for n in doc["nodes"])
+    # each node's sampler said how long its start took; a bound here only guards a hang (the time itself is
+    # bench/bench_ray.py's: a loaded CI machine is no place for a 2 s bound)
+    assert all(0 <= n["start_s"] < 60 for n in doc["nodes"]), [n["start_s"] for n in doc["nodes"]]
     assert not [w for w in run.warnings if "Ray" in w], run.warnings
     assert not gone(ours(run_dir, run)), "a sampler or actor outlived the job"
 
