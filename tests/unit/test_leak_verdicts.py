@@ -350,3 +350,14 @@ def test_a_short_rise_in_every_iteration_under_twice_the_allowed_growth_is_unsur
     leak = judge_floors(np.arange(1, 4), np.array([0.4, 0.5, 0.6]) * GiB, resolution=8 * MiB, allowed=85 * MiB,
                         min_iterations=5)
     assert leak.status == "fail" and leak.cause == "sustained_growth", leak.text
+
+
+def test_a_short_rise_that_slows_is_unsure_and_one_that_keeps_its_pace_fails():
+    # the floors of a healthy 4-iteration HF llama loop recorded on a loaded machine (3 after warm-up):
+    # +109.5 then +61.4 MiB, 2.01x the allowed growth; a heap warming up slows, a leak keeps its pace
+    judge = dict(resolution=8 * MiB, allowed=85 * MiB, min_iterations=5, unit="iteration", step_cause="")
+    warming = judge_floors(np.arange(1.0, 4.0), np.array([333918208.0, 448720896.0, 513064960.0]), **judge)
+    assert (warming.status, warming.cause) == ("warn", "few_iterations"), warming.text
+    assert "a heap warming up slows" in warming.text
+    leak = judge_floors(np.arange(1.0, 4.0), np.array([300.0, 392.0, 480.0]) * MiB, **judge)  # +92, +88
+    assert (leak.status, leak.cause) == ("fail", "sustained_growth"), leak.text
