@@ -76,13 +76,13 @@ def test_full_disk_at_runtime_is_one_line_and_exit_1(tmp_path):
 
 
 @pytest.mark.slow
-def test_recorded_cpu_preset_run_with_every_offload_flag(tmp_path):
+def test_recorded_cpu_preset_run_with_every_offload_flag(tmp_path, ram_dir):
     """The `make demo` configuration: under 2 minutes, and every offload really drops RSS."""
     start = time.monotonic()
     result = subprocess.run(
         [sys.executable, "-m", "miles_profile.record", "--log-dir", str(tmp_path / "logs"), "--",
          "--preset", "cpu", "--num-rollout", "2", *ALL_FLAGS, "--offload-train-target", "disk",
-         "--offload-train-disk-dir", str(tmp_path / "offload")],
+         "--offload-train-disk-dir", str(ram_dir / "offload")],
         cwd=REPO, env=python_env(), capture_output=True, text=True, timeout=180)
     elapsed = time.monotonic() - start
     assert result.returncode == 0, result.stderr
