@@ -18,7 +18,7 @@ import pandas as pd
 from miles_profile import names
 from miles_profile.command_exit import stop_signal
 from miles_profile.errors import MilesProfileError
-from miles_profile.logdir import completeness
+from miles_profile.logdir import completeness, gpu_used_beside
 from miles_profile.logdir.accounts import accounts_frame
 from miles_profile.logdir.cluster import cluster_warnings, mark_ray_restarts
 from miles_profile.logdir.events_reader import (  # noqa: F401 (EVENT_COLUMNS..phase_timeline: this module's API)
@@ -26,7 +26,7 @@ from miles_profile.logdir.events_reader import (  # noqa: F401 (EVENT_COLUMNS..p
     phase_timeline, phases_from_events, read_all_events,
 )
 from miles_profile.logdir.files import NotRegularFile, read_small
-from miles_profile.logdir.host_reader import gpu_used_arrays, host_frames, host_meta
+from miles_profile.logdir.host_reader import host_frames, host_meta
 from miles_profile.logdir.layout import (
     EVENTS_SUFFIX, FORMAT_VERSION, PROCESS_META_SUFFIX, RUN_META, SAMPLES_SUFFIX, find_runs, pid_of,
 )
@@ -70,10 +70,14 @@ class Run:
         """{(host, gpu_uuid): (t, used)}: NVML used of each GPU as arrays (the data of `gpu_samples`,
         read from the wide files without building the long frame; see host_reader.gpu_used_arrays)."""
         if "_host_data" in self.__dict__:  # already read as a frame: split it rather than read again
+            side = self.__dict__.pop("_gpu_used_side", None)
+            if side is not None:
+                side.cancel()
             g = self.gpu_samples
             return {(str(h), str(u)): (f["t"].to_numpy(float), f["used"].to_numpy(float))
                     for (h, u), f in g.groupby(["host", "gpu_uuid"], sort=False, observed=True)}
-        return gpu_used_arrays(self.directories, self.warnings)
+        # read beside the events by load_run (gpu_used_beside.py), else here
+        return gpu_used_beside.take(self.__dict__.pop("_gpu_used_side", None), self.directories, self.warnings)
 
     def gpu_procs_of(self, hosts) -> pd.DataFrame:
         """`gpu_procs` of some hosts only: reads just their files (unless all were read already)."""
@@ -254,6 +258,8 @@ def load_run(*paths: str | Path, sample_pids=None) -> Run:
         completeness.warn_missing_files(folder, found, warnings)
         processes += found
     aliases = pid_aliases(processes, warnings)
+    # a fleet's NVML used read on the other core while the events are parsed here
+    gpu_used_side = gpu_used_beside.start([d for d, _ in dirs], processes, sample_pids is not None)
     without_events: list[str] = []  # stems whose events file gave no event
     for folder, _ in dirs:
         finished = {p.get("stem") for p in processes if p.get("end_time")}
@@ -279,8 +285,11 @@ def load_run(*paths: str | Path, sample_pids=None) -> Run:
     completeness.warn_planned_without_events(processes, events, warnings)
     phases = phases_from_events(events, _last_sample(store))
     samples = _fill_outside(store, events, processes)
-    return Run(run_dir, meta, processes, samples, events, phases, completeness.collapse_repeats(warnings),
-               [d for d, _ in dirs], None if sample_pids is None else frozenset(sample_pids))
+    run = Run(run_dir, meta, processes, samples, events, phases, completeness.collapse_repeats(warnings),
+              [d for d, _ in dirs], None if sample_pids is None else frozenset(sample_pids))
+    if gpu_used_side is not None:
+        run.__dict__["_gpu_used_side"] = gpu_used_side  # taken by Run.gpu_used
+    return run
 
 
 def _last_sample(store: ProcessSamples) -> pd.DataFrame:
@@ -323,8 +332,8 @@ def with_samples(run: Run, pids=None) -> Run:
     samples = _fill_outside(store, run.events, run.processes)
     new = Run(run.path, run.meta, run.processes, samples, run.events, run.phases, run.warnings + warnings,
               run.directories, None if pids is None else frozenset(pids))
-    for cached in ("_host_data", "_gpu_procs", "gpu_used", "hosts", "phase_summaries", "accounts",
-                   "_sample_summaries"):  # summaries computed from the files (sample_summaries.py)
+    for cached in ("_host_data", "_gpu_procs", "gpu_used", "_gpu_used_side", "hosts", "phase_summaries",
+                   "accounts", "_sample_summaries"):  # summaries computed from the files (sample_summaries.py)
         if cached in run.__dict__:
             new.__dict__[cached] = run.__dict__[cached]
     return new
