@@ -18,7 +18,7 @@ import pandas as pd
 from miles_profile import names
 from miles_profile.command_exit import stop_signal
 from miles_profile.errors import MilesProfileError
-from miles_profile.logdir import completeness, gpu_used_beside
+from miles_profile.logdir import completeness, gpu_used_beside, summaries_beside
 from miles_profile.logdir.accounts import accounts_frame
 from miles_profile.logdir.cluster import cluster_warnings, mark_ray_restarts
 from miles_profile.logdir.events_reader import (  # noqa: F401 (EVENT_COLUMNS..phase_timeline: this module's API)
@@ -34,7 +34,6 @@ from miles_profile.logdir.merge import alias_event_pids, copied_stems, pid_alias
 from miles_profile.logdir.meta_lists import PROCESS_LISTS, drop_retyped_lists
 from miles_profile.logdir.ranges import drop_impossible_ceilings
 from miles_profile.logdir.samples_reader import ProcessSamples, read_process_frames
-from miles_profile.logdir.summaries import summaries_frame
 
 
 
@@ -112,7 +111,8 @@ class Run:
         series, peak, floor, first, last, rows, t_first, t_last. See phase_summary.py. Phases whose
         `end` has none: logdir/sample_summaries.summaries_from_samples(run) gives the same frame,
         streamed from the samples files."""
-        return summaries_frame(self.events)
+        # made beside the phases by load_run for a fleet (summaries_beside.py), else here
+        return summaries_beside.take(self.__dict__.pop("_summaries_side", None), self.events)
 
     @cached_property
     def accounts(self) -> pd.DataFrame:
@@ -269,6 +269,7 @@ def load_run(*paths: str | Path, sample_pids=None) -> Run:
     events = event_frames[0] if len(event_frames) == 1 else events_frame(
         [row for frame in event_frames for row in frame.to_dict("records")])
     events = alias_event_pids(events, aliases)
+    summaries_side = summaries_beside.start(events, processes, sample_pids is not None)  # while the phases are made
     warnings += mark_ray_restarts(processes)  # before _mark_dead: a restarted actor's first process is said so
     _mark_dead(processes, warnings)
     completeness.warn_incomplete(processes, warnings)
@@ -289,6 +290,8 @@ def load_run(*paths: str | Path, sample_pids=None) -> Run:
               [d for d, _ in dirs], None if sample_pids is None else frozenset(sample_pids))
     if gpu_used_side is not None:
         run.__dict__["_gpu_used_side"] = gpu_used_side  # taken by Run.gpu_used
+    if summaries_side is not None:
+        run.__dict__["_summaries_side"] = summaries_side  # taken by Run.phase_summaries
     return run
 
 
@@ -333,7 +336,7 @@ def with_samples(run: Run, pids=None) -> Run:
     new = Run(run.path, run.meta, run.processes, samples, run.events, run.phases, run.warnings + warnings,
               run.directories, None if pids is None else frozenset(pids))
     for cached in ("_host_data", "_gpu_procs", "gpu_used", "_gpu_used_side", "hosts", "phase_summaries",
-                   "accounts", "_sample_summaries"):  # summaries computed from the files (sample_summaries.py)
+                   "_summaries_side", "accounts", "_sample_summaries"):  # summaries computed from the files (sample_summaries.py)
         if cached in run.__dict__:
             new.__dict__[cached] = run.__dict__[cached]
     return new

@@ -66,10 +66,11 @@ class SideProcess:
     def __init__(self, pid: int, path: str):
         self.pid, self.path, self._done = pid, path, False
 
-    def result(self, wait_s: float = WAIT_S) -> tuple[bool, Any]:
-        """(True, fn's value) once the child wrote it; (False, None) when it failed or ran past `wait_s`."""
+    def result(self, wait_s: float | None = None) -> tuple[bool, Any]:
+        """(True, fn's value) once the child wrote it; (False, None) when it failed or ran past `wait_s`
+        (default WAIT_S)."""
         try:
-            status = self._wait(wait_s)
+            status = self._wait(WAIT_S if wait_s is None else wait_s)
             if status is None or not os.WIFEXITED(status) or os.WEXITSTATUS(status) != 0:
                 return False, None
             with open(self.path, "rb") as f:
@@ -169,6 +170,7 @@ def _quiet_child() -> None:
     for fd in (1, 2):
         os.dup2(devnull, fd)
     os.close(devnull)
+    sys.stdout = sys.stderr = open(os.devnull, "w")  # also a stream not on fd 1/2 (a test's capture)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         libc = ctypes.CDLL(None, use_errno=True)
