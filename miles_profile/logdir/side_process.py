@@ -8,7 +8,8 @@ killed or ran past the wait). A one-shot command (`visualize`) runs on one core 
     side.cancel()                    # the child killed and reaped (result() does it too)
 
 The child is a fork of this process (the loaded run is shared copy-on-write, not sent): it runs
-`fn(*args)`, writes the pickle to a private temporary file and leaves with `os._exit` (never the
+`fn(*args)`, writes the pickle to a temporary file unlinked at once (nothing left on disk even if
+both are killed) and leaves with `os._exit` (never the
 parent's atexit handlers, never its buffered output); its stdout and stderr are /dev/null, so it
 says nothing the command would not have said. It dies with its parent (PR_SET_PDEATHSIG); one whose
 result was never asked for is killed and reaped when the block ends and at exit (exit_now runs atexit).
@@ -63,8 +64,8 @@ atexit.register(cancel_all)
 
 
 class SideProcess:
-    def __init__(self, pid: int, path: str):
-        self.pid, self.path, self._done = pid, path, False
+    def __init__(self, pid: int, fd: int):
+        self.pid, self.fd, self._done = pid, fd, False
 
     def result(self, wait_s: float | None = None) -> tuple[bool, Any]:
         """(True, fn's value) once the child wrote it; (False, None) when it failed or ran past `wait_s`
@@ -73,7 +74,8 @@ class SideProcess:
             status = self._wait(WAIT_S if wait_s is None else wait_s)
             if status is None or not os.WIFEXITED(status) or os.WEXITSTATUS(status) != 0:
                 return False, None
-            with open(self.path, "rb") as f:
+            os.lseek(self.fd, 0, os.SEEK_SET)  # the child's writes moved the offset both share
+            with os.fdopen(os.dup(self.fd), "rb") as f:
                 return True, pickle.load(f)
         except Exception:  # noqa: BLE001 - a result that cannot be read is work to do in-process
             return False, None
@@ -81,7 +83,7 @@ class SideProcess:
             self.cancel()
 
     def cancel(self) -> None:
-        """Kill the child if it still runs, reap it and remove its file (twice is harmless)."""
+        """Kill the child if it still runs, reap it and close its file (twice is harmless)."""
         _live.discard(self)
         if not self._done:
             self._done = True
@@ -93,10 +95,9 @@ class SideProcess:
                 os.waitpid(self.pid, 0)
             except ChildProcessError:
                 pass
-        try:
-            os.unlink(self.path)
-        except FileNotFoundError:
-            pass
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
 
     def _wait(self, wait_s: float) -> int | None:
         """The child's exit status, or None past `wait_s` (it is killed by cancel())."""
@@ -131,6 +132,7 @@ def start(fn: Callable[..., Any], *args: Any) -> SideProcess | None:
         return None
     try:
         handle, path = tempfile.mkstemp(prefix="miles-profile-side-", suffix=".pickle")
+        os.unlink(path)  # the parent and the child share the open file: no name to leave behind
     except OSError:
         return None
     for stream in (sys.stdout, sys.stderr):  # nothing buffered is written twice (by parent and child)
@@ -144,7 +146,6 @@ def start(fn: Callable[..., Any], *args: Any) -> SideProcess | None:
             pid = os.fork()
     except OSError:
         os.close(handle)
-        os.unlink(path)
         return None
     if pid == 0:  # the child: never returns
         code = 1
@@ -158,8 +159,7 @@ def start(fn: Callable[..., Any], *args: Any) -> SideProcess | None:
         except BaseException:  # noqa: BLE001 - the parent does the work: exit code 1 says so
             pass
         os._exit(code)
-    os.close(handle)
-    side = SideProcess(pid, path)
+    side = SideProcess(pid, handle)
     _live.add(side)
     return side
 

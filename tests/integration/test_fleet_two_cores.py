@@ -20,7 +20,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def fleet_dir(tmp_path_factory):
-    return write_run(tmp_path_factory.mktemp("fleet2"), 32, minutes=2.0)
+    return write_run(tmp_path_factory.mktemp("fleet2"), 32, minutes=0.5)
 
 
 def _report(run_dir, out, capsys):
