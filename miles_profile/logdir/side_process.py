@@ -66,10 +66,13 @@ atexit.register(cancel_all)
 class SideProcess:
     def __init__(self, pid: int, fd: int):
         self.pid, self.fd, self._done = pid, fd, False
+        self._owner = os.getpid()  # a forked child holding this handle too must not reap or kill a sibling
 
     def result(self, wait_s: float | None = None) -> tuple[bool, Any]:
         """(True, fn's value) once the child wrote it; (False, None) when it failed or ran past `wait_s`
         (default WAIT_S)."""
+        if os.getpid() != self._owner:
+            return False, None
         try:
             status = self._wait(WAIT_S if wait_s is None else wait_s)
             if status is None or not os.WIFEXITED(status) or os.WEXITSTATUS(status) != 0:
@@ -85,6 +88,8 @@ class SideProcess:
     def cancel(self) -> None:
         """Kill the child if it still runs, reap it and close its file (twice is harmless)."""
         _live.discard(self)
+        if os.getpid() != self._owner:
+            return
         if not self._done:
             self._done = True
             try:
@@ -165,7 +170,11 @@ def start(fn: Callable[..., Any], *args: Any) -> SideProcess | None:
 
 
 def _quiet_child() -> None:
-    """Output to /dev/null, dying with the parent, ^C left to the parent (which reaps this child)."""
+    """Output to /dev/null, dying with the parent, ^C left to the parent (which reaps this child); the
+    parent's other children are not this one's to reap, and a child forks no children of its own."""
+    global _allowed
+    _allowed = 0
+    _live.clear()
     devnull = os.open(os.devnull, os.O_RDWR)
     for fd in (1, 2):
         os.dup2(devnull, fd)

@@ -72,3 +72,16 @@ def test_a_child_never_asked_for_is_killed_when_the_block_ends():
     with side_process.allowed():
         side = side_process.start(_hangs)
     assert _gone(side)
+
+
+def _asks_for(sibling):
+    """In a child: a handle of the parent's, inherited with the fork, asked for and cancelled."""
+    return sibling.result(wait_s=0.1), side_process.start(_value, 1)
+
+
+def test_a_child_never_reaps_or_kills_its_parents_other_children():
+    with side_process.allowed():
+        sibling = side_process.start(_value, 3)
+        child = side_process.start(_asks_for, sibling)
+        assert child.result() == (True, ((False, None), None))  # no value, and no fork of its own
+        assert sibling.result() == (True, {"n": 3, "squares": [0, 1, 4]})
