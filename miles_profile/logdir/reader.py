@@ -335,8 +335,9 @@ def with_samples(run: Run, pids=None) -> Run:
     samples = _fill_outside(store, run.events, run.processes)
     new = Run(run.path, run.meta, run.processes, samples, run.events, run.phases, run.warnings + warnings,
               run.directories, None if pids is None else frozenset(pids))
+    # _sample_summaries: summaries computed from the files (sample_summaries.py); *_side: read beside (load_run)
     for cached in ("_host_data", "_gpu_procs", "gpu_used", "_gpu_used_side", "hosts", "phase_summaries",
-                   "_summaries_side", "accounts", "_sample_summaries"):  # summaries computed from the files (sample_summaries.py)
+                   "_summaries_side", "accounts", "_sample_summaries"):
         if cached in run.__dict__:
             new.__dict__[cached] = run.__dict__[cached]
     return new
