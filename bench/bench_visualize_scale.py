@@ -86,8 +86,11 @@ def main(argv: list[str] | None = None) -> int:
         if "base" in results:
             pairs = list(zip(results["this"], results["base"]))
             cpu = statistics.median(a["cpu_s"] / b["cpu_s"] for a, b in pairs)
+            wall = statistics.median(a["wall_s"] / b["wall_s"] for a, b in pairs)
             rss = statistics.median(a["peak_rss"] / b["peak_rss"] for a, b in pairs)
-            print(f"{name:>6} this/base: CPU {cpu:.3f}, peak RSS {rss:.3f} (median of {len(pairs)} rounds' ratios)")
+            rounds = ", ".join(f"{b['wall_s']:.1f}/{a['wall_s']:.1f}" for a, b in pairs)
+            print(f"{name:>6} this/base: wall {wall:.3f}, CPU {cpu:.3f}, peak RSS {rss:.3f} (median of "
+                  f"{len(pairs)} rounds' ratios; wall base/this per round: {rounds} s)")
     return 0
 
 

@@ -118,6 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         # plotly, pandas and pyarrow only once the flags are valid (usage errors answer at once)
         from miles_profile.logdir.gc_pause import gc_relaxed
+        from miles_profile.logdir.side_process import allowed as side_processes
         from miles_profile.report.build import VisualizeOptions, visualize
         from miles_profile.verdicts.gate import RegressionThresholds
         thresholds, fleet_thresholds = _thresholds(args.threshold)
@@ -128,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
             lanes=args.lanes, phases=args.phase, baseline=args.baseline,
             baseline_thresholds=RegressionThresholds.parse(args.baseline_threshold),
             baseline_by_iteration=args.baseline_by == "iteration", strict=args.strict)
-        with gc_relaxed():
+        with gc_relaxed(), side_processes():  # a fleet's work shared with the second core (round 7 of issue 35)
             return visualize(options, echo=_echo)
     except MilesProfileError as exc:
         print(f"miles_profile.visualize: error: {exc}", file=sys.stderr)

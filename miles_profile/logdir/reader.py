@@ -18,7 +18,7 @@ import pandas as pd
 from miles_profile import names
 from miles_profile.command_exit import stop_signal
 from miles_profile.errors import MilesProfileError
-from miles_profile.logdir import completeness
+from miles_profile.logdir import completeness, gpu_used_beside, summaries_beside
 from miles_profile.logdir.accounts import accounts_frame
 from miles_profile.logdir.cluster import cluster_warnings, mark_ray_restarts
 from miles_profile.logdir.events_reader import (  # noqa: F401 (EVENT_COLUMNS..phase_timeline: this module's API)
@@ -26,7 +26,7 @@ from miles_profile.logdir.events_reader import (  # noqa: F401 (EVENT_COLUMNS..p
     phase_timeline, phases_from_events, read_all_events,
 )
 from miles_profile.logdir.files import NotRegularFile, read_small
-from miles_profile.logdir.host_reader import gpu_used_arrays, host_frames, host_meta
+from miles_profile.logdir.host_reader import host_frames, host_meta
 from miles_profile.logdir.layout import (
     EVENTS_SUFFIX, FORMAT_VERSION, PROCESS_META_SUFFIX, RUN_META, SAMPLES_SUFFIX, find_runs, pid_of,
 )
@@ -34,7 +34,6 @@ from miles_profile.logdir.merge import alias_event_pids, copied_stems, pid_alias
 from miles_profile.logdir.meta_lists import PROCESS_LISTS, drop_retyped_lists
 from miles_profile.logdir.ranges import drop_impossible_ceilings
 from miles_profile.logdir.samples_reader import ProcessSamples, read_process_frames
-from miles_profile.logdir.summaries import summaries_frame
 
 
 
@@ -70,10 +69,14 @@ class Run:
         """{(host, gpu_uuid): (t, used)}: NVML used of each GPU as arrays (the data of `gpu_samples`,
         read from the wide files without building the long frame; see host_reader.gpu_used_arrays)."""
         if "_host_data" in self.__dict__:  # already read as a frame: split it rather than read again
+            side = self.__dict__.pop("_gpu_used_side", None)
+            if side is not None:
+                side.cancel()
             g = self.gpu_samples
             return {(str(h), str(u)): (f["t"].to_numpy(float), f["used"].to_numpy(float))
                     for (h, u), f in g.groupby(["host", "gpu_uuid"], sort=False, observed=True)}
-        return gpu_used_arrays(self.directories, self.warnings)
+        # read beside the events by load_run (gpu_used_beside.py), else here
+        return gpu_used_beside.take(self.__dict__.pop("_gpu_used_side", None), self.directories, self.warnings)
 
     def gpu_procs_of(self, hosts) -> pd.DataFrame:
         """`gpu_procs` of some hosts only: reads just their files (unless all were read already)."""
@@ -108,7 +111,8 @@ class Run:
         series, peak, floor, first, last, rows, t_first, t_last. See phase_summary.py. Phases whose
         `end` has none: logdir/sample_summaries.summaries_from_samples(run) gives the same frame,
         streamed from the samples files."""
-        return summaries_frame(self.events)
+        # made beside the phases by load_run for a fleet (summaries_beside.py), else here
+        return summaries_beside.take(self.__dict__.pop("_summaries_side", None), self.events)
 
     @cached_property
     def accounts(self) -> pd.DataFrame:
@@ -254,6 +258,8 @@ def load_run(*paths: str | Path, sample_pids=None) -> Run:
         completeness.warn_missing_files(folder, found, warnings)
         processes += found
     aliases = pid_aliases(processes, warnings)
+    # a fleet's NVML used read on the other core while the events are parsed here
+    gpu_used_side = gpu_used_beside.start([d for d, _ in dirs], processes, sample_pids is not None)
     without_events: list[str] = []  # stems whose events file gave no event
     for folder, _ in dirs:
         finished = {p.get("stem") for p in processes if p.get("end_time")}
@@ -263,6 +269,7 @@ def load_run(*paths: str | Path, sample_pids=None) -> Run:
     events = event_frames[0] if len(event_frames) == 1 else events_frame(
         [row for frame in event_frames for row in frame.to_dict("records")])
     events = alias_event_pids(events, aliases)
+    summaries_side = summaries_beside.start(events, processes, sample_pids is not None)  # while the phases are made
     warnings += mark_ray_restarts(processes)  # before _mark_dead: a restarted actor's first process is said so
     _mark_dead(processes, warnings)
     completeness.warn_incomplete(processes, warnings)
@@ -279,8 +286,13 @@ def load_run(*paths: str | Path, sample_pids=None) -> Run:
     completeness.warn_planned_without_events(processes, events, warnings)
     phases = phases_from_events(events, _last_sample(store))
     samples = _fill_outside(store, events, processes)
-    return Run(run_dir, meta, processes, samples, events, phases, completeness.collapse_repeats(warnings),
-               [d for d, _ in dirs], None if sample_pids is None else frozenset(sample_pids))
+    run = Run(run_dir, meta, processes, samples, events, phases, completeness.collapse_repeats(warnings),
+              [d for d, _ in dirs], None if sample_pids is None else frozenset(sample_pids))
+    if gpu_used_side is not None:
+        run.__dict__["_gpu_used_side"] = gpu_used_side  # taken by Run.gpu_used
+    if summaries_side is not None:
+        run.__dict__["_summaries_side"] = summaries_side  # taken by Run.phase_summaries
+    return run
 
 
 def _last_sample(store: ProcessSamples) -> pd.DataFrame:
@@ -323,8 +335,9 @@ def with_samples(run: Run, pids=None) -> Run:
     samples = _fill_outside(store, run.events, run.processes)
     new = Run(run.path, run.meta, run.processes, samples, run.events, run.phases, run.warnings + warnings,
               run.directories, None if pids is None else frozenset(pids))
-    for cached in ("_host_data", "_gpu_procs", "gpu_used", "hosts", "phase_summaries", "accounts",
-                   "_sample_summaries"):  # summaries computed from the files (sample_summaries.py)
+    # _sample_summaries: summaries computed from the files (sample_summaries.py); *_side: read beside (load_run)
+    for cached in ("_host_data", "_gpu_procs", "gpu_used", "_gpu_used_side", "hosts", "phase_summaries",
+                   "_summaries_side", "accounts", "_sample_summaries"):
         if cached in run.__dict__:
             new.__dict__[cached] = run.__dict__[cached]
     return new

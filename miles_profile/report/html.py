@@ -42,13 +42,11 @@ from miles_profile.logdir.reader import with_samples
 from miles_profile.report import fleet_report
 from miles_profile.report.figures import phase_color
 from miles_profile.report.fleet_report import ZOOM_SCRIPT
-from miles_profile.report.fleet_report import drawn_processes
 from miles_profile.report.fleet_report import fleet_html
 from miles_profile.report.fleet_report import report_data
+from miles_profile.report import ledger_beside
 from miles_profile.report.ledger_html import ledger_html
 from miles_profile.report.miles_series import miles_series_html
-from miles_profile.runmodel.ledger import LEDGER_MAX_PROCESSES, fleet_ledger, ledger
-from miles_profile.runmodel.ledger_sampling import sampled_iterations
 
 TABLE_ROW_LIMIT = 200
 _CONFIG = {"displaylogo": False, "responsive": True, "scrollZoom": False}
@@ -99,25 +97,22 @@ def build_run_report(run, *, thresholds: checks_mod.Thresholds | None = None, ch
         run = with_samples(run)
     phase_instances(run)
     step("phase statistics")
-    verdict = judge(run, thresholds=thresholds, fleet_thresholds=fleet_thresholds, selection=selection,
-                    baseline=baseline, baseline_thresholds=baseline_thresholds,
-                    baseline_by_iteration=baseline_by_iteration, check=check,
-                    fleet=None if view is None or view.matrix is None else (view.table, view.matrix))
-    step("checks")
-    figure = None if view is not None else timeline_figure(run, max_points=max_points)
-    step("timeline reduced")
-    report = RunReport(run, verdict, phase_table(run), phase_table(run, by_iteration=True), figure, list(run.warnings),
-                       view, _ledger_of(run, view))
+    side = ledger_beside.start(run, view)  # a fleet's ledger and meter on the other core while this one judges
+    try:
+        verdict = judge(run, thresholds=thresholds, fleet_thresholds=fleet_thresholds, selection=selection,
+                        baseline=baseline, baseline_thresholds=baseline_thresholds,
+                        baseline_by_iteration=baseline_by_iteration, check=check,
+                        fleet=None if view is None or view.matrix is None else (view.table, view.matrix))
+        step("checks")
+        figure = None if view is not None else timeline_figure(run, max_points=max_points)
+        step("timeline reduced")
+        report = RunReport(run, verdict, phase_table(run), phase_table(run, by_iteration=True), figure,
+                           list(run.warnings), view, ledger_beside.collect(side, run, view))
+    finally:  # an error or ^C above: the child is killed and reaped, never left running
+        if side is not None:
+            side.cancel()
     step("tables")
     return report
-
-
-def _ledger_of(run, view) -> pd.DataFrame:
-    """Every process's ledger, at each phase's end and peak; for a fleet, the GPUs of the lanes drawn, with every process on them."""
-    chosen = sampled_iterations(run)  # a loop with a phase per step: some of its iterations
-    if view is None or len(run.processes) <= LEDGER_MAX_PROCESSES:
-        return ledger(run, peaks=True, iterations=chosen)
-    return fleet_ledger(run, drawn_processes(view), peaks=True, iterations=chosen)
 
 
 # -- formatting --------------------------------------------------------------------------------

@@ -3,6 +3,7 @@ function of a Run and its ledger (runmodel/ledger.py); docs/transitions.md expla
 
     transitions(run, ledger_frame=None) -> Transitions
     meter_of(run, ledger_frame) -> Transitions   # the same, cached per run and ledger (report and --json share it)
+    meter_key(ledger_frame) -> tuple              # its key in the run's cache
         .table      one row per transition phase instance (TABLE_COLUMNS)
         .by_kind    per (phase, tags, link): count, bytes, seconds, GB/s, ratio to the ceiling
         .steps      per process and iteration: step seconds, seconds in transitions, share
@@ -326,9 +327,14 @@ def transitions(run, ledger_frame: pd.DataFrame | None = None) -> Transitions:
     return Transitions(table, _by_kind(table, total or None), steps, share, ceilings)
 
 
+def meter_key(ledger_frame: pd.DataFrame | None) -> tuple:
+    """meter_of's key in the run's cache (report/ledger_beside.py puts a meter made elsewhere there)."""
+    return "transitions", id(ledger_frame)
+
+
 def meter_of(run, ledger_frame: pd.DataFrame | None) -> Transitions:
     cache = run.__dict__.setdefault("_report_cache", {})
-    key = ("transitions", id(ledger_frame))
+    key = meter_key(ledger_frame)
     if key not in cache:  # keyed by the frame object: a report holds its ledger for its life
         cache[key] = transitions(run, ledger_frame)
     return cache[key]
