@@ -14,7 +14,7 @@ import numpy as np
 
 from miles_profile import names
 from miles_profile.command_exit import command_exit, signal_name, stop_signal
-from miles_profile.runmodel.peak import Peak, highest_peak, iteration_text
+from miles_profile.runmodel.peak import Peak, device_peak, highest_peak, iteration_text
 from miles_profile.report.run_tagging import tagging_of
 from miles_profile.runmodel.series import GiB
 from miles_profile.verdicts.types import TOO_SMALL, CheckResult, Finding
@@ -166,7 +166,9 @@ def summarize(run, checks: list[CheckResult], status: str, coverage: str = "") -
     warning = [(c, next((f for f in c.findings if f.status == "warn"), None)) for c in checks if c.status == "warn"]
     killed = next((c.findings for c in checks if c.name == OOM_CHECK and c.status in ("fail", "warn")), [])
     code = command_exit(run)
-    return Summary(status, highest_peak(run), _offload_kinds(checks), failing, _headroom(checks), list(killed),
+    # a fleet is read without its processes' samples (those of the lanes drawn at most): its GPUs' own
+    peak = highest_peak(run) or device_peak(run)
+    return Summary(status, peak, _offload_kinds(checks), failing, _headroom(checks), list(killed),
                    None if killed else code, warning, coverage,  # a kill already says why the command ended
                    tagging_of(run))
 

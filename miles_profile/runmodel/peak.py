@@ -2,6 +2,7 @@
 iteration, against the device's (or host's) total. Pure numpy/pandas (no plotly).
 
     highest_peak(run) -> Peak | None
+    device_peak(run) -> Peak | None     # without process samples: the host samplers' NVML used per GPU
     host_total(run) -> float | None     # the host's memory, from the host probe of any process
 
 GPU runs: per GPU the device as NVML saw it (`gpu{i}_used`, every process on it), else the highest
@@ -120,6 +121,45 @@ def highest_peak(run) -> Peak | None:
     total, limit = total if isinstance(total, tuple) else (total, "")
     phase, iteration, span, outside = _phase_at(run, pid, t)
     return Peak(value, where, label, column, pid, t, total, phase, iteration, span, outside, limit)
+
+
+def device_peak(run) -> Peak | None:
+    """Without process samples (a fleet read from its phase summaries: visualize and the dashboard read
+    only the samples of the lanes they draw, or a run whose samples files were lost): the highest NVML
+    used of any GPU in the host samplers' files (`Run.gpu_used`), in the phase a process on that GPU was
+    running then. None where no host sampler recorded a GPU."""
+    best = None
+    for (host, uuid), (t, used) in run.gpu_used.items():
+        if not len(used) or not np.isfinite(used).any():
+            continue
+        k = int(np.nanargmax(used))
+        if best is None or used[k] > best[0]:
+            best = (float(used[k]), str(host), str(uuid), float(t[k]))
+    if best is None:
+        return None
+    value, host, uuid, t = best
+    index, total = next(((g.get("index"), g.get("total")) for h in run.hosts if str(h.get("host", "")) == host
+                         for g in h.get("gpus") or () if g.get("uuid") == uuid), (None, None))
+    total = float(total) if isinstance(total, (int, float)) and total > 0 else None
+    on_gpu = [int(p["pid"]) for p in run.processes
+              if p.get("gpu_uuid") == uuid and str(p.get("host", "")) == host and isinstance(p.get("pid"), int)]
+    where = f"GPU {index}" if isinstance(index, int) else f"GPU {uuid}"
+    if len({str(p.get("host", "")) for p in run.processes}) > 1:
+        where += f" of {host}"
+    phase, iteration, span, outside = _phase_on(run, on_gpu, t)
+    return Peak(value, where, "NVML used (device)", f"gpu{index}_used" if isinstance(index, int) else "gpu_used",
+                on_gpu[0] if on_gpu else -1, t, total, phase, iteration, span, outside)
+
+
+def _phase_on(run, pids: list[int], t: float):
+    """The innermost phase holding `t` among the processes `pids` (those on one GPU), else any's."""
+    inst = phase_instances(run)
+    if len(pids) and not inst.empty:
+        holding = inst[(inst["start"] < t) & (inst["end"] >= t) & inst["pid"].isin(pids)]
+        if len(holding):
+            row = holding.sort_values(["depth", "start"]).iloc[-1]
+            return str(row["name"]), int(row["iteration"]), (float(row["start"]), float(row["end"])), ""
+    return _phase_at(run, pids[0] if pids else -1, t)
 
 
 def _phase_at(run, pid: int, t: float):
