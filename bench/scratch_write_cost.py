@@ -3,8 +3,8 @@ disk against one on tmpfs (/dev/shm), side by side, alternating.
 
 Why the suite's programs that write GiBs they throw away (the corpus's disk offloads, the held-out
 programs' staging, a disk calibration) write them to tmpfs (tests/corpus/runner.py, tests/conftest.py's
-ram_dir): on the development VM the kernel time of a write to ext4 grows once dirty pages are throttled,
-and the writeback runs in kernel threads that no process's rusage shows; /proc/stat does.
+ram_dir): on the development VM the kernel time of a GiB written to ext4 varies from round to round (0.3
+to 7.5 CPU-s, 2026-12-06), part of it in kernel threads that no process's rusage shows; /proc/stat does.
 
     python bench/scratch_write_cost.py [--gib 2] [--rounds 3]
 """

@@ -40,8 +40,8 @@ def python_env() -> dict[str, str]:
 def ram_dir(tmp_path) -> Path:
     """A directory on tmpfs for a test whose program writes GiBs it throws away (a disk offload, a disk
     calibration), removed after the test; `tmp_path` where there is no /dev/shm. On the suite's VM a GiB
-    written to ext4 costs 2 to 9 CPU-s of kernel time (dirty pages throttled, then written back), on tmpfs
-    about 0.4. What such a test checks is the program's behaviour, not the disk's."""
+    written to ext4 costs 0.3 to 7.5 CPU-s of kernel time, 3.3 to 3.7 on average, on tmpfs about 0.4
+    (bench/scratch_write_cost.py). What such a test checks is the program's behaviour, not the disk's."""
     import tempfile
     try:
         path = Path(tempfile.mkdtemp(prefix="miles-test-", dir="/dev/shm"))

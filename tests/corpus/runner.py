@@ -45,10 +45,10 @@ def environment(device: str) -> dict[str, str]:
 
 
 # Where a program's temporary files go (its disk offloads: offload_tools.offload_dir): tmpfs when the machine
-# has one with room. On the suite's VM a GiB written to ext4 costs 2 to 9 CPU-s of kernel time (dirty pages
-# throttled, then written back), on tmpfs about 0.4: llama-none-cpu used 29 to 36 CPU-s of the machine with its
-# offloads on disk, 19 on tmpfs. What the checks judge is the same: the bytes leave the process either way, and
-# the recorder's `disk` column counts the files wherever they are.
+# has one with room. On the suite's VM a GiB written to ext4 costs 0.3 to 7.5 CPU-s of kernel time, 3.3 to
+# 3.7 on average (bench/scratch_write_cost.py), on tmpfs about 0.4: llama-none-cpu used 29 to 36 CPU-s of the
+# machine with its offloads on disk, 19 on tmpfs. What the checks judge is the same: the bytes leave the
+# process either way, and the recorder's `disk` column counts the files wherever they are.
 SCRATCH_ROOT = Path("/dev/shm")
 SCRATCH_MIN_FREE = 8 * 1024 ** 3
 
