@@ -152,10 +152,13 @@ def device_peak(run) -> Peak | None:
 
 
 def _phase_on(run, pids: list[int], t: float):
-    """The innermost phase holding `t` among the processes `pids` (those on one GPU), else any's."""
+    """The innermost phase holding `t` among the processes `pids` (those on one GPU), else any's. NVML used
+    is a level read at `t` (not a true peak over the interval before it, as a process's peak columns are):
+    a phase that starts at `t` holds it, and of two, the later-starting one (the fleet view's outliers
+    name the same phase)."""
     inst = phase_instances(run)
     if len(pids) and not inst.empty:
-        holding = inst[(inst["start"] < t) & (inst["end"] >= t) & inst["pid"].isin(pids)]
+        holding = inst[(inst["start"] <= t) & (inst["end"] >= t) & inst["pid"].isin(pids)]
         if len(holding):
             row = holding.sort_values(["depth", "start"]).iloc[-1]
             return str(row["name"]), int(row["iteration"]), (float(row["start"]), float(row["end"])), ""
