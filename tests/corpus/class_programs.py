@@ -62,11 +62,17 @@ def _loop(iters: int, keep_batches: bool, swap_kept: bool, state_mib: int = 128)
 
 
 def late_thread(iters: int = 4) -> None:
-    """An async release: offload_train hands its 128 MiB state to a thread that frees it 0.15 s later,
-    while generate (0.5 s) builds its 96 MiB rollout. Read at phase boundaries, generate's end shows the
-    free less its own rollout: 32 MiB, where 128 MiB went (it was freed late, not still referenced)."""
+    """An async release: offload_train hands its 128 MiB state to a thread that frees it 0.15 s into the
+    next generate (0.5 s), while generate builds its 96 MiB rollout. Read at phase boundaries, generate's
+    end shows the free less its own rollout: 32 MiB, where 128 MiB went (it was freed late, not still
+    referenced). The thread starts its wait when generate begins, not when offload_train does: on a loaded
+    machine a timer from the offload fired before offload_train had ended, inside it (a real pass)."""
+    waiting: list[threading.Event] = []  # the releases whose state is freed in the next generate
     for it in range(iters):
         with mp.phase("generate", rollout_id=it):
+            for release in waiting:
+                release.set()
+            waiting.clear()
             rollout = np.ones(96 * MiB, dtype=np.uint8)
             time.sleep(0.5)
         with mp.phase("offload_rollout", rollout_id=it, target="disk", expected_bytes=96 * MiB):
@@ -76,10 +82,20 @@ def late_thread(iters: int = 4) -> None:
             state = [np.ones(128 * MiB, dtype=np.uint8)]
             time.sleep(0.2)
         with mp.phase("offload_train", rollout_id=it, target="disk", expected_bytes=128 * MiB):
-            threading.Timer(0.15, state.clear).start()  # "released in the background"
+            release = threading.Event()
+            threading.Thread(target=_free_after, args=(release, state)).start()  # "released in the background"
+            waiting.append(release)
             del state
             time.sleep(0.05)
+    for release in waiting:  # the last one's: after the loop, outside any phase
+        release.set()
     time.sleep(0.3)
+
+
+def _free_after(release: threading.Event, state: list) -> None:
+    release.wait()
+    time.sleep(0.15)
+    state.clear()
 
 
 def own_free(iters: int = 4) -> None:
