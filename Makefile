@@ -54,8 +54,12 @@ demo: setup
 # VM, 2026-12-06). tests/conftest.py keeps the tests of a module-scoped fixture on one worker and runs the
 # slow end-to-end ones after the fast ones. It ends with the ten slowest tests (--durations=10).
 TEST_WORKERS ?= $(shell echo $$(( $$(nproc) + 1 )))
+# The suite starts hundreds of Python processes (recorders, trainers, reports, pytest's own workers). With
+# PYTHONDONTWRITEBYTECODE set in the environment (as on the development VM) each one compiles every module of
+# this checkout it imports, and each worker rewrites and compiles every test file; emptied, the first writes
+# the caches (__pycache__/, ignored by git) and the rest read them.
 test: setup-test
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --durations=10
+	PYTHONDONTWRITEBYTECODE= $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --durations=10
 
 # Every benchmark, each printing ratios measured side by side (figures: docs/benchmarks.md,
 # docs/trainer.md, docs/report.md, docs/dashboard.md, docs/forecast.md). Minutes; run on an idle machine.
