@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
         tree.mkdir()
         archive = subprocess.run(["git", "-C", str(REPO), "archive", "HEAD"], capture_output=True, check=True).stdout
         subprocess.run(["tar", "-x", "-C", str(tree)], input=archive, check=True)
-        print(f"{"process":62s} {'compiled':>9s} {'cached':>9s} {'ratio':>6s}  (CPU-s, median of {args.rounds})")
+        print(f"{'process':62s} {'compiled':>9s} {'cached':>9s} {'ratio':>6s}  (CPU-s, median of {args.rounds})")
         for name, cmd in KINDS.items():
             compiled, cached = [], []
             for _ in range(args.rounds):
