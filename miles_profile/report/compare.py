@@ -31,6 +31,7 @@ from miles_profile.runmodel.ledger import ledger
 from miles_profile.runmodel.reduce import phase_ranges
 from miles_profile.runmodel.series import GiB, device_track, host_track, main_pid
 from miles_profile.runmodel.stats import phase_instances, range_stats
+from miles_profile.report.plotly_bundle import figure_div
 
 
 def iteration_label(iteration) -> str:
@@ -166,8 +167,7 @@ def comparison_html(runs, *, max_points: int = 100_000) -> str:
             cells.append('<td class="num muted">–</td>' if v is None or pd.isna(v) else
                          f'<td class="num" title="{int(v):,} B">{int(v) / GiB:.3f}</td>')
         rows.append("<tr>" + "".join(cells) + "</tr>")
-    figure = fig.to_html(full_html=False, include_plotlyjs=False, div_id="comparison-figure",
-                         config={"displaylogo": False, "responsive": True})
+    figure = figure_div(fig, div_id="comparison-figure", config={"displaylogo": False, "responsive": True})
     matrices = (_matrix_html(peak_matrix(runs, "device"), "GPU memory of the main process: highest peak per "
                              "phase (GiB; hover a cell for bytes and its iteration)", "comparison-matrix-device") +
                 _matrix_html(peak_matrix(runs, "host"), "Host RSS of the main process: highest peak per phase (GiB)",

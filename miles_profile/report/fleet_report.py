@@ -37,6 +37,7 @@ from miles_profile.runmodel.series import has_column, pids as recorded_pids, sam
 from miles_profile.words import counted
 from miles_profile.logdir.reader import with_samples
 from miles_profile.report.figures import run_start
+from miles_profile.report.plotly_bundle import figure_div
 
 FULL_READ_MAX_PROCESSES = 64
 DEFAULT_LANES = "worst:8"
@@ -182,8 +183,7 @@ def fleet_html(view: FleetView, k: int, t0: float) -> str:
     if host_only and 0 < top < 0.5:  # ranks' RSS against a host's total: scale the colours to what is there
         heatmap.update_traces(zmax=top, colorbar_tickformat=".1%")
         heatmap.update_layout(title_text=heatmap.layout.title.text + f" (colours up to the highest share, {top:.1%})")
-    heat = heatmap.to_html(full_html=False, include_plotlyjs=False,
-                                                            div_id=f"fleet-heatmap-{k}", config=_CONFIG)
+    heat = figure_div(heatmap, div_id=f"fleet-heatmap-{k}", config=_CONFIG)
     position = {lane: i for i, lane in enumerate(view.picked)}
     rows = []
     for r in fleet_figures.outliers_table(view.outliers):
@@ -205,7 +205,7 @@ def fleet_html(view: FleetView, k: int, t0: float) -> str:
                   f"{len(view.picked)} of {n_lanes} lanes (--lanes {_e(view.spec)})")
     figures = []
     for i, (lane, figure) in enumerate(view.figures):
-        div = figure.to_html(full_html=False, include_plotlyjs=False, div_id=f"lane-fig-{k}-{i}", config=_CONFIG)
+        div = figure_div(figure, div_id=f"lane-fig-{k}-{i}", config=_CONFIG)
         figures.append(f'<div class="lane" id="{lane_anchor(k, i)}"><h4>{_e(lane["label"])}</h4>'
                        f'<div class="figure">{div}</div></div>')
     processes = len(set(zip(view.table["host"].tolist(), view.table["pid"].tolist())))

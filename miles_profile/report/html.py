@@ -1,4 +1,4 @@
-"""The self-contained HTML report: one file, plotly.js inlined, opens offline.
+"""The self-contained HTML report: one file, plotly.js inlined (plotly_bundle.py: which build), opens offline.
 
 Public API:
 
@@ -23,7 +23,6 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
-from plotly.offline import get_plotlyjs
 
 from miles_profile.verdicts import checks as checks_mod
 from miles_profile.verdicts.engine import RunVerdict, exit_code_for, judge, overall_of
@@ -47,6 +46,7 @@ from miles_profile.report.fleet_report import report_data
 from miles_profile.report import ledger_beside
 from miles_profile.report.ledger_html import ledger_html
 from miles_profile.report.miles_series import miles_series_html
+from miles_profile.report.plotly_bundle import figure_div, plotly_js
 
 TABLE_ROW_LIMIT = 200
 _CONFIG = {"displaylogo": False, "responsive": True, "scrollZoom": False}
@@ -253,7 +253,7 @@ def _run_section(report: RunReport, k: int, single: bool) -> str:
         per_phase_note = ('<p class="muted small">Over the processes whose samples were read (those in the lanes '
                           'shown); the fleet view above covers every process.</p>')
     else:
-        figure = report.figure.to_html(full_html=False, include_plotlyjs=False, div_id=f"timeline-{k}", config=_CONFIG)
+        figure = figure_div(report.figure, div_id=f"timeline-{k}", config=_CONFIG)
         fleet, per_phase_note = "", ""
         timeline = f"""<h3>Timeline</h3>
   <p class="muted small">Drag to zoom, double-click to reset. Every phase's peak and the global peak are drawn exactly
@@ -338,7 +338,7 @@ def render_html(reports: list[RunReport], *, comparison: str | None = None, note
 <html lang="en"><head><meta charset="utf-8"><title>{_e(title)}</title>
 <meta name="viewport" content="width=device-width, initial-scale=1">
 <style>{_CSS}{SUMMARY_CSS}{MOVING_CSS}</style>
-<script type="text/javascript">{get_plotlyjs()}</script>
+<script type="text/javascript">{plotly_js(extra + comparison_html + body)}</script>
 </head><body><main>
 <h1>{_e(title)}</h1>
 <div class="muted small">memory report written {generated} by python -m miles_profile.visualize · GiB = 1024³ bytes</div>

@@ -11,6 +11,7 @@ from miles_profile.runmodel.ledger import AT_END, AT_PEAK, OTHER_PROCESSES, add_
 from miles_profile.runmodel.ledger_sampling import sampled_text
 from miles_profile.report.ledger_figures import category_text, ledger_area_figure, ledger_bar_figure, lane_name
 from miles_profile.runmodel.series import GiB
+from miles_profile.report.plotly_bundle import figure_div
 
 _CONFIG = {"displaylogo": False, "responsive": True, "scrollZoom": False}
 
@@ -100,10 +101,8 @@ def ledger_html(frame: pd.DataFrame, t0: float, suffix: str, align_to=None) -> s
     declared = (frame["source"] == "declared").any()
     note = ("" if declared else " This run declared nothing (no <code>miles_profile.account()</code> calls): "
             "every byte the allocator holds shows as allocated, nothing declared.")
-    area = ledger_area_figure(frame, t0, **alignment(align_to)).to_html(full_html=False, include_plotlyjs=False,
-                                                 div_id=f"ledger-area{suffix}", config=_CONFIG)
-    bars = ledger_bar_figure(frame).to_html(full_html=False, include_plotlyjs=False,
-                                            div_id=f"ledger-bars{suffix}", config=_CONFIG)
+    area = figure_div(ledger_area_figure(frame, t0, **alignment(align_to)), div_id=f"ledger-area{suffix}", config=_CONFIG)
+    bars = figure_div(ledger_bar_figure(frame), div_id=f"ledger-bars{suffix}", config=_CONFIG)
     when = ("At each phase's peak (▲, its highest sample: allocated's true peak on a GPU, RSS's on the host) "
             "and at its end" if "at" in frame and (frame["at"] == AT_PEAK).any() else "At each phase's end")
     rise = peak_text(frame)

@@ -18,6 +18,7 @@ from miles_profile.importers.miles_dashboard_series import engine_series, gpu_se
 from miles_profile.report.figures import run_start
 from miles_profile.report.ledger_html import alignment
 from miles_profile.runmodel.reduce import reduce_series
+from miles_profile.report.plotly_bundle import figure_div
 
 LINES_MAX = 16  # past this many GPUs or engines a lane draws their median and range, not one line each
 POINTS = 1_500  # per line, extremes kept (reduce_series)
@@ -134,6 +135,5 @@ def miles_series_html(run, suffix: str = "", align_to=None) -> str:
     note = series_note(run)
     note_html = f'\n  <p class="small" id="miles-series-note{suffix}">{html.escape(note)}</p>' if note else ""
     fig = miles_series_figure(gpu_series(run), engine_series(run), run_start(run), **alignment(align_to))
-    body = "" if fig is None else ('\n  <div class="figure">' + fig.to_html(
-        full_html=False, include_plotlyjs=False, div_id=f"miles-series{suffix}", config=_CONFIG) + "</div>")
+    body = "" if fig is None else ('\n  <div class="figure">' + figure_div(fig, div_id=f"miles-series{suffix}", config=_CONFIG) + "</div>")
     return f"""<h3>GPU utilization and SGLang engine series</h3>{note_html}{body}"""
