@@ -14,19 +14,15 @@ bundle and one small figure.
 from __future__ import annotations
 
 import argparse
-import os
 import tempfile
 import time
 from pathlib import Path
 
+from scratch_write_cost import busy_s  # the machine's CPU-seconds so far (/proc/stat)
+
 CHROMIUM = "/usr/bin/chromium"
 ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
         "--disable-sync", "--no-first-run"]  # the tests' (tests/conftest.py)
-
-
-def machine_cpu_s() -> float:
-    fields = list(map(int, open("/proc/stat").readline().split()[1:9]))
-    return (sum(fields) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
 
 
 def bundle_page(bundle: str, folder: Path) -> Path:
@@ -60,14 +56,14 @@ def main(argv: list[str] | None = None) -> int:
         browser = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS)
         for _ in range(args.rounds):
             for page_file in args.pages:
-                cpu0, t0 = machine_cpu_s(), time.monotonic()
+                cpu0, t0 = busy_s(), time.monotonic()
                 for _ in range(args.count):
                     context = browser.new_context(viewport={"width": 1440, "height": 900})
                     page = context.new_page()
                     page.goto(page_file.resolve().as_uri())
                     page.wait_for_selector(".js-plotly-plot .main-svg", timeout=60_000)
                     context.close()
-                print(f"{page_file.name:40s} {(machine_cpu_s() - cpu0) / args.count:5.2f} machine CPU-s a page, "
+                print(f"{page_file.name:40s} {(busy_s() - cpu0) / args.count:5.2f} machine CPU-s a page, "
                       f"{(time.monotonic() - t0) / args.count:5.2f} s", flush=True)
         browser.close()
     return 0

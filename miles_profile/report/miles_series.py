@@ -135,5 +135,6 @@ def miles_series_html(run, suffix: str = "", align_to=None) -> str:
     note = series_note(run)
     note_html = f'\n  <p class="small" id="miles-series-note{suffix}">{html.escape(note)}</p>' if note else ""
     fig = miles_series_figure(gpu_series(run), engine_series(run), run_start(run), **alignment(align_to))
-    body = "" if fig is None else ('\n  <div class="figure">' + figure_div(fig, div_id=f"miles-series{suffix}", config=_CONFIG) + "</div>")
+    body = "" if fig is None else ('\n  <div class="figure">'
+                                   + figure_div(fig, div_id=f"miles-series{suffix}", config=_CONFIG) + "</div>")
     return f"""<h3>GPU utilization and SGLang engine series</h3>{note_html}{body}"""
