@@ -7,6 +7,7 @@ gets its own --temp-dir (short: Ray's unix sockets live under it), its own ports
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import socket
@@ -40,13 +41,15 @@ class Cluster:
     node_env: list[dict[str, str]] = field(default_factory=list)
 
     def processes(self) -> list[psutil.Process]:
-        """Every process of this cluster: the daemons (their command lines name our temp dirs) and all
+        """Every process of this cluster: the daemons (their command lines name our temp dirs, or, for the
+        head's Ray Client server, which `ray start` leaves an orphan naming neither, our GCS port) and all
         their descendants (workers rename themselves `ray::...`)."""
         marks = [str(d) for d in self.temp_dirs]
+        our_gcs = re.compile(rf"--(?:gcs-)?address=\S*:{self.address.rsplit(':', 1)[1]}(?!\d)")
         found: dict[int, psutil.Process] = {}
         for proc in psutil.process_iter(["cmdline"]):
             cmdline = " ".join(proc.info["cmdline"] or ())
-            if any(mark in cmdline for mark in marks):
+            if any(mark in cmdline for mark in marks) or our_gcs.search(cmdline):
                 found[proc.pid] = proc
                 try:
                     for child in proc.children(recursive=True):
