@@ -17,6 +17,7 @@ from dash import dcc, html
 from flask import request
 from werkzeug.exceptions import HTTPException
 
+from dashboards import plotly_js
 from dashboards.hosts import HostPolicy
 from dashboards.live_run import RunCache
 from dashboards.panels import (
@@ -45,9 +46,13 @@ def create_app(log_dir: str | Path, poll_ms: int = 1000, preload: bool = True,
     `phase_selection`: the phases shown and judged (--phase, as visualize's)."""
     state = State(root=(root := LogRoot(log_dir)), cache=RunCache(root), poll_ms=poll_ms,
                   phases=phase_selection)
+    plotly_path = plotly_js.route()  # the cartesian build as window.Plotly: a third of the bundle Dash loads
     app = dash.Dash(__name__, title="miles-profile", update_title=None,
                     assets_folder=str(Path(__file__).with_name("assets")),
+                    external_scripts=[plotly_path] if plotly_path else [],
                     suppress_callback_exceptions=True, on_error=_on_error)
+    if plotly_path:
+        plotly_js.serve(app, plotly_path)
     app.layout = html.Div(className="page", children=[
         dcc.Interval(id="page-poll", interval=poll_ms),
         html.Header(className="page-header", children=[

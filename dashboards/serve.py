@@ -22,13 +22,15 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 @contextlib.contextmanager
 def dashboard_process(log_dir: str | os.PathLike, poll_ms: int = 1000, timeout_s: float = 30.0,
-                      stderr=None, args: Sequence[str] = ()) -> Iterator[str]:
-    """`python -m dashboards log_dir [args]` on a free port; yields its URL; stops it on exit."""
+                      stderr=None, args: Sequence[str] = (),
+                      python_args: Sequence[str] = ("-m", "dashboards")) -> Iterator[str]:
+    """`python -m dashboards log_dir [args]` on a free port; yields its URL; stops it on exit.
+    `python_args`: what runs instead of `-m dashboards` (a benchmark's variant of it)."""
     port = free_port()
     env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
                PYTHONUNBUFFERED="1")
     child = subprocess.Popen(
-        [sys.executable, "-m", "dashboards", str(log_dir), "--port", str(port), "--poll-ms", str(poll_ms), *args],
+        [sys.executable, *python_args, str(log_dir), "--port", str(port), "--poll-ms", str(poll_ms), *args],
         env=env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=stderr)
     url = f"http://127.0.0.1:{port}/"
     try:

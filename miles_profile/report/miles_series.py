@@ -21,7 +21,9 @@ from miles_profile.runmodel.reduce import reduce_series
 from miles_profile.report.plotly_bundle import figure_div
 
 LINES_MAX = 16  # past this many GPUs or engines a lane draws their median and range, not one line each
-POINTS = 1_500  # per line, extremes kept (reduce_series)
+# Per line, extremes kept (reduce_series): at most 16 x 1,500 points a lane, which SVG draws (go.Scatter) as well
+# as WebGL would, without a GL context or plotly.py's full bundle (report/plotly_bundle.py).
+POINTS = 1_500
 # Miles' scraper whitelist (sglang_scraper.py), in its order, with words for a person
 METRIC_TEXT = {
     "num_running_reqs": "running requests", "num_queue_reqs": "queued requests",
@@ -74,7 +76,7 @@ def _lane_traces(part: pd.DataFrame, t0: float, lane: int, seen: set) -> list:
         for k, who in enumerate(whos):
             mine = part[part["who"] == who].sort_values("t", kind="stable")
             t, y = _reduced(mine["t"].to_numpy(float) - t0, mine["value"].to_numpy(float))
-            traces.append(go.Scattergl(x=t, y=y, mode="lines", name=who, legendgroup=who, showlegend=who not in seen,
+            traces.append(go.Scatter(x=t, y=y, mode="lines", name=who, legendgroup=who, showlegend=who not in seen,
                                        line=dict(width=1.4, color=_COLORS[k % len(_COLORS)]),
                                        hovertemplate=f"{html.escape(who)}: %{{y:.3g}}<extra></extra>"))
             seen.add(who)

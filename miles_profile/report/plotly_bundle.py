@@ -6,7 +6,7 @@ costs: `python bench/page_open_cost.py` (2026-12-06, the 2-core VM) gives 2.5-2.
 bundle and one small figure, 1.8 for the cartesian build of the same version, 3.2-3.5 for a whole report.
 The cartesian build (`vendor/plotly-cartesian.min.js`: npm's plotly.js-cartesian-dist-min, MIT, unchanged)
 draws bar, box, contour, heatmap, histogram, histogram2d(contour), image, pie, scatter, scatterternary and
-violin: every figure of ours but Miles' imported series (scattergl). A figure div says its trace types in a
+violin: every figure of ours, the report's and the dashboard's (dashboards/plotly_js.py). A figure div says its trace types in a
 comment (`figure_div`); a page with a figure not made here, a trace type outside the build, or a build of
 another version than plotly.py's (plotly upgraded, the vendored file not) gets plotly.py's bundle.
 """
@@ -37,7 +37,7 @@ def bundle_version(source: str) -> str | None:
 
 
 @cache
-def _cartesian_build() -> str | None:
+def cartesian_build() -> str | None:
     """The vendored build, None where it is missing or not plotly.py's version."""
     try:
         source = CARTESIAN_BUILD.read_text(encoding="utf-8")
@@ -54,4 +54,4 @@ def plotly_js(page: str) -> str:
         return get_plotlyjs()
     if any(t not in CARTESIAN_TRACES for mark in marks for t in mark.split()):
         return get_plotlyjs()
-    return _cartesian_build() or get_plotlyjs()
+    return cartesian_build() or get_plotlyjs()

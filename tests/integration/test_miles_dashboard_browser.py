@@ -1,6 +1,7 @@
 """A Miles dashboard import in the dashboard, in headless Chromium (issue 18 item 6): a dump without phase
 events says why the fleet heatmap is empty instead of drawing a blank one, and still draws each GPU's
-utilization and power; its ledger says why it has no rows. Screenshot in artifacts/."""
+utilization and power; its ledger says why it has no rows. Every figure is drawn by the cartesian plotly.js
+build (dashboards/plotly_js.py), plotly.py's full bundle never fetched. Screenshot in artifacts/."""
 from __future__ import annotations
 
 import shutil
@@ -24,6 +25,8 @@ def test_an_empty_fleet_view_says_why_and_the_utilization_is_drawn(browser, arti
     with dashboard_process(dump.parent) as url:
         context = browser.new_context(viewport={"width": 1500, "height": 1000})
         page = context.new_page()
+        fetched: list[str] = []
+        page.on("request", lambda request: fetched.append(request.url))
         try:
             page.goto(url)
             reason = page.locator("#fleet-message")
@@ -32,6 +35,8 @@ def test_an_empty_fleet_view_says_why_and_the_utilization_is_drawn(browser, arti
             assert not page.locator("#fleet-heatmap").is_visible()  # no blank heatmap under the reason
             page.wait_for_function("() => { const g = document.querySelector('#miles-series-graph .js-plotly-plot');"
                                    " return g && g._fullData && g._fullData.length >= 16; }", timeout=60_000)
+            assert any("plotly-cartesian" in u for u in fetched)
+            assert not any("package_data/plotly" in u for u in fetched), "plotly.py's 4.8 MB bundle was fetched"
             titles = page.locator("#miles-series-graph .annotation-text").all_text_contents()  # drawn in the SVG
             assert {"GPU utilization (%)", "GPU power (W)"} <= set(titles)
             assert "no SGLang engine series" in page.locator("#miles-series-note").inner_text()
