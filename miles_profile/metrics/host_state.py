@@ -6,8 +6,10 @@ events there, and the host sampler its GPUs and the processes NVML lists on them
 anyone scrapes or not.
 
 Once a scraper has come, a follower thread reads the files whenever nothing read them for
-`collect_interval_s` (as dcgm-exporter collects on its own interval), so a scrape reads at most that
-long of rows and mostly renders, whatever the scrape interval. Nothing runs before the first scrape,
+`collect_interval_s`, and a scrape answers from what it read (as dcgm-exporter answers from its last
+collection): a scrape renders, whatever the scrape interval, and reads the files itself only when
+nothing read them for twice that interval (the first scrape; a follower held up). Levels are then at
+most one collect interval, plus the writers' 0.5 s flush, old. Nothing runs before the first scrape,
 and the follower stops when no scrape came for a long while.
 """
 from __future__ import annotations
@@ -40,11 +42,15 @@ BATCH_ROWS = 2000
 # At most about this many bytes of rows joined for one pyarrow read: a scraper back after hours meets up to
 # 8 MiB a process (process_state.MAX_READ_BYTES), and 64 of those joined would be 512 MiB held at once.
 BATCH_BYTES = 16 * 1024 * 1024
-# The follower reads the files when nothing read them for this long: a scrape then reads at most this
-# much of rows. 1 s: a pass of 64 processes reads ~640 rows (below pyarrow's BATCH_ROWS, ~1.5 ms of CPU
-# on the development VM), a shorter one pays its fixed cost (a pread a file, the host files) more often
-# for little less at the scrape (docs/prometheus.md, Cost).
+# The follower reads the files when nothing read them for this long; a scrape answers from its last
+# pass, so this is how old a level can be (plus the writers' 0.5 s flush). 1 s: as fresh as a 1 s scrape
+# interval, for 1.4 to 3.2 ms of CPU a second with 64 processes on the development VM; 0.5 s costs 1.3 to
+# 2 times that (each pass's fixed cost twice as often), 2 s 15 to 25 % less for levels twice as old
+# (bench/metrics_follower_cpu.py --collect-interval 0.5 1 2; docs/prometheus.md, Cost).
 COLLECT_INTERVAL_S = 1.0
+# A scrape reads the files itself when nothing read them for this many collect intervals: the follower is
+# not running (the first scrape) or held up; a pass due at a scrape's time never makes the scrape read.
+SCRAPE_READS_AFTER = 2
 # The follower stops when no scrape came for IDLE_GAPS times the longest gap between two scrapes it saw,
 # and at least IDLE_STOP_S: a scraper that went away; the next scrape starts it again.
 IDLE_STOP_S = 300.0
@@ -205,13 +211,16 @@ class HostState:
         return True
 
     def read(self) -> HostReading:
-        """One scrape: what the files gained since the previous read (a scrape's or the follower's), then
-        the reading, its peaks since the previous scrape. The first scrape starts the follower."""
+        """One scrape: the reading as the follower's last pass left it (the files read here when none
+        came for SCRAPE_READS_AFTER collect intervals, or without a follower), its peaks those folded
+        since the previous scrape. The first scrape starts the follower."""
         with self._lock:
             if self._closed:
                 return HostReading(hostname=self.host.lower())
             self._scraped()
-            self._collect()
+            if self.collect_interval_s is None or \
+                    self._clock() - self._read_at >= SCRAPE_READS_AFTER * self.collect_interval_s:
+                self._collect()
             return self._reading()
 
     def collect(self) -> None:
@@ -221,7 +230,7 @@ class HostState:
                 self._collect()
 
     def _collect(self) -> None:
-        self._read_at = self._clock()
+        start = self._clock()
         listed = self._discover()
         for files in self._hosts.values():
             files.refresh()
@@ -230,6 +239,8 @@ class HostState:
         runs = _fold_rows(pending)
         for process, data in pending:
             process.add_rows(data, runs.get(process))
+        # Only a read that went through counts: after failed passes the scrape reads (and says why).
+        self._read_at = start
 
     def _scraped(self) -> None:
         now = self._clock()
@@ -248,7 +259,8 @@ class HostState:
     def follow_step(self) -> float | None:
         """One wake of the follower: a pass over the files when nothing read them for collect_interval_s.
         The seconds until the next wake; None when the follower stops (closed, or no scrape for long).
-        A pass's exception is logged once and never leaves: the next pass tries again."""
+        A pass's exception is logged once and never leaves: the next pass tries again, and a scrape
+        reads the files itself (its own failure logged by the collector) until a pass goes through."""
         with self._lock:
             now = self._clock()
             idle = max(self.idle_stop_s, IDLE_GAPS * self._longest_gap)

@@ -39,15 +39,30 @@ def test_a_pass_comes_when_nothing_read_the_files_for_the_interval(run):
     run_dir, samples, _ = run
     clock = Clock()
     state = stepped(run_dir, clock)
-    state.read()
+    state.read()  # the first scrape reads the files itself
     clock.now += 0.25
     assert state.follow_step() == 0.75 and state.passes == 0  # the scrape read 0.25 s ago: not due
     clock.now += 0.75
     assert state.follow_step() == 1.0 and state.passes == 1
     clock.now += 0.5
-    state.read()  # a scrape reads too: the next pass is due a whole interval after it
-    clock.now += 0.75
-    assert state.follow_step() == 0.25 and state.passes == 1
+    state.read()  # answers from the pass: reads nothing, so the next pass stays due 1 s after the last
+    clock.now += 0.5
+    assert state.follow_step() == 1.0 and state.passes == 2
+
+
+def test_a_scrape_answers_from_the_last_pass_and_reads_itself_when_none_came_for_two_intervals(run):
+    run_dir, samples, _ = run
+    clock = Clock()
+    state = stepped(run_dir, clock)
+    row(samples, 1.0, "train", 100 * MiB)
+    samples.flush()
+    assert state.read().processes[0].resident == 100 * MiB
+    row(samples, 2.0, "train", 120 * MiB)
+    samples.flush()
+    clock.now += 1.75
+    assert state.read().processes[0].resident == 100 * MiB  # read 1.75 s ago: the follower's to read
+    clock.now += 0.25
+    assert state.read().processes[0].resident == 120 * MiB  # 2 s: the follower held up, the scrape reads
 
 
 def test_a_spike_the_follower_folded_is_in_the_next_scrape_once(run):
@@ -65,11 +80,11 @@ def test_a_spike_the_follower_folded_is_in_the_next_scrape_once(run):
     row(samples, 2.0, "generate", 120 * MiB)
     samples.flush()
     clock.now += 0.5
-    # The scrape reads only the row after the pass; the pass's peaks are its to take.
-    assert state.read().processes[0].peaks == {"train": (None, 700 * MiB), "generate": (None, 120 * MiB)}
-    clock.now += 1.0
+    # The scrape answers from the pass: the row after it is the next pass's, and the next scrape's.
+    assert state.read().processes[0].peaks == {"train": (None, 700 * MiB), "generate": (None, 110 * MiB)}
+    clock.now += 0.5
     assert state.follow_step() == 1.0 and state.passes == 2
-    assert state.read().processes[0].peaks == {"generate": (None, 120 * MiB)}  # once: not again
+    assert state.read().processes[0].peaks == {"generate": (None, 120 * MiB)}  # the spike once: not again
 
 
 def test_the_follower_stops_after_ten_of_the_longest_gaps_between_scrapes(run):
