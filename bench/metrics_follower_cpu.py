@@ -1,0 +1,124 @@
+"""A scrape with the follower (it reads the files whenever nothing read them for `collect_interval_s`) and
+without it (today's endpoint before it: the scrape reads the whole interval), side by side in one run on
+the same host's files, and the follower's own CPU: what a scrape costs, and what both cost a minute.
+
+    python bench/metrics_follower_cpu.py [--processes 64] [--phase-seconds 1 10] [--collect-interval 1]
+
+The host is bench_metrics.py's FakeHost (rows every 100 ms, a phase every `--phase-seconds` per process),
+advanced in simulated time: both HostStates read the same files and see the host's time as their clock
+(the directory listed every 2 s of it, the follower's schedule). Between two scrapes the host is advanced
+up to each time the follower wakes, and its wake (`HostState.follow_step`, a pass when due) is timed on
+this thread's CPU clock; a scrape falls on the interval's end, after the follower's last pass (a wake
+due at the same time goes to the scrape: the scrape then reads the most it can, one collect interval).
+A scrape is read and rendered as the endpoint answers Debian's Prometheus 2.42, its CPU and wall time
+taken for each state in turn, the order alternating. CPU a minute: the scrapes' in 60 s, plus the
+follower's in 60 s.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+import timeit
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import bench_metrics as b  # noqa: E402
+
+from miles_profile.metrics.host_state import COLLECT_INTERVAL_S, HostState  # noqa: E402
+
+
+class Scraped:
+    """One HostState and its own renderer (each endpoint has its own cache of families), and its scrapes'
+    CPU (reading, rendering) and wall seconds."""
+
+    def __init__(self, state: HostState):
+        self.state = state
+        self.render = b.renderer()[1]
+        self.reads: list[float] = []
+        self.renders: list[float] = []
+        self.walls: list[float] = []
+
+    def scrape(self, timed: bool = True) -> None:
+        wall, cpu = time.perf_counter(), time.thread_time()
+        reading = self.state.read()
+        read = time.thread_time()
+        self.render(reading)
+        if timed:
+            self.renders.append(time.thread_time() - read)
+            self.reads.append(read - cpu)
+            self.walls.append(time.perf_counter() - wall)
+
+    def line(self, name: str, interval: float, follower_per_s: float = 0.0) -> str:
+        scrape = statistics.median(r + e for r, e in zip(self.reads, self.renders))
+        per_minute = 60 / interval * scrape + 60 * follower_per_s
+        follower = f"; follower {follower_per_s * 1e3:.2f} ms a second" if follower_per_s else ""
+        return (f"    {name:<13} scrape CPU {scrape * 1e3:6.2f} ms (reading {statistics.median(self.reads) * 1e3:.2f}, "
+                f"rendering {statistics.median(self.renders) * 1e3:.2f}), max {max(r + e for r, e in zip(self.reads, self.renders)) * 1e3:.2f}; "
+                f"wall {statistics.median(self.walls) * 1e3:.2f} ms{follower}; CPU a minute {per_minute * 1e3:.0f} ms")
+
+
+def advance_followed(host: b.FakeHost, state: HostState, seconds: float) -> float:
+    """Advance the host `seconds`, waking the follower whenever it asks; its CPU seconds on this thread."""
+    cpu, rows = 0.0, round(seconds * 10)
+    while rows:
+        start = time.thread_time()
+        wait = state.follow_step()
+        cpu += time.thread_time() - start
+        step = rows if wait is None else min(rows, max(1, round(wait * 10)))
+        host.advance(step / 10)
+        rows -= step
+    return cpu
+
+
+def compare(processes: int, phase_s: float, interval: float, collect_s: float, scrapes: int) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        host = b.FakeHost(Path(tmp), processes, phase_s)
+
+        def clock() -> float:  # the host's time: exact tenths
+            return host.rows / 10
+        today = Scraped(HostState(tmp, b.HOST, collect_interval_s=None, clock=clock))
+        followed = Scraped(HostState(tmp, b.HOST, collect_interval_s=collect_s, clock=clock, follower_thread=False))
+        # Longer phases need a whole cycle of them before every series is there (offloads, transitions).
+        host.advance(interval if phase_s == 1 else max(interval, len(b.PHASES) * phase_s))
+        today.scrape(timed=False)  # the first scrape reads every file's header and meta
+        followed.scrape(timed=False)
+        follower_cpu = 0.0
+        passes = followed.state.passes
+        for k in range(scrapes):
+            follower_cpu += advance_followed(host, followed.state, interval)
+            for one in ((today, followed) if k % 2 else (followed, today)):
+                one.scrape()
+        per_s = follower_cpu / (scrapes * interval)
+        passes = followed.state.passes - passes
+    print(f"  {processes} processes, phases of {phase_s:g} s, scrape every {interval:g} s, medians of {scrapes} scrapes "
+          f"(the follower: {passes} passes, every {collect_s:g} s):")
+    print(today.line("no follower:", interval))
+    print(followed.line("follower:", interval, per_s), flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--processes", type=int, default=64)
+    parser.add_argument("--phase-seconds", type=float, nargs="+", default=[1.0, 10.0])
+    parser.add_argument("--intervals", type=float, nargs="+", default=[1.0, 15.0])
+    parser.add_argument("--collect-interval", type=float, nargs="+", default=[COLLECT_INTERVAL_S])
+    parser.add_argument("--scrapes", type=int, default=10)
+    args = parser.parse_args(argv)
+    # How loaded this machine is: on an idle current x86 core this takes about 10 us.
+    calibration = min(timeit.repeat("sum(range(1000))", number=1000, repeat=5)) / 1000
+    print(f"{Path(__file__).resolve().parents[1]}: rendered by {b.renderer()[0]}; calibration: sum(range(1000)) "
+          f"{calibration * 1e6:.1f} us; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
+    for phase_s in args.phase_seconds:
+        for interval in args.intervals:
+            for collect_s in args.collect_interval:
+                compare(args.processes, phase_s, interval, collect_s, args.scrapes)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
