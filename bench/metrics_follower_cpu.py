@@ -13,6 +13,10 @@ due at the same time goes to the scrape: the scrape then reads the most it can, 
 A scrape is read and rendered as the endpoint answers Debian's Prometheus 2.42, its CPU and wall time
 taken for each state in turn, the order alternating. CPU a minute: the scrapes' in 60 s, plus the
 follower's in 60 s.
+
+`--real-seconds N` also runs the endpoint itself (`serve()`, its follower a thread) for N seconds of
+real time over the same kind of host, written every 0.5 s as the writers flush and scraped over HTTP
+every 15 s, and reads the follower thread's own CPU clock: the simulated figure checked in real time.
 """
 from __future__ import annotations
 
@@ -101,6 +105,38 @@ def compare(processes: int, phase_s: float, interval: float, collect_s: float, s
     print(followed.line("follower:", interval, per_s), flush=True)
 
 
+def real_time(processes: int, phase_s: float, seconds: float, interval: float = 15.0) -> None:
+    """The endpoint as it runs: its follower's CPU a second of real time, from that thread's CPU clock."""
+    import threading
+    import urllib.request
+
+    from miles_profile.metrics import serve
+    with tempfile.TemporaryDirectory() as tmp:
+        host = b.FakeHost(Path(tmp), processes, phase_s)
+        host.advance(interval)
+        server = serve(tmp, 0, "127.0.0.1", hostname=b.HOST)
+        url = f"http://127.0.0.1:{server.port}/metrics"
+        try:
+            urllib.request.urlopen(url, timeout=30).read()  # the first scrape: the follower starts
+            follower = next(t for t in threading.enumerate() if t.name == "miles_profile-metrics-follower")
+            clock_id = time.pthread_getcpuclockid(follower.ident)
+            cpu, start, passes = time.clock_gettime(clock_id), time.monotonic(), server.state.passes
+            next_scrape = start + interval
+            while time.monotonic() - start < seconds:
+                time.sleep(0.5)
+                host.advance(0.5)
+                if time.monotonic() >= next_scrape:
+                    urllib.request.urlopen(url, timeout=30).read()
+                    next_scrape += interval
+            spent, elapsed = time.clock_gettime(clock_id) - cpu, time.monotonic() - start
+            passes = server.state.passes - passes
+        finally:
+            server.stop()
+    print(f"  real time: {processes} processes, phases of {phase_s:g} s, the endpoint scraped over HTTP every "
+          f"{interval:g} s for {elapsed:.0f} s: its follower thread {passes} passes, {spent * 1e3 / elapsed:.2f} ms "
+          f"of CPU a second", flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--processes", type=int, default=64)
@@ -108,6 +144,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--intervals", type=float, nargs="+", default=[1.0, 15.0])
     parser.add_argument("--collect-interval", type=float, nargs="+", default=[COLLECT_INTERVAL_S])
     parser.add_argument("--scrapes", type=int, default=10)
+    parser.add_argument("--real-seconds", type=float, default=0.0,
+                        help="also run the endpoint this long in real time (its follower a thread)")
     args = parser.parse_args(argv)
     # How loaded this machine is: on an idle current x86 core this takes about 10 us.
     calibration = min(timeit.repeat("sum(range(1000))", number=1000, repeat=5)) / 1000
@@ -117,6 +155,9 @@ def main(argv: list[str] | None = None) -> int:
         for interval in args.intervals:
             for collect_s in args.collect_interval:
                 compare(args.processes, phase_s, interval, collect_s, args.scrapes)
+    if args.real_seconds:
+        for phase_s in args.phase_seconds:
+            real_time(args.processes, phase_s, args.real_seconds)
     return 0
 
 
