@@ -58,11 +58,12 @@ class Scraped:
             self.walls.append(time.perf_counter() - wall)
 
     def line(self, name: str, interval: float, follower_per_s: float = 0.0) -> str:
-        scrape = statistics.median(r + e for r, e in zip(self.reads, self.renders))
+        totals = [r + e for r, e in zip(self.reads, self.renders)]
+        scrape = statistics.median(totals)
         per_minute = 60 / interval * scrape + 60 * follower_per_s
         follower = f"; follower {follower_per_s * 1e3:.2f} ms a second" if follower_per_s else ""
         return (f"    {name:<13} scrape CPU {scrape * 1e3:6.2f} ms (reading {statistics.median(self.reads) * 1e3:.2f}, "
-                f"rendering {statistics.median(self.renders) * 1e3:.2f}), max {max(r + e for r, e in zip(self.reads, self.renders)) * 1e3:.2f}; "
+                f"rendering {statistics.median(self.renders) * 1e3:.2f}), max {max(totals) * 1e3:.2f}; "
                 f"wall {statistics.median(self.walls) * 1e3:.2f} ms{follower}; CPU a minute {per_minute * 1e3:.0f} ms")
 
 
@@ -99,8 +100,8 @@ def compare(processes: int, phase_s: float, interval: float, collect_s: float, s
                 one.scrape()
         per_s = follower_cpu / (scrapes * interval)
         passes = followed.state.passes - passes
-    print(f"  {processes} processes, phases of {phase_s:g} s, scrape every {interval:g} s, medians of {scrapes} scrapes "
-          f"(the follower: {passes} passes, every {collect_s:g} s):")
+    print(f"  {processes} processes, phases of {phase_s:g} s, scrape every {interval:g} s, medians of {scrapes} "
+          f"scrapes (the follower: {passes} passes, every {collect_s:g} s):")
     print(today.line("no follower:", interval))
     print(followed.line("follower:", interval, per_s), flush=True)
 
