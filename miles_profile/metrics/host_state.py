@@ -223,13 +223,8 @@ class HostState:
                 self._collect()
             return self._reading()
 
-    def collect(self) -> None:
-        """Read what the files gained and fold it (the reading half of a scrape), reporting nothing."""
-        with self._lock:
-            if not self._closed:
-                self._collect()
-
     def _collect(self) -> None:
+        """Read what the files gained and fold it: a scrape's reading half, and the follower's pass."""
         start = self._clock()
         listed = self._discover()
         for files in self._hosts.values():
