@@ -15,8 +15,9 @@ taken for each state in turn, the order alternating. CPU a minute: the scrapes' 
 follower's in 60 s.
 
 `--real-seconds N` also runs the endpoint itself (`serve()`, its follower a thread) for N seconds of
-real time over the same kind of host, written every 0.5 s as the writers flush and scraped over HTTP
-every 15 s, and reads the follower thread's own CPU clock: the simulated figure checked in real time.
+real time over the same kind of host, written every 0.5 s (as the writers flush) by another process
+(as the recorded processes are) and scraped over HTTP every 15 s, and reads the follower thread's own
+CPU clock: the simulated figure checked in real time.
 """
 from __future__ import annotations
 
@@ -106,36 +107,49 @@ def compare(processes: int, phase_s: float, interval: float, collect_s: float, s
     print(followed.line("follower:", interval, per_s), flush=True)
 
 
+def _write_host(run_dir: str, processes: int, phase_s: float, backlog_s: float, ready, stop) -> None:
+    """The recorded processes, in a process of their own as in a real run: the host written every 0.5 s."""
+    host = b.FakeHost(Path(run_dir), processes, phase_s)
+    host.advance(backlog_s)
+    ready.set()
+    while not stop.wait(0.5):
+        host.advance(0.5)
+
+
 def real_time(processes: int, phase_s: float, seconds: float, interval: float = 15.0) -> None:
     """The endpoint as it runs: its follower's CPU a second of real time, from that thread's CPU clock."""
+    import multiprocessing
     import threading
     import urllib.request
 
     from miles_profile.metrics import serve
+    context = multiprocessing.get_context("fork")
     with tempfile.TemporaryDirectory() as tmp:
-        host = b.FakeHost(Path(tmp), processes, phase_s)
-        host.advance(interval)
-        server = serve(tmp, 0, "127.0.0.1", hostname=b.HOST)
-        url = f"http://127.0.0.1:{server.port}/metrics"
+        ready, stop = context.Event(), context.Event()
+        writer = context.Process(target=_write_host, args=(tmp, processes, phase_s, interval, ready, stop))
+        writer.start()
+        server = None
         try:
+            ready.wait(120)
+            server = serve(tmp, 0, "127.0.0.1", hostname=b.HOST)
+            url = f"http://127.0.0.1:{server.port}/metrics"
             urllib.request.urlopen(url, timeout=30).read()  # the first scrape: the follower starts
             follower = next(t for t in threading.enumerate() if t.name == "miles_profile-metrics-follower")
             clock_id = time.pthread_getcpuclockid(follower.ident)
             cpu, start, passes = time.clock_gettime(clock_id), time.monotonic(), server.state.passes
-            next_scrape = start + interval
             while time.monotonic() - start < seconds:
-                time.sleep(0.5)
-                host.advance(0.5)
-                if time.monotonic() >= next_scrape:
-                    urllib.request.urlopen(url, timeout=30).read()
-                    next_scrape += interval
+                time.sleep(interval)
+                urllib.request.urlopen(url, timeout=30).read()
             spent, elapsed = time.clock_gettime(clock_id) - cpu, time.monotonic() - start
             passes = server.state.passes - passes
         finally:
-            server.stop()
-    print(f"  real time: {processes} processes, phases of {phase_s:g} s, the endpoint scraped over HTTP every "
-          f"{interval:g} s for {elapsed:.0f} s: its follower thread {passes} passes, {spent * 1e3 / elapsed:.2f} ms "
-          f"of CPU a second", flush=True)
+            stop.set()
+            writer.join()
+            if server is not None:
+                server.stop()
+    print(f"  real time: {processes} processes written by another process, phases of {phase_s:g} s, the endpoint "
+          f"scraped over HTTP every {interval:g} s for {elapsed:.0f} s: its follower thread {passes} passes, "
+          f"{spent * 1e3 / elapsed:.2f} ms of CPU a second", flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
