@@ -44,7 +44,7 @@ BATCH_ROWS = 2000
 BATCH_BYTES = 16 * 1024 * 1024
 # The follower reads the files when nothing read them for this long; a scrape answers from its last
 # pass, so this is how old a level can be (plus the writers' 0.5 s flush). 1 s: as fresh as a 1 s scrape
-# interval, for 2.7 to 4.2 ms of CPU a second with 64 processes on the development VM (real time); 0.5 s
+# interval, for 2.8 to 4.5 ms of CPU a second with 64 processes on the development VM (real time); 0.5 s
 # costs 1.2 to 2 times that (each pass's fixed cost twice as often), 2 s up to a quarter less for levels
 # twice as old (bench/metrics_follower_cpu.py --collect-interval 0.5 1 2; docs/prometheus.md, Cost).
 COLLECT_INTERVAL_S = 1.0
