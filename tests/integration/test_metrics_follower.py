@@ -70,7 +70,7 @@ def test_a_spike_folded_between_scrapes_is_in_the_next_scrape_once(run):
 
 
 def test_an_idle_follower_stops_and_the_next_scrape_starts_it(run):
-    server = serve(run[0], 0, "127.0.0.1", hostname=HOST, collect_interval_s=0.02, idle_stop_s=0.3)
+    server = serve(run[0], 0, "127.0.0.1", hostname=HOST, collect_interval_s=0.02, idle_stop_s=1.0)
     try:
         scrape(server)
         first = followers()
