@@ -100,6 +100,16 @@ class FakeHost:
         self.host.flush()
 
 
+def scrape_only_state(run_dir):
+    """A HostState read at scrape time only, as before the follower (trees from before it take no
+    argument): a benchmark that times one scrape's reading must not have a thread read for it."""
+    from miles_profile.metrics.host_state import HostState
+    try:
+        return HostState(run_dir, HOST, collect_interval_s=None)
+    except TypeError:
+        return HostState(run_dir, HOST)
+
+
 def renderer(accept: str = PROMETHEUS_ACCEPT):
     """(what renders, a function from one HostReading to the body the endpoint answers `accept` with).
     The same file runs on trees whose endpoint renders with prometheus_client (families.py) and on
@@ -140,7 +150,8 @@ def scrape_cost(processes: int, scrapes: int, interval_s: float) -> tuple[list[f
     child. CPU seconds are this thread's: on a shared machine they wait for no one else's."""
     with tempfile.TemporaryDirectory() as tmp:
         host = FakeHost(Path(tmp), processes)
-        server = serve(tmp, 0, "127.0.0.1", hostname=HOST)
+        # No follower: each scrape reads one whole interval (bench/metrics_scrape_cpu.py times the follower).
+        server = serve(tmp, 0, "127.0.0.1", hostname=HOST, collect_interval_s=None)
         state = server.state  # one endpoint's state: each scrape, in process or over HTTP, reads one interval
         _, render = renderer()
         host.advance(interval_s)

@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     for interval in (1.0, 15.0):
         with tempfile.TemporaryDirectory() as tmp:
             host = b.FakeHost(Path(tmp), args.processes, args.phase_seconds)
-            state = HostState(tmp, b.HOST)
+            state = b.scrape_only_state(tmp)
             host.advance(interval if args.phase_seconds == 1 else max(interval, len(b.PHASES) * args.phase_seconds))
             render(state.read())
             plain = []

@@ -33,7 +33,10 @@ from miles_profile.metrics.host_state import HostState
 _, render = b.renderer()
 with tempfile.TemporaryDirectory() as tmp:
     host = b.FakeHost(Path(tmp), processes, *([phase_s] if phase_s != 1 else []))
-    state = HostState(tmp, b.HOST)
+    try:  # read at scrape time only: no follower reading for it (trees before it take no argument)
+        state = HostState(tmp, b.HOST, collect_interval_s=None)
+    except TypeError:
+        state = HostState(tmp, b.HOST)
     host.advance(interval if phase_s == 1 else max(interval, len(b.PHASES) * phase_s))  # every series there
     render(state.read())  # the first scrape reads every file's header and meta (and imports)
     print("ready", flush=True)

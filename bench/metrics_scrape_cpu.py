@@ -31,8 +31,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import bench_metrics as b  # noqa: E402
 
-from miles_profile.metrics.host_state import HostState  # noqa: E402
-
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -48,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     for processes, interval in ((n, i) for n in args.processes for i in (1.0, 15.0)):
         with tempfile.TemporaryDirectory() as tmp:
             host = b.FakeHost(Path(tmp), processes, args.phase_seconds)
-            state = HostState(tmp, b.HOST)
+            state = b.scrape_only_state(tmp)  # read at scrape time only: no follower reading for it
             # Longer phases need a whole cycle of them before every series is there (offloads, transitions);
             # the 1 s stress keeps the warm-up of the previous rounds' figures.
             host.advance(interval if args.phase_seconds == 1 else max(interval, len(b.PHASES) * args.phase_seconds))

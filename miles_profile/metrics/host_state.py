@@ -1,18 +1,28 @@
-"""Everything a scrape reports for one host of a run, read from the run directory at scrape time.
+"""Everything a scrape reports for one host of a run, read from the run directory.
 
 The recorder's files are the live state: every recording process of the host appends its samples and
 events there, and the host sampler its GPUs and the processes NVML lists on them. Reading them here
-(only what was appended since the previous scrape) puts no work on any recorded process, whether
+(only what was appended since the previous read) puts no work on any recorded process, whether
 anyone scrapes or not.
+
+Once a scraper has come, a follower thread reads the files whenever nothing read them for
+`collect_interval_s`, and a scrape answers from what it read (as dcgm-exporter answers from its last
+collection): a scrape renders, whatever the scrape interval, and reads the files itself only when
+nothing read them for twice that interval (the first scrape; a follower held up). Levels are then at
+most one collect interval (two while a pass is late), plus the writers' 0.5 s flush, old. Nothing runs
+before the first scrape, and the follower stops when no scrape came for a long while.
 """
 from __future__ import annotations
 
 import collections
 import json
+import logging
+import math
 import os
 import threading
 import time
 from pathlib import Path
+from typing import Callable
 
 from miles_profile.logdir.layout import GPU_PROCS_SUFFIX, HOST_META_SUFFIX, HOST_SAMPLES_SUFFIX, PROCESS_META_SUFFIX
 from miles_profile.logdir.line_tail import LineTail, read_regular
@@ -32,6 +42,21 @@ BATCH_ROWS = 2000
 # At most about this many bytes of rows joined for one pyarrow read: a scraper back after hours meets up to
 # 8 MiB a process (process_state.MAX_READ_BYTES), and 64 of those joined would be 512 MiB held at once.
 BATCH_BYTES = 16 * 1024 * 1024
+# The follower reads the files when nothing read them for this long; a scrape answers from its last
+# pass, so this is how old a level can be (plus the writers' 0.5 s flush). 1 s: as fresh as a 1 s scrape
+# interval, for 2.8 to 4.5 ms of CPU a second with 64 processes on the development VM (real time); 0.5 s
+# costs 1.2 to 2 times that (each pass's fixed cost twice as often), 2 s up to a quarter less for levels
+# twice as old (bench/metrics_follower_cpu.py --collect-interval 0.5 1 2; docs/prometheus.md, Cost).
+COLLECT_INTERVAL_S = 1.0
+# A scrape reads the files itself when nothing read them for this many collect intervals: the follower is
+# not running (the first scrape) or held up; a pass due at a scrape's time never makes the scrape read.
+SCRAPE_READS_AFTER = 2
+# The follower stops when no scrape came for IDLE_GAPS times the longest gap between two scrapes it saw,
+# and at least IDLE_STOP_S: a scraper that went away; the next scrape starts it again.
+IDLE_STOP_S = 300.0
+IDLE_GAPS = 10
+
+log = logging.getLogger("miles_profile")
 
 
 class _HostFiles:
@@ -127,22 +152,46 @@ def _fold_rows(pending: list[tuple[ProcessState, bytes]]) -> dict[ProcessState, 
 
 
 class HostState:
-    """The host `hostname` of the run in `run_dir`. `read()` is what one scrape reports."""
+    """The host `hostname` of the run in `run_dir`. `read()` is what one scrape reports.
 
-    def __init__(self, run_dir: str | os.PathLike, hostname: str):
+    `collect_interval_s`: the follower's interval (None: no follower, the files are read at scrape time
+    only). `idle_stop_s`: the follower's shortest idle stop. `clock`: monotonic seconds. `follower_thread`
+    False: no thread, the caller calls `follow_step()` itself (a benchmark in simulated time)."""
+
+    def __init__(self, run_dir: str | os.PathLike, hostname: str, collect_interval_s: float | None = COLLECT_INTERVAL_S,
+                 idle_stop_s: float = IDLE_STOP_S, clock: Callable[[], float] = time.monotonic,
+                 follower_thread: bool = True):
         self.run_dir = Path(run_dir)
         self.host = hostname
+        self.collect_interval_s = collect_interval_s
+        self.idle_stop_s = idle_stop_s
+        self._clock = clock
         self._processes: dict[str, ProcessState] = {}
         self._hosts: dict[str, _HostFiles] = {}
-        self._lock = threading.Lock()  # two scrapes at once (two Prometheus servers) take turns
-        self._discovered = -DISCOVER_EVERY_S
+        # Scrapes (two Prometheus servers) and the follower's passes take turns.
+        self._lock = threading.Lock()
+        self._discovered = -math.inf
         self._closed = False
+        self._read_at = -math.inf            # when the files were last read, by a scrape or a pass
+        self._scraped_at = -math.inf
+        self._longest_gap = 0.0              # between two scrapes while followed
+        self._following = False
+        self._follower_thread = follower_thread
+        self._follower: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._failed = False                 # a pass's exception is logged once
+        self.passes = 0                      # the follower's passes that read the files
+
+    @property
+    def following(self) -> bool:
+        """Whether the follower runs (from the first scrape until it stops)."""
+        return self._following
 
     def _discover(self) -> bool:
         """List the run directory for new processes, every DISCOVER_EVERY_S at most; True when it did."""
-        if time.monotonic() - self._discovered < DISCOVER_EVERY_S:
+        if self._clock() - self._discovered < DISCOVER_EVERY_S:
             return False
-        self._discovered = time.monotonic()
+        self._discovered = self._clock()
         prefix = f"{self.host}-"
         try:
             entries = os.listdir(self.run_dir)
@@ -162,28 +211,88 @@ class HostState:
         return True
 
     def read(self) -> HostReading:
+        """One scrape: the reading as the follower's last pass left it (the files read here when none
+        came for SCRAPE_READS_AFTER collect intervals, or without a follower), its peaks those folded
+        since the previous scrape. The first scrape starts the follower."""
         with self._lock:
             if self._closed:
                 return HostReading(hostname=self.host.lower())
-            listed = self._discover()
-            for files in self._hosts.values():
-                files.refresh()
-            # A meta changes at start and end only: looked at when listing.
-            pending = [(process, process.read_new(meta=listed)) for process in self._processes.values()]
-            runs = _fold_rows(pending)
-            for process, data in pending:
-                process.add_rows(data, runs.get(process))
+            self._scraped()
+            if self.collect_interval_s is None or \
+                    self._clock() - self._read_at >= SCRAPE_READS_AFTER * self.collect_interval_s:
+                self._collect()
             return self._reading()
 
-    def close(self) -> None:
-        """Close the files kept open between scrapes; a scrape still running finishes first, later ones
-        report nothing (their file descriptors could be another file's by then)."""
+    def _collect(self) -> None:
+        """Read what the files gained and fold it: a scrape's reading half, and the follower's pass."""
+        start = self._clock()
+        listed = self._discover()
+        for files in self._hosts.values():
+            files.refresh()
+        # A meta changes at start and end only: looked at when listing.
+        pending = [(process, process.read_new(meta=listed)) for process in self._processes.values()]
+        runs = _fold_rows(pending)
+        for process, data in pending:
+            process.add_rows(data, runs.get(process))
+        # Only a read that went through counts: after failed passes the scrape reads (and says why).
+        self._read_at = start
+
+    def _scraped(self) -> None:
+        now = self._clock()
+        if self._following:  # a gap the follower waited through: what its idle stop is measured against
+            self._longest_gap = max(self._longest_gap, now - self._scraped_at)
+        self._scraped_at = now
+        if self._following or self.collect_interval_s is None:
+            return
+        self._following = True
+        if self._follower_thread:
+            if self._follower is not None:
+                self._follower.join()  # one that stopped idle: past its last use of the lock, returning
+            self._follower = threading.Thread(target=self._follow, name="miles_profile-metrics-follower", daemon=True)
+            self._follower.start()
+
+    def follow_step(self) -> float | None:
+        """One wake of the follower: a pass over the files when nothing read them for collect_interval_s.
+        The seconds until the next wake; None when the follower stops (closed, or no scrape for long).
+        A pass's exception is logged once and never leaves: the next pass tries again, and a scrape
+        reads the files itself (its own failure logged by the collector) until a pass goes through."""
         with self._lock:
-            self._closed = True
+            now = self._clock()
+            idle = max(self.idle_stop_s, IDLE_GAPS * self._longest_gap)
+            if self._closed or not self._following or now - self._scraped_at > idle:
+                self._following = False
+                return None
+            due = self._read_at + self.collect_interval_s - now
+            if due > 0:
+                return due
+            try:
+                self._collect()
+                self.passes += 1
+            except Exception as exc:  # noqa: BLE001 - whatever the files hold, the job never sees it
+                if not self._failed:
+                    self._failed = True
+                    log.warning("miles_profile: metrics collection between scrapes failed (said once): %r", exc)
+            return self.collect_interval_s
+
+    def _follow(self) -> None:
+        wait = self.collect_interval_s
+        while wait is not None and not self._stop.wait(wait):
+            wait = self.follow_step()
+
+    def close(self) -> None:
+        """Stop the follower (joined) and close the files kept open between reads; a scrape still
+        running finishes first, later ones report nothing (their file descriptors could be another
+        file's by then)."""
+        with self._lock:
+            self._closed, self._following = True, False
+            follower = self._follower
             for files in self._hosts.values():
                 files.close()
             for process in self._processes.values():
                 process.close()
+        self._stop.set()
+        if follower is not None:
+            follower.join()
 
     def _reading(self) -> HostReading:
         reading = HostReading(hostname=self.host.lower())

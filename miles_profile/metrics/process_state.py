@@ -1,8 +1,9 @@
-"""One recording process's live state, followed through its files (samples, events, meta) at scrape time.
+"""One recording process's live state, followed through its files (samples, events, meta) at each read:
+a scrape's, or the follower's between scrapes (host_state.py).
 
 Only what a scrape needs is kept: the last value of each exported column, the true peak per phase
-since the previous scrape, the open phases, the last instance of each offload and transition, and the
-floor of the current iteration. Nothing is read between scrapes.
+since the previous scrape (the follower's passes fold into it, the scrape takes it), the open phases,
+the last instance of each offload and transition, and the floor of the current iteration.
 """
 from __future__ import annotations
 
@@ -32,8 +33,8 @@ except ImportError:  # a GPU host without network: the same dicts, slower
 DROP_SHARE = 0.8
 RESOLUTION_BYTES = {"allocated": 2 * 1024**2, "resident": 8 * 1024**2}
 _RECENT_ROWS = 512  # rows kept to find the level right before a phase began
-# A scrape reads at most this much of one file: a scraper that comes back after hours reads the
-# backlog over several scrapes instead of stalling one.
+# A read (a scrape's or the follower's) takes at most this much of one file: a scraper that comes back
+# after hours reads the backlog over several reads instead of stalling one.
 MAX_READ_BYTES = 8 * 1024 * 1024
 _TRANSITION = (names.OFFLOAD_PREFIX, names.ONLOAD_PREFIX, names.UPDATE_WEIGHTS)
 _BEGIN, _END, _OFFLOAD = names.BEGIN, names.END, names.OFFLOAD_PREFIX

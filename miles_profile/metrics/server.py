@@ -2,7 +2,8 @@
 
 `serve()` is what `record --metrics-port` calls, and what a per-node host sampler elsewhere (the Ray
 path) calls for its node. prometheus_client renders and serves the exposition: a custom collector
-(families.py) reads the host's state at scrape time, never in between, and its WSGI app answers
+(families.py) reads the host's state at scrape time (what the follower, started by the first scrape,
+left unread: host_state.py), and its WSGI app answers
 OpenMetrics or Prometheus text 0.0.4, whichever the scraper asks for. It is imported here only, when a
 port is asked for: the recorder runs on GPU hosts without it, and then says so in one line and records
 as before.
@@ -17,7 +18,7 @@ from typing import Any
 
 from miles_profile import names
 from miles_profile.identity import host_name
-from miles_profile.metrics.host_state import HostState
+from miles_profile.metrics.host_state import COLLECT_INTERVAL_S, IDLE_STOP_S, HostState
 from miles_profile.metrics.readings import HostReading
 
 log = logging.getLogger("miles_profile")
@@ -34,7 +35,8 @@ UNDERSCORES, ALLOW_UTF8 = "underscores", "allow-utf-8"
 
 
 class MetricsServer:
-    """A running endpoint; `stop()` closes it (idempotent). `port` is the one bound (0 asks for any)."""
+    """A running endpoint; `stop()` closes it and stops its follower, joined (idempotent). `port` is the
+    one bound (0 asks for any)."""
 
     def __init__(self, server: Any, thread: threading.Thread, state: HostState):
         self._server, self._thread, self.state = server, thread, state
@@ -50,7 +52,8 @@ class MetricsServer:
 
 
 def collector(state: HostState):
-    """A prometheus_client collector that reads the host's state at scrape time, never in between."""
+    """A prometheus_client collector that reads the host's state at scrape time (the first one starts
+    the state's follower, which reads the files between scrapes)."""
     from miles_profile.metrics.families import families
 
     class _Collector:
@@ -168,17 +171,18 @@ def _http_server(addr: str, port: int, app):
     return make_server(addr, port, app, Server, handler_class=Handler)
 
 
-def serve(run_dir: str | os.PathLike, port: int, addr: str = "0.0.0.0", hostname: str | None = None) -> MetricsServer | None:
+def serve(run_dir: str | os.PathLike, port: int, addr: str = "0.0.0.0", hostname: str | None = None,
+          collect_interval_s: float | None = COLLECT_INTERVAL_S, idle_stop_s: float = IDLE_STOP_S) -> MetricsServer | None:
     """Serve the metrics of `hostname` (default: this host) of the run in `run_dir` on `addr:port`.
     None, with one log line, when prometheus_client is missing or the port can't be bound: the job
-    goes on recorded, unscraped."""
+    goes on recorded, unscraped. `collect_interval_s` and `idle_stop_s`: the follower's (HostState)."""
     try:
         from prometheus_client import CollectorRegistry
     except ImportError:
         log.warning("miles_profile: warning: --metrics-port ignored: prometheus_client is not installed "
                     "(pip install prometheus-client)")
         return None
-    state = HostState(run_dir, hostname or host_name())
+    state = HostState(run_dir, hostname or host_name(), collect_interval_s, idle_stop_s)
     registry = CollectorRegistry(auto_describe=False)
     registry.register(collector(state))
     try:

@@ -1,5 +1,7 @@
 """The exposition's reading of a run (miles_profile/metrics/host_state.py, process_state.py): true peaks
-since the previous scrape and the live offload verdict, on files written with the recorder's own writers."""
+since the previous scrape and the live offload verdict, on files written with the recorder's own writers.
+The reading alone: no follower (collect_interval_s=None), so no test leaves a thread behind
+(tests/unit/test_metrics_follower_schedule.py holds the follower)."""
 from __future__ import annotations
 
 import pytest
@@ -19,7 +21,7 @@ def test_the_live_rule_is_the_reports():
 
 def test_the_peak_is_the_true_peak_since_the_previous_scrape(run):
     run_dir, samples, _ = run
-    state = HostState(run_dir, HOST)
+    state = HostState(run_dir, HOST, collect_interval_s=None)
     for k in range(10):  # a 500 MiB spike between two rows shows only in rss_peak
         row(samples, 100 + k * 0.1, "train", 100 * MiB, rss_peak=500 * MiB if k == 4 else None)
     row(samples, 101.0, "generate", 120 * MiB)
@@ -49,7 +51,7 @@ def test_an_offload_is_judged_on_what_it_freed_inside_the_phase(run, freed, verd
         "rss": {"peak": 50 * MiB, "floor": 50 * MiB, "first": 50 * MiB, "last": 50 * MiB}}}
     events.write("end", "offload_train", {"status": "ok", "summary": summary}, t=10.21, id=1)
     samples.flush()
-    offload = HostState(run_dir, HOST).read().processes[0].offloads[("offload_train", "train_state")]
+    offload = HostState(run_dir, HOST, collect_interval_s=None).read().processes[0].offloads[("offload_train", "train_state")]
     assert (offload.declared, offload.freed, offload.series, offload.verdict) == (120 * MiB, freed, "allocated", verdict)
 
 
@@ -68,7 +70,7 @@ def test_a_recorded_death_is_counted_and_its_process_leaves(run):
     witness.write("oom", "oom", {"cause": "oom_kill", "process_pid": 77, "detected_by": "host_sampler"})
     witness.write("oom", "oom", {"type": "OutOfMemoryError", "phase": "train"})  # an OOM error, no death
     witness.close()
-    reading = HostState(run_dir, HOST).read()
+    reading = HostState(run_dir, HOST, collect_interval_s=None).read()
     assert reading.kills == {"oom_kill": 1}
     assert [(p.rank, p.role) for p in reading.processes] == [("0", "exec_parent")]
 
@@ -84,7 +86,7 @@ def test_rows_read_by_column_or_row_by_row_give_the_same_peaks(run):
             row(samples, 10 * gap + k * 0.1, phase, mib * MiB, alloc=alloc)
         samples.flush()
         if not gap:
-            state = HostState(run_dir, HOST)
+            state = HostState(run_dir, HOST, collect_interval_s=None)
         peaks = state.read().processes[0].peaks
         assert peaks == {"train": (1400 * MiB, 700 * MiB), "generate": (None if gap else 1800 * MiB, 900 * MiB)}
 
@@ -117,7 +119,7 @@ def test_rows_of_all_processes_folded_at_once_stay_each_process_own(run, monkeyp
         row(second, k, phase, mib * MiB, alloc=2 * mib * MiB)
     first.flush()
     second.flush()
-    state = HostState(run_dir, HOST)
+    state = HostState(run_dir, HOST, collect_interval_s=None)
     expected = {"3": {"generate": (600 * MiB, 300 * MiB), "train": (1800 * MiB, 900 * MiB)},
                 "4": {"train": (400 * MiB, 200 * MiB), "generate": (100 * MiB, 50 * MiB)}}
     assert {p.rank: p.peaks for p in state.read().processes} == expected
@@ -186,7 +188,7 @@ def test_events_read_the_same_with_orjson_or_json_in_any_key_order(run, json_par
     lines = (run_dir / f"{HOST}-77.events.jsonl").read_text().splitlines()[:-3]
     (run_dir / f"{stem}.events.jsonl").write_text("".join(json.dumps(json.loads(line), sort_keys=True) + "\n"
                                                           for line in lines))
-    first, second = sorted(HostState(run_dir, HOST).read().processes, key=lambda p: p.rank)
+    first, second = sorted(HostState(run_dir, HOST, collect_interval_s=None).read().processes, key=lambda p: p.rank)
     assert second.rank == "4"
     for process in (first, second):
         assert (process.iterations, process.floor_allocated, process.floor_resident) == (2, 1036 * MiB, 1098 * MiB)
@@ -208,5 +210,5 @@ def test_a_host_without_pyarrow_folds_each_process_rows_itself(run, monkeypatch)
     for k, (phase, mib) in enumerate([("train", 300), ("train", 900), ("generate", 100)]):
         row(samples, k, phase, mib * MiB, alloc=2 * mib * MiB)
     samples.flush()
-    assert HostState(run_dir, HOST).read().processes[0].peaks == {"train": (1800 * MiB, 900 * MiB),
+    assert HostState(run_dir, HOST, collect_interval_s=None).read().processes[0].peaks == {"train": (1800 * MiB, 900 * MiB),
                                                                   "generate": (200 * MiB, 100 * MiB)}
