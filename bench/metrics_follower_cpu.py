@@ -102,7 +102,8 @@ def compare(processes: int, phase_s: float, interval: float, collect_s: float, s
         per_s = follower_cpu / (scrapes * interval)
         passes = followed.state.passes - passes
     print(f"  {processes} processes, phases of {phase_s:g} s, scrape every {interval:g} s, medians of {scrapes} "
-          f"scrapes (the follower: {passes} passes, every {collect_s:g} s):")
+          f"scrapes (the follower: {passes} passes, at least {collect_s:g} s apart, "
+          f"{followed.state.collect_every():g} s at the end):")
     print(today.line("no follower:", interval))
     print(followed.line("follower:", interval, per_s), flush=True)
 

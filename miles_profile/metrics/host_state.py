@@ -5,8 +5,8 @@ events there, and the host sampler its GPUs and the processes NVML lists on them
 (only what was appended since the previous read) puts no work on any recorded process, whether
 anyone scrapes or not.
 
-Once a scraper has come, a follower thread reads the files whenever nothing read them for
-`collect_interval_s`, and a scrape answers from what it read (as dcgm-exporter answers from its last
+Once a scraper has come, a follower thread reads the files whenever nothing read them for a third of
+the scrape interval (1 to 5 s: `collect_every`), and a scrape answers from what it read (as dcgm-exporter answers from its last
 collection): a scrape renders, whatever the scrape interval, and reads the files itself only when
 nothing read them for twice that interval (the first scrape; a follower held up). Levels are then at
 most one collect interval (two while a pass is late), plus the writers' 0.5 s flush, old. Nothing runs
@@ -42,12 +42,15 @@ BATCH_ROWS = 2000
 # At most about this many bytes of rows joined for one pyarrow read: a scraper back after hours meets up to
 # 8 MiB a process (process_state.MAX_READ_BYTES), and 64 of those joined would be 512 MiB held at once.
 BATCH_BYTES = 16 * 1024 * 1024
-# The follower reads the files when nothing read them for this long; a scrape answers from its last
-# pass, so this is how old a level can be (plus the writers' 0.5 s flush). 1 s: as fresh as a 1 s scrape
-# interval, for 2.8 to 4.5 ms of CPU a second with 64 processes on the development VM (real time); 0.5 s
-# costs 1.2 to 2 times that (each pass's fixed cost twice as often), 2 s up to a quarter less for levels
-# twice as old (bench/metrics_follower_cpu.py --collect-interval 0.5 1 2; docs/prometheus.md, Cost).
+# The follower reads the files when nothing read them for a third of the scrape interval, between these
+# two: a scrape answers from its last pass, so a level is at most that old (plus the writers' 0.5 s flush),
+# a third of what one sample of the scraper spans. Every 1 s (a 1 s scraper) costs 2.8 to 4.5 ms of CPU a
+# second with 64 processes on the development VM, in real time; at a 15 s interval, passes every 5 s read
+# 3,200 rows at once (pyarrow's batch, not Python's row by row) and cost 1.2 to 1.65 ms a second (simulated):
+# the endpoint's CPU a minute 1.1 to 1.4 times the scrapes' alone before the follower, against 2 to 3 times
+# with 1 s passes (bench/metrics_follower_cpu.py --collect-interval 1 5; docs/prometheus.md, Cost).
 COLLECT_INTERVAL_S = 1.0
+MAX_COLLECT_INTERVAL_S = 5.0
 # A scrape reads the files itself when nothing read them for this many collect intervals: the follower is
 # not running (the first scrape) or held up; a pass due at a scrape's time never makes the scrape read.
 SCRAPE_READS_AFTER = 2
@@ -154,8 +157,8 @@ def _fold_rows(pending: list[tuple[ProcessState, bytes]]) -> dict[ProcessState, 
 class HostState:
     """The host `hostname` of the run in `run_dir`. `read()` is what one scrape reports.
 
-    `collect_interval_s`: the follower's interval (None: no follower, the files are read at scrape time
-    only). `idle_stop_s`: the follower's shortest idle stop. `clock`: monotonic seconds. `follower_thread`
+    `collect_interval_s`: the follower's shortest interval (None: no follower, the files are read at
+    scrape time only). `idle_stop_s`: the follower's shortest idle stop. `clock`: monotonic seconds. `follower_thread`
     False: no thread, the caller calls `follow_step()` itself (a benchmark in simulated time)."""
 
     def __init__(self, run_dir: str | os.PathLike, hostname: str, collect_interval_s: float | None = COLLECT_INTERVAL_S,
@@ -175,6 +178,7 @@ class HostState:
         self._read_at = -math.inf            # when the files were last read, by a scrape or a pass
         self._scraped_at = -math.inf
         self._longest_gap = 0.0              # between two scrapes while followed
+        self._last_gap = 0.0                 # the latest one: the scrape interval the follower paces to
         self._following = False
         self._follower_thread = follower_thread
         self._follower: threading.Thread | None = None
@@ -219,7 +223,7 @@ class HostState:
                 return HostReading(hostname=self.host.lower())
             self._scraped()
             if self.collect_interval_s is None or \
-                    self._clock() - self._read_at >= SCRAPE_READS_AFTER * self.collect_interval_s:
+                    self._clock() - self._read_at >= SCRAPE_READS_AFTER * self.collect_every():
                 self._collect()
             return self._reading()
 
@@ -240,7 +244,8 @@ class HostState:
     def _scraped(self) -> None:
         now = self._clock()
         if self._following:  # a gap the follower waited through: what its idle stop is measured against
-            self._longest_gap = max(self._longest_gap, now - self._scraped_at)
+            self._last_gap = now - self._scraped_at
+            self._longest_gap = max(self._longest_gap, self._last_gap)
         self._scraped_at = now
         if self._following or self.collect_interval_s is None:
             return
@@ -252,7 +257,7 @@ class HostState:
             self._follower.start()
 
     def follow_step(self) -> float | None:
-        """One wake of the follower: a pass over the files when nothing read them for collect_interval_s.
+        """One wake of the follower: a pass over the files when nothing read them for collect_every().
         The seconds until the next wake; None when the follower stops (closed, or no scrape for long).
         A pass's exception is logged once and never leaves: the next pass tries again, and a scrape
         reads the files itself (its own failure logged by the collector) until a pass goes through."""
@@ -262,7 +267,7 @@ class HostState:
             if self._closed or not self._following or now - self._scraped_at > idle:
                 self._following = False
                 return None
-            due = self._read_at + self.collect_interval_s - now
+            due = self._read_at + self.collect_every() - now
             if due > 0:
                 return due
             try:
@@ -272,7 +277,13 @@ class HostState:
                 if not self._failed:
                     self._failed = True
                     log.warning("miles_profile: metrics collection between scrapes failed (said once): %r", exc)
-            return self.collect_interval_s
+            return self.collect_every()
+
+    def collect_every(self) -> float:
+        """The follower's interval now: a third of the latest gap between two scrapes, at least
+        collect_interval_s, at most MAX_COLLECT_INTERVAL_S (or collect_interval_s where that is more)."""
+        least = self.collect_interval_s or COLLECT_INTERVAL_S
+        return min(max(least, self._last_gap / 3), max(least, MAX_COLLECT_INTERVAL_S))
 
     def _follow(self) -> None:
         wait = self.collect_interval_s

@@ -111,3 +111,27 @@ def test_a_closed_state_stops_its_follower_and_reads_nothing(run):
     state.close()
     clock.now += 1.0
     assert state.follow_step() is None and state.passes == 0
+
+
+def test_the_passes_are_paced_to_a_third_of_the_scrape_interval_between_1_and_5_s(run):
+    run_dir, samples, _ = run
+    clock = Clock()
+    state = stepped(run_dir, clock)
+    state.read()
+    assert state.collect_every() == 1.0  # one scrape: no interval known yet
+    clock.now += 15
+    state.read()  # a 15 s scraper: passes every 5 s, each big enough for pyarrow's batch
+    assert state.collect_every() == 5.0
+    clock.now += 2
+    assert state.follow_step() == 3.0 and state.passes == 0  # due 5 s after the scrape's read, not 1 s
+    clock.now += 3
+    assert state.follow_step() == 5.0 and state.passes == 1
+    clock.now += 1
+    state.read()  # 6 s after the previous scrape: a third of it
+    assert state.collect_every() == 2.0
+    clock.now += 2
+    state.read()  # a 2 s gap: never under 1 s
+    assert state.collect_every() == 1.0
+    clock.now += 120
+    state.read()  # a scraper back after 2 minutes: never over 5 s
+    assert state.collect_every() == 5.0
