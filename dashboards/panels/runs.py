@@ -7,6 +7,12 @@ from dash import ALL, ClientsideFunction, Input, Output, State, dcc, html, no_up
 
 from dashboards.runs import RunSummary, list_runs
 
+# The page polls every --poll-ms while the run shown can change (live, or still being read); once it is
+# finished and read, every panel's poll answers "unchanged" (about nine requests a poll: 0.18 machine
+# CPU-s a second for an idle page of sample_logs/cpu, and a fleet's refresh of its file tails each time),
+# so it polls this often instead: a new run still appears in the list within it.
+QUIET_POLL_MS = 5000
+
 
 def layout() -> html.Section:
     return html.Section(className="panel runs", children=[
@@ -52,9 +58,10 @@ def register(app, state) -> None:
 
     @app.callback(
         Output("runs-list", "children"), Output("runs-selected", "data"), Output("runs-signature", "data"),
+        Output("page-poll", "interval"),
         Input("page-poll", "n_intervals"), Input("runs-clicked", "data"),
-        State("runs-selected", "data"), State("runs-signature", "data"))
-    def show_runs(_tick, clicked, selected, signature):
+        State("runs-selected", "data"), State("runs-signature", "data"), State("page-poll", "interval"))
+    def show_runs(_tick, clicked, selected, signature, interval):
         runs = list_runs(state.root)
         previous = selected
         signature = signature if isinstance(signature, list) and len(signature) == 3 else [None, None, None]
@@ -66,12 +73,23 @@ def register(app, state) -> None:
             selected = default_run(runs)
         listed = [[r.run_id, r.live, r.problem] for r in runs]  # lists: compared with JSON
         new_signature = [selected, listed, click_at]
+        poll = _poll_ms(state, runs, selected)
+        poll = poll if poll != interval else no_update
         if new_signature == signature:
-            return no_update, no_update, no_update
+            return no_update, no_update, no_update, poll
         if not runs:
             empty = html.Div(f"No runs yet under {state.root.path}. Start one with "
                              "python -m miles_profile.record --log-dir DIR ...", className="runs-empty")
-            return empty, None if previous is not None else no_update, new_signature
+            return empty, None if previous is not None else no_update, new_signature, poll
         # Re-sending an unchanged selection would reset the timeline's zoom.
         chosen = selected if selected != previous else no_update
-        return [_item(r, r.run_id == selected) for r in runs], chosen, new_signature
+        return [_item(r, r.run_id == selected) for r in runs], chosen, new_signature, poll
+
+
+def _poll_ms(state, runs: list[RunSummary], selected: str | None) -> int:
+    """How often the page polls: --poll-ms while the run shown can change, QUIET_POLL_MS (or --poll-ms
+    where that is longer) once it is finished and read (nothing of it left to show)."""
+    shown = next((r for r in runs if r.run_id == selected), None)
+    if shown is None or shown.live or state.cache.loaded(selected) is None:
+        return state.poll_ms
+    return max(state.poll_ms, QUIET_POLL_MS)
