@@ -12,7 +12,7 @@ import pytest
 from dashboards.panels.runs import QUIET_POLL_MS
 from dashboards.serve import dashboard_process
 
-pytestmark = pytest.mark.browser
+pytestmark = [pytest.mark.browser, pytest.mark.slow]  # mostly waits: 10 s of quiet poll, up to 5 s for a new run
 
 SAMPLE_RUN = Path(__file__).resolve().parents[2] / "sample_logs" / "cpu"
 WINDOW_S = 10.0
