@@ -5,12 +5,12 @@ events there, and the host sampler its GPUs and the processes NVML lists on them
 (only what was appended since the previous read) puts no work on any recorded process, whether
 anyone scrapes or not.
 
-Once a scraper has come, a follower thread reads the files whenever nothing read them for a third of
-the scrape interval (1 to 5 s: `collect_every`), and a scrape answers from what it read (as dcgm-exporter answers from its last
-collection): a scrape renders, whatever the scrape interval, and reads the files itself only when
-nothing read them for twice that interval (the first scrape; a follower held up). Levels are then at
-most one collect interval (two while a pass is late), plus the writers' 0.5 s flush, old. Nothing runs
-before the first scrape, and the follower stops when no scrape came for a long while.
+Once a scraper has come, a follower thread reads the files whenever nothing read them for a third of the
+scrape interval (1 to 5 s: `collect_every`), and a scrape answers from what it read (as dcgm-exporter answers
+from its last collection): a scrape renders, whatever the scrape interval, and reads the files itself only
+when nothing read them for twice that interval (the first scrape; a follower held up). Levels are then at most
+one collect interval (two while a pass is late), plus the writers' 0.5 s flush, old. Nothing runs before the
+first scrape, and the follower stops when no scrape came for a long while.
 """
 from __future__ import annotations
 

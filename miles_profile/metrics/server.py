@@ -172,7 +172,8 @@ def _http_server(addr: str, port: int, app):
 
 
 def serve(run_dir: str | os.PathLike, port: int, addr: str = "0.0.0.0", hostname: str | None = None,
-          collect_interval_s: float | None = COLLECT_INTERVAL_S, idle_stop_s: float = IDLE_STOP_S) -> MetricsServer | None:
+          collect_interval_s: float | None = COLLECT_INTERVAL_S,
+          idle_stop_s: float = IDLE_STOP_S) -> MetricsServer | None:
     """Serve the metrics of `hostname` (default: this host) of the run in `run_dir` on `addr:port`.
     None, with one log line, when prometheus_client is missing or the port can't be bound: the job
     goes on recorded, unscraped. `collect_interval_s` and `idle_stop_s`: the follower's (HostState)."""

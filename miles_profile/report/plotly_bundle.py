@@ -6,9 +6,10 @@ costs: `python bench/page_open_cost.py` (2026-12-06, the 2-core VM) gives 2.5-2.
 bundle and one small figure, 1.8 for the cartesian build of the same version, 3.2-3.5 for a whole report.
 The cartesian build (`vendor/plotly-cartesian.min.js`: npm's plotly.js-cartesian-dist-min, MIT, unchanged)
 draws bar, box, contour, heatmap, histogram, histogram2d(contour), image, pie, scatter, scatterternary and
-violin: every figure of ours, the report's and the dashboard's (dashboards/plotly_js.py). A figure div says its trace types in a
-comment (`figure_div`); a page with a figure not made here, a trace type outside the build, or a build of
-another version than plotly.py's (plotly upgraded, the vendored file not) gets plotly.py's bundle.
+violin: every figure of ours, the report's and the dashboard's (dashboards/plotly_js.py). A figure div says
+its trace types in a comment (`figure_div`); a page with a figure not made here, a trace type outside the
+build, or a build of another version than plotly.py's (plotly upgraded, the vendored file not) gets
+plotly.py's bundle.
 """
 from __future__ import annotations
 
