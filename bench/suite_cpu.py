@@ -2,12 +2,15 @@
 `visualize`, a corpus program, the pytest workers themselves...) and by test file.
 
     python bench/suite_cpu.py [pytest args]      (default: the suite as `make test` runs it)
+    SUITE_CPU_KEEP=DIR python bench/suite_cpu.py ...   (also keeps the raw per-process and per-test logs)
 
 `make test` is CPU-bound on a 2-core machine: its wall time is about its CPU time over 1.5-1.6 cores, so
 cutting it means cutting CPU work, and this says which. Every Python process the suite starts logs its own
 CPU seconds at exit (a sitecustomize.py put first on PYTHONPATH for the run, which the tests hand on to
 their children); processes killed by a signal, Chromium and other non-Python programs log nothing, so the
-total logged is printed beside the suite's whole CPU time. Per test file, then for the 25 costliest tests:
+total logged is printed beside the suite's whole CPU time. Then every program on the machine, Python or
+not, in pytest's tree or not (Chromium's renderers, Ray's daemons and workers, kernel threads), from a scan
+of /proc every second, beside the machine's busy CPU seconds from /proc/stat. Per test file, then for the 25 costliest tests:
 wall time, and the CPU of the worker and of the children it waited for (a browser's Chromium, started once
 per worker, is not in it).
 """
@@ -16,10 +19,13 @@ from __future__ import annotations
 import collections
 import json
 import os
+import re
 import resource
+import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -41,6 +47,7 @@ def _log_cpu():
 atexit.register(_log_cpu)
 """
 TESTS_ENV = "SUITE_CPU_TESTS"
+KEEP_ENV = "SUITE_CPU_KEEP"  # a folder: processes.jsonl and tests.jsonl are copied there
 PLUGIN = f"""
 import json, os, time
 import pytest
@@ -68,6 +75,86 @@ def process_kind(argv: list[str]) -> str:
     return Path(args[0]).name
 
 
+class MachineWatch(threading.Thread):
+    """Every second, the CPU seconds of every process on the machine from /proc/<pid>/stat. A process is
+    credited what it used while watched (all of it when it started after the watch); one that lived less
+    than a second between two scans is missed, hence the machine's total from /proc/stat beside it."""
+
+    TICKS = os.sysconf("SC_CLK_TCK")
+
+    def __init__(self):
+        super().__init__(name="suite_cpu-machine-watch", daemon=True)
+        self.stopped = threading.Event()
+        self.seen: dict[tuple[str, str], list] = {}  # (pid, start tick) -> [CPU-s at first sight, latest, kind]
+        self.started_tick = float(Path("/proc/uptime").read_text().split()[0]) * self.TICKS
+        self.busy_at_start = machine_busy_s()
+
+    def run(self) -> None:
+        while True:
+            self.scan()
+            if self.stopped.wait(1.0):
+                self.scan()
+                return
+
+    def scan(self) -> None:
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                stat = Path(f"/proc/{pid}/stat").read_text()
+                fields = stat.rsplit(")", 1)[1].split()
+                cpu_s = (int(fields[11]) + int(fields[12])) / self.TICKS
+                key = (pid, fields[19])
+                if key in self.seen:
+                    self.seen[key][1] = cpu_s
+                    continue
+                argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+                kind = program_kind([a for a in argv if a], stat[stat.index("(") + 1:stat.rindex(")")])
+                first = 0.0 if int(fields[19]) >= self.started_tick else cpu_s
+                self.seen[key] = [first, cpu_s, kind]
+            except (OSError, IndexError, ValueError):
+                pass  # a process that ended mid-read
+
+    def report(self) -> None:
+        busy = machine_busy_s() - self.busy_at_start
+        by_kind, count = collections.Counter(), collections.Counter()
+        for first, last, kind in self.seen.values():
+            by_kind[kind] += last - first
+            count[kind] += 1
+        print(f"suite_cpu: the machine was busy {busy:.0f} CPU-s (/proc/stat); its processes seen by the scans "
+              f"used {sum(by_kind.values()):.0f}, by program:")
+        print(f"{'CPU s':>8} {'share':>6} {'procs':>6}  program")
+        for kind, cpu in by_kind.most_common(25):
+            if cpu >= 0.05:
+                print(f"{cpu:8.1f} {cpu / busy:6.1%} {count[kind]:6d}  {kind}")
+
+
+def machine_busy_s() -> float:
+    """The machine's busy CPU seconds since boot: user, nice, system, irq, softirq, steal."""
+    ticks = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
+    return sum(int(ticks[i]) for i in (0, 1, 2, 5, 6, 7)) / MachineWatch.TICKS
+
+
+def program_kind(argv: list[str], comm: str) -> str:
+    """A Python process as process_kind names it; Chromium by process type; a Ray worker by its actor
+    class; a kernel thread by its name without the CPU number (Chromium's renderers, zygote-forked, keep
+    no `--type` in their command line)."""
+    if not argv:
+        return f"[{comm.split('/')[0].rstrip('0123456789.')}] (kernel)"
+    program = Path(argv[0]).name
+    if program.startswith("ray::"):
+        return "Ray worker " + program.split(".")[0]
+    if program.startswith("python"):
+        return process_kind(argv)
+    joined = " ".join(argv)  # Chromium's children rewrite their command line into one string
+    if "chrom" in program or "--change-stack-guard-on-fork" in joined:
+        kind = re.search(r"--type=(\S+)", joined)
+        if kind:
+            return f"chromium {kind.group(1)}"
+        if "--renderer-client-id" in joined:
+            return "chromium renderer"
+        return "chromium gpu-process" if "--gpu-preferences" in joined else "chromium browser"
+    return program
+
+
 def main() -> int:
     pytest_args = sys.argv[1:] or ["-q", "-n", "auto", "--dist", "loadgroup"]
     with tempfile.TemporaryDirectory(prefix="suite_cpu_") as tmp:
@@ -76,13 +163,21 @@ def main() -> int:
         log, tests_log = Path(tmp, "processes.jsonl"), Path(tmp, "tests.jsonl")
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, (tmp, os.environ.get("PYTHONPATH")))),
                    **{LOG_ENV: str(log), TESTS_ENV: str(tests_log)})
+        watch = MachineWatch()
+        watch.start()
         started = time.monotonic()
         code = subprocess.run([sys.executable, "-m", "pytest", "-p", "suite_cpu_plugin", *pytest_args], cwd=REPO,
                               env=env).returncode
         wall = time.monotonic() - started
+        watch.stopped.set()
+        watch.join()
         children = resource.getrusage(resource.RUSAGE_CHILDREN)
         rows = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
         tests = [json.loads(line) for line in tests_log.read_text().splitlines()] if tests_log.exists() else []
+        if os.environ.get(KEEP_ENV):  # the raw logs, for a breakdown this summary does not print
+            for kept in (log, tests_log):
+                if kept.exists():
+                    shutil.copy(kept, Path(os.environ[KEEP_ENV], kept.name))
     total = children.ru_utime + children.ru_stime
     by_kind, count, with_torch = collections.Counter(), collections.Counter(), collections.Counter()
     for row in rows:
@@ -96,6 +191,7 @@ def main() -> int:
     print(f"{'CPU s':>8} {'share':>6} {'procs':>6} {'torch':>6}  kind")
     for kind, cpu in by_kind.most_common(25):
         print(f"{cpu:8.1f} {cpu / total:6.1%} {count[kind]:6d} {with_torch[kind]:6d}  {kind}")
+    watch.report()
     print_test_files(tests, total)
     return code
 
