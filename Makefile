@@ -15,8 +15,10 @@ TORCH_PIN ?= torch==2.13.0
 # --no-warn-conflicts: the sglang wheel is installed without its GPU engine's dependencies on purpose
 # (scripts/install_sglang_contract.sh), so pip's resolver would otherwise print a page of "sglang requires
 # ..." lines on every install; nothing the project imports is concerned. PYTHONWARNINGS=ignore: setuptools'
-# editable build prints a 10-line "Editable installation ... be careful" notice even under -q.
-PIP := PYTHONWARNINGS=ignore $(PY) -m pip install -q --no-warn-conflicts
+# editable build prints a 10-line "Editable installation ... be careful" notice even under -q. -qq: errors
+# only; a machine whose pip configuration names an index or find-links folder that is not there (seen on a
+# fresh VM) got one WARNING line per package, 30 lines before the demo's first line.
+PIP := PYTHONWARNINGS=ignore $(PY) -m pip install -qq --no-warn-conflicts
 setup: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml
