@@ -78,7 +78,7 @@ class Endpoint:
     def __init__(self, state: HostState, every_pass: bool = False):
         self.state = state
         if every_pass:  # the prediction bypassed, to weigh it: rendering after each pass once the interval is known
-            state._scrape_before_next_pass = lambda now: state._last_gap > 0
+            state._scrape_before_next_pass = lambda now: state._gaps_seen > 0
         registry = CollectorRegistry(auto_describe=False)
         registry.register(collector(state))
         self.app = metrics_app(registry, state)
