@@ -15,7 +15,8 @@ due at the same time goes to the scrape: the scrape then reads the most it can, 
 A scrape is read and rendered as the endpoint answers Debian's Prometheus 2.42 (the states that render
 ahead: through the endpoint's own WSGI app, `server.metrics_app` over the state), its CPU and wall time
 taken for each state in turn, the order rotating. CPU a minute: the scrapes' in 60 s, plus the
-follower's in 60 s.
+follower's in 60 s. The states' heap is frozen (gc.freeze) after their first scrape: the collector's
+collections of it otherwise fall into one variant's figure or another's by chance.
 
 `--real-seconds N` also runs the endpoint itself (`serve()`, its follower a thread) for N seconds of
 real time over the same kind of host, written every 0.5 s (as the writers flush) by another process
@@ -25,6 +26,7 @@ CPU clock: the simulated figure checked in real time; once without rendering ahe
 from __future__ import annotations
 
 import argparse
+import gc
 import statistics
 import sys
 import tempfile
@@ -146,6 +148,10 @@ def compare(processes: int, phase_s: float, interval: float, collect_s: float, s
         host.advance(interval if phase_s == 1 else max(interval, len(b.PHASES) * phase_s))
         for one in endpoints:
             one.scrape(timed=False)  # the first scrape reads every file's header and meta
+        # The four states' heap kept out of the garbage collector's collections: a collection of the whole
+        # heap (40 to 60 ms) fell into one variant's figure or another's, by chance (docs/prometheus.md).
+        gc.collect()
+        gc.freeze()
         cpu = [0.0] * len(followers)
         passes = reading.state.passes
         renders = [ahead.state.renders_ahead, every_pass.state.renders_ahead]
@@ -153,6 +159,7 @@ def compare(processes: int, phase_s: float, interval: float, collect_s: float, s
             advance_followed(host, followers, interval, cpu)
             for one in endpoints[k % 4:] + endpoints[:k % 4]:
                 one.scrape()
+        gc.unfreeze()
         per_s = [c / (scrapes * interval) for c in cpu]
         passes = reading.state.passes - passes
         renders = [ahead.state.renders_ahead - renders[0], every_pass.state.renders_ahead - renders[1]]
