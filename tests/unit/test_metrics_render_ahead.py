@@ -74,9 +74,12 @@ def test_the_scrape_is_answered_with_the_bytes_rendered_after_the_last_pass_befo
     row(samples, 1.0, "train", 100 * MiB)
     samples.flush()
     pair.scrape()
-    clock.now += 3
+    for _ in range(3):
+        clock.now += 1
+        pair.step()
     pair.scrape()  # a 3 s scraper: passes every 1 s, at 1, 2 and 3 s after it
-    assert state.renders_ahead == 0 and state.served_ahead == 0  # nothing ahead before the interval is known
+    # Nothing rendered ahead before a second scrape shows the interval (passes every 1 s meanwhile).
+    assert (state.passes, state.renders_ahead, state.served_ahead) == (3, 0, 0)
     for k in range(3):
         row(samples, 2.0 + k, "train", (110 + k) * MiB, rss_peak=(500 + k) * MiB)
         samples.flush()
@@ -84,7 +87,7 @@ def test_the_scrape_is_answered_with_the_bytes_rendered_after_the_last_pass_befo
         pair.step()
         # Only the passes the scrape is expected before (within a tenth of an interval) render ahead: the
         # one at 2 s (the next pass, at 3 s, may come after the scrape) and the one at 3 s; not the one at 1 s.
-        assert (state.passes, state.renders_ahead) == (k + 1, k)
+        assert (state.passes, state.renders_ahead) == (4 + k, k)
     # The pass at 3 s and the scrape at 3 s: the pass first here, so the scrape takes what it rendered.
     assert rss_peaks(pair.scrape()) == {"train": 502}
     assert state.served_ahead == 1
