@@ -11,10 +11,17 @@ from its last collection): a scrape renders, whatever the scrape interval, and r
 when nothing read them for twice that interval (the first scrape; a follower held up). Levels are then at most
 one collect interval (two while a pass is late), plus the writers' 0.5 s flush, old. Nothing runs before the
 first scrape, and the follower stops when no scrape came for a long while.
+
+Rendering ahead (`render_ahead`, set by server.metrics_app): after the pass expected to be the last before
+the next scrape, the follower also renders the answer, for the formats recent scrapes asked for; a scrape
+serves those bytes when nothing was read or taken since they were rendered, which makes them the very bytes
+it would render, and takes the peaks they hold. Otherwise (a scrape that reads itself, another format, a
+prediction missed, two scrapers) it renders itself, as without it.
 """
 from __future__ import annotations
 
 import collections
+import copy
 import json
 import logging
 import math
@@ -58,6 +65,14 @@ SCRAPE_READS_AFTER = 2
 # and at least IDLE_STOP_S: a scraper that went away; the next scrape starts it again.
 IDLE_STOP_S = 300.0
 IDLE_GAPS = 10
+# The follower renders ahead after a pass when the next scrape is expected before the next pass plus this
+# fraction of its interval (a pass that lands next to the scrape's time renders either way, a pass well
+# before it leaves the rendering to a later pass), and after every pass while the latest two gaps between
+# scrapes differ by more than this fraction (no fixed period to predict from).
+RENDER_MARGIN = 0.1
+
+# The answers the follower rendered ahead, by the format's content type (server.metrics_app's).
+Rendered = dict[str, bytes]
 
 log = logging.getLogger("miles_profile")
 
@@ -159,7 +174,9 @@ class HostState:
 
     `collect_interval_s`: the follower's shortest interval (None: no follower, the files are read at
     scrape time only). `idle_stop_s`: the follower's shortest idle stop. `clock`: monotonic seconds. `follower_thread`
-    False: no thread, the caller calls `follow_step()` itself (a benchmark in simulated time)."""
+    False: no thread, the caller calls `follow_step()` itself (a benchmark in simulated time).
+    `render_ahead`: renders a reading in the formats recent scrapes asked for (server.metrics_app sets it);
+    None: scrapes render, nothing is rendered ahead."""
 
     def __init__(self, run_dir: str | os.PathLike, hostname: str, collect_interval_s: float | None = COLLECT_INTERVAL_S,
                  idle_stop_s: float = IDLE_STOP_S, clock: Callable[[], float] = time.monotonic,
@@ -179,12 +196,21 @@ class HostState:
         self._scraped_at = -math.inf
         self._longest_gap = 0.0              # between two scrapes while followed
         self._last_gap = 0.0                 # the latest one: the scrape interval the follower paces to
+        self._gap_before: float | None = None  # the one before it, once known
+        self._gaps_seen = 0
         self._following = False
         self._follower_thread = follower_thread
         self._follower: threading.Thread | None = None
         self._stop = threading.Event()
         self._failed = False                 # a pass's exception is logged once
         self.passes = 0                      # the follower's passes that read the files
+        self.render_ahead: Callable[[HostReading], Rendered] | None = None
+        # Moves at every read of the files and every taking of the peaks: bytes rendered ahead at the
+        # same `_folds` are what a scrape would render now.
+        self._folds = 0
+        self._rendered: tuple[int, Rendered] | None = None
+        self.renders_ahead = 0               # the follower's renders ahead
+        self.served_ahead = 0                # scrapes answered with them
 
     @property
     def following(self) -> bool:
@@ -218,6 +244,13 @@ class HostState:
         """One scrape: the reading as the follower's last pass left it (the files read here when none
         came for SCRAPE_READS_AFTER collect intervals, or without a follower), its peaks those folded
         since the previous scrape. The first scrape starts the follower."""
+        reading = self.scrape(None)
+        assert isinstance(reading, HostReading)
+        return reading
+
+    def scrape(self, content_type: str | None) -> bytes | HostReading:
+        """read(), or the answer in `content_type` the follower rendered ahead when it is still the one
+        a scrape would render (nothing read, nothing taken since): its peaks taken, as read() takes them."""
         with self._lock:
             if self._closed:
                 return HostReading(hostname=self.host.lower())
@@ -225,6 +258,13 @@ class HostState:
             if self.collect_interval_s is None or \
                     self._clock() - self._read_at >= SCRAPE_READS_AFTER * self.collect_every():
                 self._collect()
+            rendered, self._rendered = self._rendered, None
+            if rendered is not None and rendered[0] == self._folds and content_type in rendered[1]:
+                for process in self._processes.values():
+                    process.take_peaks()
+                self._folds += 1
+                self.served_ahead += 1
+                return rendered[1][content_type]
             return self._reading()
 
     def _collect(self) -> None:
@@ -236,6 +276,7 @@ class HostState:
         # A meta changes at start and end only: looked at when listing.
         pending = [(process, process.read_new(meta=listed)) for process in self._processes.values()]
         runs = _fold_rows(pending)
+        self._folds += 1
         for process, data in pending:
             process.add_rows(data, runs.get(process))
         # Only a read that went through counts: after failed passes the scrape reads (and says why).
@@ -244,6 +285,8 @@ class HostState:
     def _scraped(self) -> None:
         now = self._clock()
         if self._following:  # a gap the follower waited through: what its idle stop is measured against
+            self._gap_before = self._last_gap if self._gaps_seen else None
+            self._gaps_seen += 1
             self._last_gap = now - self._scraped_at
             self._longest_gap = max(self._longest_gap, self._last_gap)
         self._scraped_at = now
@@ -273,11 +316,25 @@ class HostState:
             try:
                 self._collect()
                 self.passes += 1
+                if self.render_ahead is not None and self._scrape_before_next_pass(now):
+                    self._rendered = (self._folds, self.render_ahead(self._reading(take=False)))
+                    self.renders_ahead += 1
             except Exception as exc:  # noqa: BLE001 - whatever the files hold, the job never sees it
                 if not self._failed:
                     self._failed = True
                     log.warning("miles_profile: metrics collection between scrapes failed (said once): %r", exc)
             return self.collect_every()
+
+    def _scrape_before_next_pass(self, now: float) -> bool:
+        """Whether the next scrape is expected before the follower's next pass: Prometheus scrapes at a
+        fixed period, the latest gap, from the latest scrape. Never before a second scrape shows a gap;
+        always while the latest two gaps differ (two scrapers, a curl between two scrapes: no period)."""
+        if not self._gaps_seen:
+            return False
+        before, last = self._gap_before, self._last_gap
+        if before is not None and abs(last - before) > RENDER_MARGIN * max(last, before):
+            return True
+        return self._scraped_at + last <= now + self.collect_every() * (1 + RENDER_MARGIN)
 
     def collect_every(self) -> float:
         """The follower's interval now: a third of the latest gap between two scrapes, at least
@@ -305,7 +362,10 @@ class HostState:
         if follower is not None:
             follower.join()
 
-    def _reading(self) -> HostReading:
+    def _reading(self, take: bool = True) -> HostReading:
+        """What a scrape reports; its peaks taken (`take`), else left for the scrape (rendering ahead)."""
+        if take:
+            self._folds += 1
         reading = HostReading(hostname=self.host.lower())
         hosts = sorted(self._hosts.values(), key=lambda h: h.start)
         index: dict[str, str] = {}
@@ -328,17 +388,20 @@ class HostState:
         by_key: dict[tuple[str, str], ProcessReading] = {}
         for process in self._processes.values():
             r = process.reading
-            peaks = process.take_peaks()
+            peaks = process.take_peaks() if take else process.peaks()
             if process.ended or not process.meta or r.pid in dead:
                 continue  # a finished or killed process has no current memory; its deaths still count above
             if r.pid in procs:
                 uuid, r.nvml_used = procs[r.pid]
                 r.uuid = r.uuid or uuid
             r.gpu = index.get(r.uuid, "")
-            r.peaks = peaks
             key = (r.rank, r.role)
             if key in by_key:  # two processes of one (rank, role), e.g. a forked child: keep the first seen
                 continue
+            # A copy with its own peaks (and the dicts a pass adds to): a scrape renders it outside the lock,
+            # while the follower may fold the next rows and render ahead with the peaks of later ones.
+            r = copy.copy(r)
+            r.peaks, r.offloads, r.transitions = peaks, dict(r.offloads), dict(r.transitions)
             by_key[key] = r
         reading.processes = list(by_key.values())
         reading.kills = dict(kills)

@@ -164,7 +164,13 @@ class ProcessState:
         """The peaks since the previous call, per phase; the next scrape starts afresh. With no row
         since then (rows reach the file every 0.5 s), the last row's level: the series stays present,
         and a higher peak not yet written is in the next scrape."""
-        peaks, self._peaks = self._peaks, {}
+        peaks = self.peaks()
+        self._peaks = {}
+        return peaks
+
+    def peaks(self) -> dict[str, tuple[int | None, int | None]]:
+        """What take_peaks() would answer now, left for it (the follower renders ahead of a scrape)."""
+        peaks = self._peaks
         if not peaks and self._last is not None:
             phase, alloc, rss = self._last
             return {phase: (alloc, rss)}

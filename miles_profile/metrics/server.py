@@ -3,13 +3,14 @@
 `serve()` is what `record --metrics-port` calls, and what a per-node host sampler elsewhere (the Ray
 path) calls for its node. prometheus_client renders and serves the exposition: a custom collector
 (families.py) reads the host's state at scrape time (what the follower, started by the first scrape,
-left unread: host_state.py), and its WSGI app answers
-OpenMetrics or Prometheus text 0.0.4, whichever the scraper asks for. It is imported here only, when a
-port is asked for: the recorder runs on GPU hosts without it, and then says so in one line and records
-as before.
+left unread: host_state.py), and its WSGI app answers OpenMetrics or Prometheus text 0.0.4, whichever the
+scraper asks for: with the bytes the follower rendered ahead in that format after its last pass when they
+are still the answer, else rendered by the scrape. It is imported here only, when a port is asked for:
+the recorder runs on GPU hosts without it, and then says so in one line and records as before.
 """
 from __future__ import annotations
 
+import collections
 import logging
 import os
 import socketserver
@@ -32,6 +33,9 @@ _REQUEST_TIMEOUT_S = 30
 # prometheus_client's names of the escaping schemes (openmetrics.exposition's UNDERSCORES and ALLOWUTF8),
 # spelled here so that this module imports without it.
 UNDERSCORES, ALLOW_UTF8 = "underscores", "allow-utf-8"
+# The follower renders ahead the formats the latest this many scrapes asked for: Prometheus' OpenMetrics
+# always, a `curl`'s text 0.0.4 for the next few scrapes after it, then no more.
+ASKED_SCRAPES = 4
 
 
 class MetricsServer:
@@ -51,19 +55,35 @@ class MetricsServer:
             self.state.close()
 
 
+def _scrape(state: HostState, content_type: str | None) -> bytes | HostReading:
+    try:
+        return state.scrape(content_type)
+    except Exception as exc:  # noqa: BLE001 - whatever the files hold, the endpoint answers
+        log.warning("miles_profile: metrics scrape failed: %s", exc)
+        return HostReading(hostname=state.host.lower())
+
+
+class _Families:
+    """A registry of one reading's families, built once (prometheus_client's encoders and FamilyCache
+    only call collect())."""
+
+    def __init__(self, reading: HostReading):
+        from miles_profile.metrics.families import families
+        self._families = list(families(reading))
+
+    def collect(self) -> list:
+        return self._families
+
+
 def collector(state: HostState):
     """A prometheus_client collector that reads the host's state at scrape time (the first one starts
     the state's follower, which reads the files between scrapes)."""
-    from miles_profile.metrics.families import families
 
     class _Collector:
         def collect(self):
-            try:
-                reading = state.read()
-            except Exception as exc:  # noqa: BLE001 - whatever the files hold, the endpoint answers
-                log.warning("miles_profile: metrics scrape failed: %s", exc)
-                reading = HostReading(hostname=state.host.lower())
-            return families(reading)
+            reading = _scrape(state, None)
+            assert isinstance(reading, HostReading)
+            return _Families(reading).collect()
 
     return _Collector()
 
@@ -95,9 +115,9 @@ def _openmetrics_unescaped(accept: str) -> str | None:
     return None
 
 
-def metrics_app(registry):
+def metrics_app(registry, state: HostState | None = None):
     """The endpoint's WSGI app over `registry`: prometheus_client's encoders and content negotiation,
-    with two savings that change no byte of the answer (docs/prometheus.md, Cost).
+    with savings that change no byte of the answer (docs/prometheus.md, Cost).
 
     - Prometheus 2.x asks for OpenMetrics naming no escaping scheme, i.e. `underscores`, and
       prometheus_client then writes each sample's name through a character-by-character walk that
@@ -109,6 +129,10 @@ def metrics_app(registry):
       prometheus_client's encoder gave it then; a sample whose value alone moved keeps its line's
       prefix as that encoder wrote it, the value after it through prometheus_client's floatToGoString
       (family_cache.py).
+    - With `state` (the host `registry`'s collector reads), a scrape is answered from `state.scrape()`:
+      the bytes its follower rendered ahead in the scrape's format (`render_ahead`, set here: the formats
+      the latest ASKED_SCRAPES scrapes asked for, through the same cache) when nothing was read or taken
+      since, else its reading rendered here.
 
     Anything but a plain GET of the exposition (OPTIONS, another method, a `name[]` filter) is
     prometheus_client's own app's to answer. tests/unit/test_metrics_exposition.py holds status, headers
@@ -124,6 +148,15 @@ def metrics_app(registry):
     # processes, to save bytes on the network between the host and Prometheus (docs/prometheus.md).
     theirs = make_wsgi_app(registry, disable_compression=True)
     cache = FamilyCache()
+    formats: collections.deque = collections.deque(maxlen=ASKED_SCRAPES)  # (content type, encoder) a scrape
+
+    def render_ahead(reading: HostReading) -> dict[str, bytes]:
+        built = _Families(reading)
+        return {content_type: cache.encode(built, encoder, content_type)
+                for content_type, encoder in dict(list(formats)).items()}
+
+    if state is not None:
+        state.render_ahead = render_ahead
 
     def app(environ, start_response):
         if (environ.get("REQUEST_METHOD") != "GET" or environ.get("PATH_INFO") == "/favicon.ico"
@@ -132,7 +165,12 @@ def metrics_app(registry):
         asked = environ.get("HTTP_ACCEPT") or ""
         unescaped = _openmetrics_unescaped(asked)
         encoder, content_type = choose_encoder(unescaped or asked)
-        body = cache.encode(registry, encoder, content_type)
+        if state is None:
+            body = cache.encode(registry, encoder, content_type)
+        else:
+            formats.append((content_type, encoder))
+            answer = _scrape(state, content_type)
+            body = answer if isinstance(answer, bytes) else cache.encode(_Families(answer), encoder, content_type)
         if unescaped is not None:
             content_type = content_type.replace(f"escaping={ALLOW_UTF8}", f"escaping={UNDERSCORES}")
         start_response("200 OK", [("Content-Type", content_type)])
@@ -173,10 +211,11 @@ def _http_server(addr: str, port: int, app):
 
 def serve(run_dir: str | os.PathLike, port: int, addr: str = "0.0.0.0", hostname: str | None = None,
           collect_interval_s: float | None = COLLECT_INTERVAL_S,
-          idle_stop_s: float = IDLE_STOP_S) -> MetricsServer | None:
+          idle_stop_s: float = IDLE_STOP_S, render_ahead: bool = True) -> MetricsServer | None:
     """Serve the metrics of `hostname` (default: this host) of the run in `run_dir` on `addr:port`.
     None, with one log line, when prometheus_client is missing or the port can't be bound: the job
-    goes on recorded, unscraped. `collect_interval_s` and `idle_stop_s`: the follower's (HostState)."""
+    goes on recorded, unscraped. `collect_interval_s` and `idle_stop_s`: the follower's (HostState);
+    `render_ahead` False: every scrape renders its answer itself (the follower only reads)."""
     try:
         from prometheus_client import CollectorRegistry
     except ImportError:
@@ -187,7 +226,7 @@ def serve(run_dir: str | os.PathLike, port: int, addr: str = "0.0.0.0", hostname
     registry = CollectorRegistry(auto_describe=False)
     registry.register(collector(state))
     try:
-        server = _http_server(addr, port, metrics_app(registry))
+        server = _http_server(addr, port, metrics_app(registry, state if render_ahead else None))
     except OSError as exc:
         log.warning("miles_profile: warning: metrics not served on port %d: %s", port, exc.strerror or exc)
         return None
