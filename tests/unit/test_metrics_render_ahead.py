@@ -8,6 +8,7 @@ from __future__ import annotations
 import collections
 import random
 import re
+from typing import Any
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
@@ -66,14 +67,20 @@ def rss_peaks(body: bytes) -> dict[str, float]:
     return {phase.decode(): float(value) / MiB for phase, value in RSS_PEAK.findall(body)}
 
 
-def test_the_scrape_is_answered_with_the_bytes_rendered_after_the_last_pass_before_it(run):
+def scraped_once(run) -> tuple[Pair, Clock, Any]:
+    """Both endpoints over `run`, its first row (100 MiB in train at 1 s) written and scraped once."""
     run_dir, samples, _ = run
     clock = Clock()
     pair = Pair(run_dir, clock)
-    state = pair.ahead.state
     row(samples, 1.0, "train", 100 * MiB)
     samples.flush()
     pair.scrape()
+    return pair, clock, samples
+
+
+def test_the_scrape_is_answered_with_the_bytes_rendered_after_the_last_pass_before_it(run):
+    pair, clock, samples = scraped_once(run)
+    state = pair.ahead.state
     for _ in range(3):
         clock.now += 1
         pair.step()
@@ -97,13 +104,8 @@ def test_the_scrape_is_answered_with_the_bytes_rendered_after_the_last_pass_befo
 
 
 def test_a_spike_read_after_the_render_is_in_that_scrape_and_never_in_the_next(run):
-    run_dir, samples, _ = run
-    clock = Clock()
-    pair = Pair(run_dir, clock)
+    pair, clock, samples = scraped_once(run)
     state = pair.ahead.state
-    row(samples, 1.0, "train", 100 * MiB)
-    samples.flush()
-    pair.scrape()
     clock.now += 1
     pair.scrape()  # a 1 s scraper: every pass renders ahead
     clock.now += 1
@@ -123,13 +125,8 @@ def test_a_spike_read_after_the_render_is_in_that_scrape_and_never_in_the_next(r
 
 
 def test_another_format_gets_its_own_answer_and_only_asked_formats_are_rendered(run):
-    run_dir, samples, _ = run
-    clock = Clock()
-    pair = Pair(run_dir, clock)
+    pair, clock, samples = scraped_once(run)
     state = pair.ahead.state
-    row(samples, 1.0, "train", 100 * MiB)
-    samples.flush()
-    pair.scrape()
     clock.now += 1
     pair.scrape()
     for t in range(2, 5):
