@@ -165,13 +165,12 @@ def _run(cfg: RunConfig, critic=None) -> list[tuple[float, TrainStats]]:
 def _run_rank(cfg: RunConfig, device: torch.device, critic=None) -> list[tuple[float, TrainStats]]:
     model_cfg = model_config(cfg.preset, cfg.digits)
     disk_dir = own_disk_dir(cfg)
-    engine = None
-    actor = Actor(model_cfg, device, lr=cfg.lr, seed=cfg.seed, use_critic=cfg.use_critic,
-                  optimizer_cpu_offload=cfg.optimizer_cpu_offload, micro_batch_size=cfg.micro_batch_size,
-                  offload_target=cfg.offload_train_target, disk_dir=disk_dir, chunk_bytes=cfg.chunk_bytes,
-                  offload_backend=cfg.offload_train_backend, critic=critic)
-    engine = None
-    try:
+    actor = engine = None
+    try:  # from the directory's claim on: a Ctrl-C while the model is built left it behind
+        actor = Actor(model_cfg, device, lr=cfg.lr, seed=cfg.seed, use_critic=cfg.use_critic,
+                      optimizer_cpu_offload=cfg.optimizer_cpu_offload, micro_batch_size=cfg.micro_batch_size,
+                      offload_target=cfg.offload_train_target, disk_dir=disk_dir, chunk_bytes=cfg.chunk_bytes,
+                      offload_backend=cfg.offload_train_backend, critic=critic)
         if cfg.offload_train:  # before the engine exists (as in Miles): the two footprints never meet
             offload_train(actor, None)
         engine = _start_engine(cfg, model_cfg, device)
@@ -182,7 +181,8 @@ def _run_rank(cfg: RunConfig, device: torch.device, critic=None) -> list[tuple[f
     finally:
         if engine is not None:
             engine.close()
-        actor.close()
+        if actor is not None:
+            actor.close()
         if disk_dir is not None:
             shutil.rmtree(disk_dir, ignore_errors=True)
 

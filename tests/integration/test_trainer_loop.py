@@ -100,3 +100,20 @@ def test_reward_rises_on_cpu():
     rewards = [r for r, _, _ in history]
     early, late = sum(rewards[:10]) / 10, sum(rewards[-10:]) / 10
     assert late > early + 0.05, (early, late)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("where", ["the model", "the engine"])
+def test_a_ctrl_c_while_the_run_starts_removes_its_disk_offload_dir(monkeypatch, tmp_path, where):
+    # A Ctrl-C a moment after `record` said "recording to" landed while the model was built, before the
+    # cleanup's try: the run's trainer-<pid> directory stayed (a flaky Ctrl-C test of the suite, 2026-12-06)
+    real = train.Actor if where == "the model" else train._start_engine
+
+    def interrupted(*args, **kwargs):
+        real(*args, **kwargs)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(train, "Actor" if where == "the model" else "_start_engine", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        train.run(parse_args([*TINY, "--num-rollout", "1", *OFFLOAD, *_target_flags("disk", tmp_path)]))
+    assert not list(tmp_path.iterdir())
