@@ -1,7 +1,7 @@
 """The forecast table of docs/forecast.md: forecast beside measured per phase for recorded runs.
 
     PYTHONPATH=. python scripts/forecast_table.py [--cpu-count N] [RUN_DIR ...]
-        (default: sample_logs/h200/*, sample_logs/h200-tms/*, sample_logs/cpu)
+        (default: the runs of sample_logs/h200 and sample_logs/h200-tms, and sample_logs/cpu)
 
 A run that stored its plan (the `forecast` annotation) is compared with it; an older run with the plan
 of the trainer flags in its command line (miles_profile.runmodel.replan.plan_for_run). Prints markdown; the last
@@ -21,7 +21,7 @@ from miles_profile.runmodel.forecast import compare, stored_plan, worst
 from miles_profile.runmodel.replan import plan_for_run
 
 GiB = 1024**3
-DEFAULT = sorted(glob.glob("sample_logs/h200/[1-9]-*")) + sorted(glob.glob("sample_logs/h200-tms/*")) + ["sample_logs/cpu"]
+DEFAULT = sorted(glob.glob("sample_logs/h200/[1-9]-*")) + sorted(glob.glob("sample_logs/h200-tms/[1-9]-*")) + ["sample_logs/cpu"]
 
 
 def table(path: str, cpu_count: int | None = None) -> tuple[list[str], pd.DataFrame | None]:

@@ -20,7 +20,7 @@ from trainer.plan_shapes import max_chunk_numel, param_numels
 from miles_profile.runmodel.replan import plan_for_run
 from tests.conftest import REPO
 
-H200 = sorted(glob.glob(str(REPO / "sample_logs/h200/[1-9]-*"))) + sorted(glob.glob(str(REPO / "sample_logs/h200-tms/*")))
+H200 = sorted(glob.glob(str(REPO / "sample_logs/h200/[1-9]-*"))) + sorted(glob.glob(str(REPO / "sample_logs/h200-tms/[1-9]-*")))
 
 
 @pytest.mark.parametrize("preset", sorted(PRESETS))
