@@ -50,11 +50,16 @@ def wait_for(what: str, condition, timeout_s: float = 20.0) -> None:
         time.sleep(0.01)
 
 
-def test_none_before_the_first_scrape_and_none_left_after_stop(run):
+def served_with_a_first_row(run):
+    """The endpoint (a follower every 0.02 s) over `run`, whose first row (100 MiB in train) is written."""
     run_dir, samples, _ = run
     row(samples, 1.0, "train", 100 * MiB)
     samples.flush()
-    server = serve(run_dir, 0, "127.0.0.1", hostname=HOST, collect_interval_s=0.02)
+    return serve(run_dir, 0, "127.0.0.1", hostname=HOST, collect_interval_s=0.02), samples
+
+
+def test_none_before_the_first_scrape_and_none_left_after_stop(run):
+    server, samples = served_with_a_first_row(run)
     try:
         time.sleep(0.3)  # fifteen intervals: nothing starts on its own, nothing is rendered ahead
         assert followers() == [] and not server.state.following and server.state._processes == {}
@@ -68,10 +73,7 @@ def test_none_before_the_first_scrape_and_none_left_after_stop(run):
 
 
 def test_a_spike_folded_between_scrapes_is_in_the_next_scrape_once(run):
-    run_dir, samples, _ = run
-    row(samples, 1.0, "train", 100 * MiB)
-    samples.flush()
-    server = serve(run_dir, 0, "127.0.0.1", hostname=HOST, collect_interval_s=0.02)
+    server, samples = served_with_a_first_row(run)
     try:
         assert scrape(server) == {"train": 100}
         row(samples, 1.1, "train", 100 * MiB, rss_peak=700 * MiB)  # a spike between two rows

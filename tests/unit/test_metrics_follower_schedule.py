@@ -50,12 +50,18 @@ def test_a_pass_comes_when_nothing_read_the_files_for_the_interval(run):
     assert state.follow_step() == 1.0 and state.passes == 2
 
 
-def test_a_scrape_answers_from_the_last_pass_and_reads_itself_when_none_came_for_two_intervals(run):
+def stepped_with_a_first_row(run):
+    """A stepped state over `run` on a clock of its own, the run's first row (100 MiB in train) written."""
     run_dir, samples, _ = run
     clock = Clock()
     state = stepped(run_dir, clock)
     row(samples, 1.0, "train", 100 * MiB)
     samples.flush()
+    return state, clock, samples
+
+
+def test_a_scrape_answers_from_the_last_pass_and_reads_itself_when_none_came_for_two_intervals(run):
+    state, clock, samples = stepped_with_a_first_row(run)
     assert state.read().processes[0].resident == 100 * MiB
     row(samples, 2.0, "train", 120 * MiB)
     samples.flush()
@@ -66,11 +72,7 @@ def test_a_scrape_answers_from_the_last_pass_and_reads_itself_when_none_came_for
 
 
 def test_a_spike_the_follower_folded_is_in_the_next_scrape_once(run):
-    run_dir, samples, _ = run
-    clock = Clock()
-    state = stepped(run_dir, clock)
-    row(samples, 1.0, "train", 100 * MiB)
-    samples.flush()
+    state, clock, samples = stepped_with_a_first_row(run)
     assert state.read().processes[0].peaks == {"train": (None, 100 * MiB)}
     row(samples, 1.1, "train", 100 * MiB, rss_peak=700 * MiB)  # a spike between two rows and two scrapes
     row(samples, 1.2, "generate", 110 * MiB)
