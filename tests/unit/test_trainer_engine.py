@@ -127,3 +127,22 @@ def test_unknown_tag_is_rejected():
 def test_pool_too_small_for_one_sequence():
     with pytest.raises(EngineError, match="less than one sequence"):
         KVPool(CFG, 100, CPU, torch.float32)
+
+
+def test_an_engine_process_builds_its_model_without_torchs_python_meta_kernels():
+    """The engine builds its model on the meta device. torch's meta kernel of `normal_` (nn.Embedding's
+    default init) is Python: the first call imports torch._dynamo and sympy, about 820 modules, 1.0 CPU-s and
+    23.7 MiB of heap in every engine server. A meta weight has nothing to initialise; this keeps it so."""
+    import subprocess
+    import sys
+    from tests.conftest import python_env
+    program = ("import sys, torch\n"
+               "from trainer.config import ModelConfig\n"
+               "from trainer.rollout_engine import RolloutEngine\n"
+               "before = set(sys.modules)\n"
+               f"RolloutEngine(ModelConfig(**{CFG.__dict__!r}), torch.device('cpu'), {KV_BYTES})\n"
+               "print(sorted(set(sys.modules) - before))\n")
+    done = subprocess.run([sys.executable, "-c", program], env=python_env(), capture_output=True, text=True,
+                          timeout=120, check=True)
+    imported = done.stdout.strip()
+    assert "torch._dynamo" not in imported and "sympy" not in imported, imported[:500]
