@@ -235,7 +235,7 @@ def serve(args: argparse.Namespace) -> None:
     if device.type == "cuda" and device.index is not None:
         torch.cuda.set_device(device)
     if mp.samples_heap():  # `record --heap`: the level the engine's host forecast is measured from
-        settle_torch(ModelConfig(**args.model_config), optimizer=False)
+        settle_torch(ModelConfig(**args.model_config))
         mp.heap_baseline()
     engine = RolloutEngine(ModelConfig(**args.model_config), device, args.kv_cache_bytes, cuda_graph=args.cuda_graph,
                            memory_backend=args.memory_backend)

@@ -96,13 +96,11 @@ def init_weights(model: GPT, generator: torch.Generator | None = None) -> None:
             p.normal_(0.0, std, generator=generator)
 
 
-def settle_torch(cfg: ModelConfig, optimizer: bool) -> None:
-    """Do once what torch does once per process, allocating nothing that stays: build the model on the meta
-    device (as the actor and the engine do) and, for a process that trains, construct an optimizer (torch's
-    first one imports torch._dynamo: about 820 modules, 23.7 MiB of heap and 1.0 CPU-s, measured with the cpu
-    and tiny presets). A cost of the process, like its libraries, that a heap baseline read afterwards
-    (`mp.heap_baseline`) leaves out of what the host forecast is compared with."""
+def settle_torch(cfg: ModelConfig) -> None:
+    """Build the model once on the meta device, allocating nothing of it: whatever torch does once per
+    process for the first model (lazy imports, initialisation) is then a cost of the process, like its
+    libraries, that a heap baseline read afterwards (`mp.heap_baseline`) leaves out of what the host forecast
+    is compared with. (It was 23.7 MiB, all of it the Python meta kernel of `normal_`, now never run: see
+    `Embedding`; the trainer's optimizer imports nothing either, see `TrainModel._adamw`.)"""
     with torch.device("meta"):
         GPT(cfg)
-    if optimizer:
-        torch.optim.AdamW([nn.Parameter(torch.empty(0))])

@@ -152,7 +152,7 @@ def _run(cfg: RunConfig, critic=None) -> list[tuple[float, TrainStats]]:
     # the report sets it beside what was measured; a critic in its own process (Ray) is not this one's memory
     mp.annotate(forecast=forecast(dataclasses.replace(cfg, use_critic=False) if critic is not None else cfg).to_json())
     if mp.samples_heap():  # `record --heap`: the level the host forecast is measured from
-        settle_torch(model_config(cfg.preset, cfg.digits), optimizer=True)
+        settle_torch(model_config(cfg.preset, cfg.digits))
         mp.heap_baseline()
     device = _device(cfg, rank)
     dist.init(rank, device)  # nothing without torchrun's environment

@@ -85,9 +85,9 @@ def test_training_changes_weights_and_optimizer_state():
     actor = _actor()
     before = actor.policy.params.flat.clone()
     actor.train(_batch(0))
-    state = actor.policy.optimizer.state[actor.policy.master]
-    assert not torch.equal(before, actor.policy.params.flat)
-    assert torch.count_nonzero(state["exp_avg_sq"]) > 0 and state["step"].item() == 1.0
+    policy = actor.policy
+    assert not torch.equal(before, policy.params.flat)
+    assert torch.count_nonzero(policy.exp_avg_sq) > 0 and policy.steps.item() == 1.0
 
 
 def test_weight_chunks_cover_every_parameter_once():
