@@ -26,7 +26,7 @@ from miles_profile.cluster.detect import RayDriverWatch
 from miles_profile.errors import MilesProfileError
 from miles_profile.identity import RUN_ID_ENV, host_name
 from miles_profile.integrations import autotag
-from miles_profile.integrations.tagged_by import integrations_of, read_process_metas, tagging_text
+from miles_profile.integrations.tagged_by import integrations_of, opened_phases, read_process_metas, tagging_text
 from miles_profile.lifetime import child_dies_with_us
 from miles_profile.logdir.cluster import hook_missing_text, read_cluster, write_cluster
 from miles_profile.logdir.layout import PHASE_SELECTION_KEY, is_run_dir
@@ -332,9 +332,9 @@ def run_child(args: argparse.Namespace, command: list[str], auto_tag: bool = Tru
                 if is_run_dir(recorder.run_dir):  # deleted mid-run: stop_and_tell says so, once
                     recorder.annotate({names.COMMAND_EXIT: code})
                 record_death(recorder, child.pid, code, command, oom_counter, oom_before)
-                if auto_tag:
-                    print(f"miles_profile: {tagging_text(integrations_of(read_process_metas(recorder.run_dir)))}",
-                          file=sys.stderr, flush=True)
+                found = integrations_of(read_process_metas(recorder.run_dir)) if auto_tag else {}
+                if found or (auto_tag and not opened_phases(recorder.run_dir)):  # own phases: nothing to say
+                    print(f"miles_profile: {tagging_text(found)}", file=sys.stderr, flush=True)
         finally:
             stop_and_tell(recorder, args)
             if host is not None:

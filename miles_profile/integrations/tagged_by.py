@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 from miles_profile.integrations.steps import CANNOT_SEE_KEY, INTEGRATION_KEY
-from miles_profile.logdir.layout import PROCESS_META_SUFFIX
+from miles_profile.logdir.layout import EVENTS_SUFFIX, PROCESS_META_SUFFIX
 
 
 def integrations_of(process_metas) -> dict[str, str]:
@@ -27,6 +27,25 @@ def read_process_metas(run_dir: Path) -> list[dict]:
         except (OSError, ValueError):
             continue
     return metas
+
+
+def opened_phases(run_dir: Path) -> bool:
+    """Whether a process of the run opened a phase itself (`mp.phase` in the program): its steps need no tagging."""
+    for path in Path(run_dir).glob(f"*{EVENTS_SUFFIX}"):
+        try:
+            with open(path) as events:
+                if any("begin" in line and _is_begin(line) for line in events):
+                    return True
+        except OSError:
+            continue
+    return False
+
+
+def _is_begin(line: str) -> bool:
+    try:
+        return json.loads(line).get("kind") == "begin"
+    except (ValueError, AttributeError):
+        return False  # a torn last line of a crashed process
 
 
 def tagging_text(found: dict[str, str]) -> str:
