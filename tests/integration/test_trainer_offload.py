@@ -35,7 +35,7 @@ def _batch(seed: int) -> Batch:
 def _snapshot(actor: Actor) -> dict[str, torch.Tensor]:
     snap = {s.name: s.tensor.clone() for s in actor.state}
     for m in actor.models:
-        snap[f"{m.name}.step"] = m.optimizer.state[m.master]["step"].clone()
+        snap[f"{m.name}.step"] = m.steps.clone()
         for name, p in m.module.named_parameters():  # through the model's own views too
             snap[f"{m.name}.module.{name}"] = p.detach().clone()
     return snap
