@@ -32,8 +32,11 @@ def machine_busy_s() -> float:
 
 
 def checkout(commit: str, where: Path) -> Path:
-    subprocess.run(["git", "clone", "-q", str(REPO), str(where)], check=True)
-    subprocess.run(["git", "-C", str(where), "checkout", "-q", commit], check=True)
+    for git in (["clone", "-q", str(REPO), str(where)], ["-C", str(where), "checkout", "-q", commit]):
+        done = subprocess.run(["git", *git], capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            sys.exit(f"tests_cpu_ab.py: error: git {git[0] if git[0] != '-C' else 'checkout'} {commit}: "
+                     f"{(done.stderr.strip().splitlines() or ['failed'])[-1]}")
     (where / ".venv").symlink_to(REPO / ".venv")
     return where
 
