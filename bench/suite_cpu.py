@@ -29,6 +29,8 @@ import threading
 import time
 from pathlib import Path
 
+from scratch_write_cost import busy_s  # the machine's busy CPU-seconds so far (/proc/stat)
+
 REPO = Path(__file__).resolve().parents[1]
 LOG_ENV = "SUITE_CPU_LOG"
 SITECUSTOMIZE = f"""
@@ -87,7 +89,7 @@ class MachineWatch(threading.Thread):
         self.stopped = threading.Event()
         self.seen: dict[tuple[str, str], list] = {}  # (pid, start tick) -> [CPU-s at first sight, latest, kind]
         self.started_tick = float(Path("/proc/uptime").read_text().split()[0]) * self.TICKS
-        self.busy_at_start = machine_busy_s()
+        self.busy_at_start = busy_s()
 
     def run(self) -> None:
         while True:
@@ -114,7 +116,7 @@ class MachineWatch(threading.Thread):
                 pass  # a process that ended mid-read
 
     def report(self) -> None:
-        busy = machine_busy_s() - self.busy_at_start
+        busy = busy_s() - self.busy_at_start
         by_kind, count = collections.Counter(), collections.Counter()
         for first, last, kind in self.seen.values():
             by_kind[kind] += last - first
@@ -125,12 +127,6 @@ class MachineWatch(threading.Thread):
         for kind, cpu in by_kind.most_common(25):
             if cpu >= 0.05:
                 print(f"{cpu:8.1f} {cpu / busy:6.1%} {count[kind]:6d}  {kind}")
-
-
-def machine_busy_s() -> float:
-    """The machine's busy CPU seconds since boot: user, nice, system, irq, softirq, steal."""
-    ticks = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
-    return sum(int(ticks[i]) for i in (0, 1, 2, 5, 6, 7)) / MachineWatch.TICKS
 
 
 def program_kind(argv: list[str], comm: str) -> str:

@@ -22,13 +22,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from scratch_write_cost import busy_s  # the machine's busy CPU-seconds so far (/proc/stat)
+
 REPO = Path(__file__).resolve().parents[1]
-
-
-def machine_busy_s() -> float:
-    """user + nice + system + irq + softirq + steal of every CPU, in seconds."""
-    fields = [int(v) for v in open("/proc/stat").readline().split()[1:]]
-    return (sum(fields[:3]) + sum(fields[5:8])) / os.sysconf("SC_CLK_TCK")
 
 
 def checkout(commit: str, where: Path) -> Path:
@@ -44,11 +40,11 @@ def checkout(commit: str, where: Path) -> Path:
 def run_tests(clone: Path, tests: list[str]) -> tuple[str, float, float]:
     env = dict(os.environ, PYTHONDONTWRITEBYTECODE="", HYPOTHESIS_PROFILE="ci")
     env.pop("PYTHONPATH", None)
-    busy, started = machine_busy_s(), time.monotonic()
+    busy, started = busy_s(), time.monotonic()
     done = subprocess.run([str(clone / ".venv" / "bin" / "python"), "-m", "pytest", "-q", "-p", "no:cacheprovider",
                            "-n", "2", *tests], cwd=clone, env=env, capture_output=True, text=True, check=False)
     lines = done.stdout.strip().splitlines()
-    return (lines[-1] if lines else done.stderr.strip()[-200:]), machine_busy_s() - busy, time.monotonic() - started
+    return (lines[-1] if lines else done.stderr.strip()[-200:]), busy_s() - busy, time.monotonic() - started
 
 
 def main(argv: list[str] | None = None) -> int:
