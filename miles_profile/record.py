@@ -332,9 +332,10 @@ def run_child(args: argparse.Namespace, command: list[str], auto_tag: bool = Tru
                 if is_run_dir(recorder.run_dir):  # deleted mid-run: stop_and_tell says so, once
                     recorder.annotate({names.COMMAND_EXIT: code})
                 record_death(recorder, child.pid, code, command, oom_counter, oom_before)
-                found = integrations_of(read_process_metas(recorder.run_dir)) if auto_tag else {}
-                if found or (auto_tag and not opened_phases(recorder.run_dir)):  # own phases: nothing to say
-                    print(f"miles_profile: {tagging_text(found)}", file=sys.stderr, flush=True)
+                if auto_tag:
+                    found = integrations_of(read_process_metas(recorder.run_dir))
+                    if found or not opened_phases(recorder.run_dir):  # its own phases need no tagging
+                        print(f"miles_profile: {tagging_text(found)}", file=sys.stderr, flush=True)
         finally:
             stop_and_tell(recorder, args)
             if host is not None:
