@@ -91,7 +91,9 @@ def ratio_interval(a: np.ndarray, b: np.ndarray, resamples: int, seed: int) -> t
 
 
 def measure(dev: torch.device, blocks: int, block_ms: float, interval_ms: float, null: bool, seed: int,
-            log_dir: Path) -> dict:
+            log_dir: Path, seconds: float | None = None) -> dict:
+    """`seconds`: stop after the quad that ends past this many seconds of alternation (blocks is then a
+    most), so a run with a fixed time budget ends with a result however fast the machine is."""
     step, steps = warm_loop(dev, block_ms)
     rec = None if null else Recorder(log_dir, interval_ms=interval_ms).start()
     sampler = _Pausable(rec)
@@ -99,8 +101,12 @@ def measure(dev: torch.device, blocks: int, block_ms: float, interval_ms: float,
     quads = blocks // 4
     a, b = np.zeros(quads), np.zeros(quads)
     on_windows: list[tuple[float, float]] = []
+    deadline = None if seconds is None else time.monotonic() + seconds
     try:
         for q in range(quads):
+            if deadline is not None and q >= 2 and time.monotonic() > deadline:
+                quads, a, b = q, a[:q], b[:q]
+                break
             for cond in ("ABBA" if rng.random() < 0.5 else "BAAB"):
                 sampler.set(running=cond == "B")
                 t0 = time.time()
@@ -160,10 +166,12 @@ def main(argv: list[str] | None = None) -> int:
     add_block_arguments(parser, blocks=200, block_ms=50.0, per="in all")
     parser.add_argument("--interval-ms", type=float, default=DEFAULT_INTERVAL_MS)
     parser.add_argument("--null", action="store_true", help="no recorder at all: A against A, the method's noise")
+    parser.add_argument("--seconds", type=float, help="stop at the first quad boundary past this many seconds "
+                        "of alternation (--blocks is then an upper bound): a run inside a fixed time budget")
     args = parse_block_arguments(parser, argv)
     dev = device()
     with tempfile.TemporaryDirectory() as tmp:
-        r = measure(dev, args.blocks, args.block_ms, args.interval_ms, args.null, args.seed, Path(tmp))
+        r = measure(dev, args.blocks, args.block_ms, args.interval_ms, args.null, args.seed, Path(tmp), args.seconds)
     print(json.dumps({k: v for k, v in r.items() if not k.startswith("quad_")}, indent=1))
     what = "A/A (no recorder)" if args.null else f"recorder {args.interval_ms:g} ms / paused"
     print(f"overhead_ab: {what}: ratio {r['ratio']:.4f}, 95% interval [{r['ci95'][0]:.4f}, {r['ci95'][1]:.4f}] "
