@@ -22,7 +22,11 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-import torch
+if __name__ == "__main__":
+    from trainer import gc_startup
+    gc_startup.defer_collections()  # torch's import: 175,000 lasting objects (trainer/gc_startup.py)
+
+import torch  # noqa: E402
 
 import miles_profile as mp
 from miles_profile.names import BUILTIN, TAGS, TORCH_MEMORY_SAVER
@@ -276,4 +280,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    gc_startup.freeze_imports()
     sys.exit(main())

@@ -62,7 +62,8 @@ class RankActor:
     def run(self, argv: list[str], master: tuple[str, int], engine_url: str,
             critic=None) -> list[tuple[float, float]]:
         _torchrun_env(self.rank, self.world_size, master, "actor")
-        from trainer import train
+        from trainer import gc_startup, train
+        gc_startup.freeze_imports()  # Ray's and torch's objects: out of every clear_memory's collection
         cfg = dataclasses.replace(parse_args(argv, world_size=self.world_size), rollout_engine="server",
                                   rollout_engine_url=engine_url)
         remote = RemoteCritic(critic) if critic is not None else None
@@ -83,8 +84,9 @@ class CriticActor:
         """Every critic at once (the group's first collective, the weights' broadcast, waits for all)."""
         import torch
 
-        from trainer import dist
+        from trainer import dist, gc_startup
         from trainer.critic import Critic
+        gc_startup.freeze_imports()  # Ray's and torch's objects: out of every later collection
         _torchrun_env(self.rank, self.world_size, master, ROLE_CRITIC)
         cfg = parse_args(argv, world_size=self.world_size)
         torch.set_num_threads(cfg.preset.torch_threads or torch.get_num_threads())
