@@ -2,7 +2,8 @@
 `visualize`, a corpus program, the pytest workers themselves...) and by test file.
 
     python bench/suite_cpu.py [pytest args]      (default: the suite as `make test` runs it)
-    SUITE_CPU_KEEP=DIR python bench/suite_cpu.py ...   (also keeps the raw per-process and per-test logs)
+    SUITE_CPU_KEEP=DIR python bench/suite_cpu.py ...   (also keeps the raw per-process and per-test logs,
+                                                        and the scans' programs by pid, to join with `perf record -a`)
 
 `make test` is CPU-bound on a 2-core machine: its wall time is about its CPU time over 1.5-1.6 cores, so
 cutting it means cutting CPU work, and this says which. Every Python process the suite starts logs its own
@@ -38,7 +39,7 @@ import atexit, json, os, resource, sys
 
 def _log_cpu():
     usage = resource.getrusage(resource.RUSAGE_SELF)
-    line = json.dumps({{"argv": list(getattr(sys, "orig_argv", sys.argv))[:4],
+    line = json.dumps({{"pid": os.getpid(), "argv": list(getattr(sys, "orig_argv", sys.argv))[:4],
                        "cpu_s": usage.ru_utime + usage.ru_stime, "torch": "torch" in sys.modules}})
     try:
         with open(os.environ["{LOG_ENV}"], "a") as log:
@@ -174,6 +175,10 @@ def main() -> int:
             for kept in (log, tests_log):
                 if kept.exists():
                     shutil.copy(kept, Path(os.environ[KEEP_ENV], kept.name))
+            # every process the scans saw, by pid: joins a system-wide `perf record` to the programs
+            Path(os.environ[KEEP_ENV], "programs.jsonl").write_text("".join(
+                json.dumps({"pid": int(pid), "kind": kind, "cpu_s": round(last - first, 2)}) + "\n"
+                for (pid, _), (first, last, kind) in watch.seen.items()))
     total = children.ru_utime + children.ru_stime
     by_kind, count, with_torch = collections.Counter(), collections.Counter(), collections.Counter()
     for row in rows:
