@@ -21,8 +21,11 @@ from trainer.dist import LAUNCHER_PID_ENV, STOP_FILE_ENV
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     # torch.distributed takes seconds to import: only once the launch is really run
+    from trainer import gc_startup
+    gc_startup.defer_collections()  # torch's import: 175,000 lasting objects (trainer/gc_startup.py)
     from torch.distributed.elastic.multiprocessing import api as elastic_api
     from torch.distributed.run import main as torchrun_main
+    gc_startup.freeze_imports()
 
     with tempfile.TemporaryDirectory(prefix="trainer-launch-") as workdir:
         stop_file = Path(workdir) / "stopped"
