@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import gc
 import logging
 import socket
 import sys
@@ -47,6 +48,9 @@ def main(argv: list[str] | None = None) -> int:
     except MilesProfileError as exc:
         print(f"dashboards: {exc}", file=sys.stderr)
         return exc.exit_code
+    # dash, plotly, pandas and the app: 113,000 objects that live as long as the server, left out of
+    # the cyclic collector's walks while it serves (9 % of a dashboard process's CPU was that collector)
+    gc.freeze()
     logging.getLogger("werkzeug").setLevel(logging.WARNING)  # no line per poll request
     handler = logging.StreamHandler()
     handler.setFormatter(logging.Formatter("dashboards: %(message)s"))
