@@ -85,9 +85,9 @@ def pytest_configure(config):
 
 
 def pytest_collection_finish(session):
-    """What collection made (the test modules and what they import: pandas, plotly, torch, half a million
-    objects in a worker) lives as long as the session: out of every walk of the cyclic collector, which
-    walked it again and again for no garbage (8 to 28 % of a worker's CPU in the full suite, `perf`)."""
+    """What collection made (the test modules and what they import: pandas, plotly, torch, about 300,000
+    objects) lives as long as the session: out of every walk of the cyclic collector, which walked it again
+    and again for no garbage (8 to 28 % of a worker's CPU in the full suite, bench/suite_perf.py)."""
     gc.freeze()
 
 

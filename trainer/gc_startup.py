@@ -3,8 +3,9 @@
 Importing torch makes about 175,000 objects that live as long as the process (modules, functions,
 operator schemas), none of them garbage. With the default thresholds the collector walks all of them in
 full three times while they load (about 145 ms of CPU), and every `clear_memory` (`gc.collect()`
-between phases, as Miles does) walks them again: 90 ms a step on the CPU preset, 13 to 30 % of a short
-run's CPU (`perf` on `python -m trainer.train --preset tiny`). A process's entry point calls
+between phases, as Miles does) walks them again: 90 ms a step on the CPU preset. `perf` put 32 % of
+`python -m trainer.train --preset tiny --num-rollout 2` in the collector; with these, the run takes 1.56
+CPU-s instead of 2.46 (docs/benchmarks.md, Round 12). A process's entry point calls
 `defer_collections` before its imports and `freeze_imports` once they are done: the imports are walked
 at most once, then left out of every later collection (`gc.freeze`), which walks only what the run made.
 
