@@ -28,6 +28,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 
+from miles_profile.logdir.arrow_csv import read_csv
+
 LINE_MAX = 64 * 1024  # a samples row is ~25 bytes a column: 64 KiB is 2,500 columns
 _SCAN_CHUNK = 64 * 1024 * 1024  # bytes compared at once (a bool per byte: bounded memory)
 BAD_COLUMNS_RETRIED = 3
@@ -145,10 +147,8 @@ def _retry_bad_columns(source: pa.Buffer, header: list[str], error: str, name: s
         raw.add(header[int(match.group(1))])
         skipped.clear()
         try:
-            table = pacsv.read_csv(source, read_options=pacsv.ReadOptions(column_names=header, skip_rows=1),
-                                   parse_options=pacsv.ParseOptions(
-                invalid_row_handler=lambda row: skipped.append(row.number) or "skip"),
-                convert_options=pacsv.ConvertOptions(column_types=_types(header, raw), strings_can_be_null=False,
+            table = read_csv(source, skipped, read_options=pacsv.ReadOptions(column_names=header, skip_rows=1),
+                             convert_options=pacsv.ConvertOptions(column_types=_types(header, raw), strings_can_be_null=False,
                                                      null_values=[""]))
         except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
             error = str(exc)
@@ -163,14 +163,10 @@ def _retry_bad_columns(source: pa.Buffer, header: list[str], error: str, name: s
 
 def _read_raw(body: pa.Buffer, header: list[str], skipped: list[int]) -> pa.Table | None:
     """Every column as raw bytes (no cell can fail to convert); None when pyarrow still fails."""
-    def on_invalid(row) -> str:
-        skipped.append(row.number)
-        return "skip"
-
     try:
-        return pacsv.read_csv(
-            body, read_options=pacsv.ReadOptions(column_names=header),
-            parse_options=pacsv.ParseOptions(quote_char=False, invalid_row_handler=on_invalid),
+        return read_csv(
+            body, skipped, read_options=pacsv.ReadOptions(column_names=header),
+            parse_options=pacsv.ParseOptions(quote_char=False),
             convert_options=pacsv.ConvertOptions(column_types={c: pa.binary() for c in header},
                                                  null_values=[""], strings_can_be_null=True))
     except (pa.ArrowInvalid, pa.ArrowTypeError, UnicodeDecodeError):

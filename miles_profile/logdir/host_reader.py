@@ -24,6 +24,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.csv as pacsv
 
+from miles_profile.logdir.arrow_csv import read_csv
 from miles_profile.logdir.meta_lists import HOST_LISTS, drop_retyped_lists
 from miles_profile.logdir.damaged_csv import hexadecimal_cell, quiet_invalid_rows
 from miles_profile.logdir.ranges import drop_impossible_bytes
@@ -120,20 +121,14 @@ def _clean_file(path: Path) -> list[str] | None:
         os.close(fd)
 
 
-def _arrow_options(header: list[str], bad: list) -> dict[str, Any]:
-    """pyarrow's options for a host CSV: malformed rows skipped (their numbers appended to `bad`), integer
+def _arrow_options(header: list[str]) -> dict[str, Any]:
+    """pyarrow's options for a host CSV (malformed rows are skipped by arrow_csv.read_csv): integer
     columns, t as float, gpu_uuid as categories (a few GPUs' names over millions of rows, 2.4 million per host
     on 16 processes of 300,000 samples, made as many Python strings: 3x the frame's memory and a slow groupby
     per GPU), and only an empty cell absent ("nan", "NULL", "N/A" are damage to say)."""
     types = {c: pa.int64() for c in header}
     types.update(t=pa.float64(), gpu_uuid=pa.dictionary(pa.int32(), pa.string()))
-
-    def on_invalid(row) -> str:
-        bad.append(row.number)
-        return "skip"
-
-    return {"parse_options": pacsv.ParseOptions(invalid_row_handler=on_invalid),
-            "convert_options": pacsv.ConvertOptions(column_types=types, null_values=[""])}
+    return {"convert_options": pacsv.ConvertOptions(column_types=types, null_values=[""])}
 
 
 def _read_clean(path: Path, header: list[str], warnings: list[str]) -> pd.DataFrame | None:
@@ -143,7 +138,7 @@ def _read_clean(path: Path, header: list[str], warnings: list[str]) -> pd.DataFr
     bad: list = []
     try:
         with quiet_invalid_rows():
-            table = pacsv.read_csv(str(path), **_arrow_options(header, bad))
+            table = read_csv(str(path), bad, **_arrow_options(header))
         frame = table.to_pandas(split_blocks=True, self_destruct=True)  # no consolidation copy
     except (pa.ArrowInvalid, pa.ArrowTypeError, UnicodeDecodeError, OSError):
         return None
@@ -185,7 +180,7 @@ def _read_csv(path: Path, warnings: list[str]) -> pd.DataFrame | None:
         if hexadecimal_cell(data, [(0, len(data))], data.find(b"\n") + 1):
             raise pa.ArrowInvalid("a hexadecimal cell")  # pyarrow reads `0x10` as 16; pandas' cells do not
         with quiet_invalid_rows():  # a malformed row that is not UTF-8 fails inside pyarrow: the fallback below
-            frame = pacsv.read_csv(pa.py_buffer(data), **_arrow_options(header, bad)).to_pandas()
+            frame = read_csv(pa.py_buffer(data), bad, **_arrow_options(header)).to_pandas()
     except (pa.ArrowInvalid, pa.ArrowTypeError, UnicodeDecodeError):
         bad = []
         frame = pd.read_csv(io.BytesIO(data), dtype=str, keep_default_na=False, na_values=[""],

@@ -10,6 +10,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.csv as pacsv
 
+from miles_profile.logdir.arrow_csv import read_csv
 from miles_profile.logdir.damaged_csv import hexadecimal_cell, quiet_invalid_rows, read_damaged, usable_header
 from miles_profile.logdir.files import NotRegularFile, map_regular
 from miles_profile.logdir.layout import SAMPLES_SUFFIX, pid_of
@@ -41,12 +42,7 @@ def read_samples(path: Path, warnings: list[str], cache: bool = False) -> pd.Dat
     if not usable_header(header):
         warnings.append(f"{path.name}: no t/phase header, skipped")
         return None
-    skipped = []
-
-    def on_invalid(row) -> str:
-        skipped.append(row.number)
-        return "skip"
-
+    skipped: list[int] = []
     types = {c: pa.int64() for c in header if c not in ("t", "phase")}
     types.update(t=pa.float64(), phase=pa.dictionary(pa.int32(), pa.string()))
     # A malformed row that is not UTF-8 fails inside pyarrow's row handler; the read then fails and
@@ -59,10 +55,9 @@ def read_samples(path: Path, warnings: list[str], cache: bool = False) -> pd.Dat
                 raise pa.ArrowInvalid("a hexadecimal cell")
             # A complete file parses fastest from its path (pyarrow overlaps reading and parsing);
             # a file with a truncated last line is parsed from a buffer cut before that line.
-            table = pacsv.read_csv(
-                str(path) if end == len(data) else pa.py_buffer(data[:end]),
+            table = read_csv(
+                str(path) if end == len(data) else pa.py_buffer(data[:end]), skipped,
                 read_options=pacsv.ReadOptions(column_names=header, skip_rows=1),  # names as decoded above
-                parse_options=pacsv.ParseOptions(invalid_row_handler=on_invalid),
                 # only an empty cell is absent: pyarrow's default null words ("nan", "NULL", "N/A") are damage to say
                 convert_options=pacsv.ConvertOptions(column_types=types, strings_can_be_null=False, null_values=[""]),
             )

@@ -13,6 +13,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.csv as pacsv
 
+from miles_profile.logdir.arrow_csv import read_csv
 from miles_profile.logdir.events import EventProblems, parse_event_line
 from miles_profile.logdir.damaged_csv import quiet_invalid_rows, read_damaged, usable_header
 from miles_profile.logdir.files import EVENT_LINE_MAX
@@ -35,18 +36,12 @@ def sample_column_types(header: list[str]) -> dict[str, pa.DataType]:
 
 def parse_sample_rows(data: bytes, header: list[str]) -> tuple[pd.DataFrame, int]:
     """CSV rows without a header line -> (frame, number of malformed rows skipped)."""
-    skipped = []
-
-    def on_invalid(row) -> str:
-        skipped.append(row.number)
-        return "skip"
-
+    skipped: list[int] = []
     with quiet_invalid_rows():
         try:
-            table = pacsv.read_csv(
-                pa.py_buffer(data),
+            table = read_csv(
+                pa.py_buffer(data), skipped,
                 read_options=pacsv.ReadOptions(column_names=header),
-                parse_options=pacsv.ParseOptions(invalid_row_handler=on_invalid),
                 convert_options=pacsv.ConvertOptions(column_types=sample_column_types(header),
                                                      strings_can_be_null=False))
             frame = table.to_pandas()
