@@ -24,8 +24,11 @@ def read_csv(source, skipped: list[int], *, read_options: pacsv.ReadOptions | No
     try:
         return pacsv.read_csv(source, read_options=read_options, parse_options=parse_options,
                               convert_options=convert_options)
-    except pa.ArrowInvalid:  # a malformed row, or damage the handler cannot skip: again, serially
-        pass
+    except pa.ArrowInvalid as exc:
+        # "CSV parse error: Expected 3 columns, got 4": a row the handler skips, so again, serially. Any other
+        # failure (a cell that does not convert) the handler cannot mend: the caller's, without a second parse.
+        if "CSV parse error" not in str(exc):
+            raise
 
     def on_invalid(row) -> str:
         skipped.append(row.number)
