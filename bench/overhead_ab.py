@@ -92,8 +92,8 @@ def ratio_interval(a: np.ndarray, b: np.ndarray, resamples: int, seed: int) -> t
 
 def measure(dev: torch.device, blocks: int, block_ms: float, interval_ms: float, null: bool, seed: int,
             log_dir: Path, seconds: float | None = None) -> dict:
-    """`seconds`: stop after the quad that ends past this many seconds of alternation (blocks is then a
-    most), so a run with a fixed time budget ends with a result however fast the machine is."""
+    """`seconds`: stop at the first quad boundary past this many seconds of alternation (`blocks` is then an
+    upper bound), so a run with a fixed time budget ends with a result however fast the machine is."""
     step, steps = warm_loop(dev, block_ms)
     rec = None if null else Recorder(log_dir, interval_ms=interval_ms).start()
     sampler = _Pausable(rec)
