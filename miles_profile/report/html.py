@@ -28,7 +28,7 @@ from miles_profile.verdicts import checks as checks_mod
 from miles_profile.verdicts.engine import RunVerdict, exit_code_for, judge, overall_of
 from miles_profile.verdicts.types import TOO_SMALL
 from miles_profile.report.figures import run_start, timeline_figure
-from miles_profile.report.run_fold import FOLD_SCRIPT, fold_close, fold_open
+from miles_profile.report.run_fold import DEFER_SCRIPT, FOLD_SCRIPT, fold_close, fold_open
 from miles_profile.report.forecast_html import forecast_html
 from miles_profile.runmodel.series import GiB, first_and_last_t, sample_columns, sample_count
 from miles_profile.report.summary import Summary, summarize
@@ -339,6 +339,7 @@ def render_html(reports: list[RunReport], *, comparison: str | None = None, note
 <meta name="viewport" content="width=device-width, initial-scale=1">
 <style>{_CSS}{SUMMARY_CSS}{MOVING_CSS}</style>
 <script type="text/javascript">{plotly_js(extra + comparison_html + body)}</script>
+{"" if single else DEFER_SCRIPT}
 </head><body><main>
 <h1>{_e(title)}</h1>
 <div class="muted small">memory report written {generated} by python -m miles_profile.visualize · GiB = 1024³ bytes</div>

@@ -1,6 +1,7 @@
 """A report inlining the cartesian plotly.js build draws every figure in Chromium, as one inlining plotly.py's
 bundle does (report/plotly_bundle.py): a trace type the build lacked would leave a figure without its svg
-and raise a page error."""
+and raise a page error. A comparison's folded runs draw their figures when opened (report/run_fold.py): each
+fold is opened, as a reader clicks it, before the figures are counted."""
 from __future__ import annotations
 
 import pytest
@@ -18,6 +19,8 @@ def _drawn(browser, page_file):
         errors = []
         page.on("pageerror", lambda error: errors.append(str(error)))
         page.goto(page_file.as_uri())
+        for summary in page.locator("details.run-fold > summary").all():
+            summary.click()
         figures = page.locator(".plotly-graph-div")
         page.wait_for_function("n => document.querySelectorAll('.plotly-graph-div .main-svg').length >= n",
                                arg=figures.count(), timeout=60_000)
