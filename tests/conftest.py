@@ -23,6 +23,10 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 # quick start beside other work: 93 CPU-s and 110 s, against 26 CPU-s and 37 s with waiting threads asleep).
 # Set before any torch import: this process, every subprocess and every Ray node inherit it.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# numpy's OpenBLAS starts a thread per core when it loads, and they spin before they sleep: 0.09 CPU-s of
+# every process that imports numpy (`python -c "import numpy"`: 0.20 against 0.115 CPU-s with one thread),
+# and the suite starts hundreds. Nothing the tests run multiplies numpy matrices large enough to want two.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 REPO = Path(__file__).resolve().parents[1]
 CHROMIUM = os.environ.get("MILES_PROFILE_CHROMIUM", "/usr/bin/chromium")
