@@ -195,8 +195,11 @@ def run_trainer(args: argparse.Namespace, trainer_args: list[str]) -> int:
         parse_args(ranks[1], world_size=ranks[0])  # a flag error exits 2 here, before the run directory
         return run_child(args, torchrun_command(*ranks), auto_tag=False)  # the trainer tags its own phases
     try:
-        from trainer.args import parse_args  # likewise: record --exec runs where the trainer cannot import
+        from trainer import gc_startup  # likewise: record --exec runs where the trainer cannot import
+        gc_startup.defer_collections()  # torch's import: 175,000 lasting objects (trainer/gc_startup.py)
+        from trainer.args import parse_args
         from trainer.train import main as train_main  # imports torch first, so the allocator probe sees it
+        gc_startup.freeze_imports()
     except ImportError as exc:
         raise MilesProfileError(f"the integrated trainer is not available ({exc}); use --exec") from None
     if "--plan" in trainer_args:  # a forecast allocates and records nothing: no run directory for it
