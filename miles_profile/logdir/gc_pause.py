@@ -36,23 +36,23 @@ def gc_paused() -> Iterator[None]:
 # `visualize` of a 1,024-process fleet makes millions of long-lived objects (events, frames, figures),
 # and the default thresholds walked them again and again for no garbage.
 RELAXED_THRESHOLDS = (50_000, 20, 20)
-_relaxed = 0  # how many gc_relaxed blocks are open (keep_loaded freezes only inside one)
+_relaxed: list[bool] = []  # per open gc_relaxed block: may keep_loaded freeze (its caller had frozen nothing)
 
 
 @contextmanager
 def gc_relaxed() -> Iterator[None]:
     """For a command's whole run: the collector at RELAXED_THRESHOLDS, and what `keep_loaded` froze
     unfrozen at the end; the caller's thresholds after it (a test calling the command in its own
-    process keeps its settings)."""
-    global _relaxed
+    process keeps its settings). A caller that froze objects of its own (a test worker, a server after
+    its imports) keeps them frozen: `gc.unfreeze` cannot tell theirs from ours, so nothing is frozen here."""
     before = gc.get_threshold()
     gc.set_threshold(*RELAXED_THRESHOLDS)
-    _relaxed += 1
+    _relaxed.append(gc.get_freeze_count() == 0)
     try:
         yield
     finally:
-        _relaxed -= 1
-        gc.unfreeze()
+        if _relaxed.pop():
+            gc.unfreeze()
         gc.set_threshold(*before)
 
 
@@ -61,5 +61,5 @@ def keep_loaded() -> None:
     and phase summaries: live until the command ends) is left out of every later collection, which
     walked them all each time (gc.freeze). Outside one, nothing: a long-lived caller (the dashboard, a
     test process) would never collect a cycle frozen there."""
-    if _relaxed:
+    if _relaxed and _relaxed[-1]:
         gc.freeze()

@@ -4,16 +4,19 @@ column (not a frame of dicts), str columns made by pyarrow, the phase table's so
 np.unique of every string), and the collector settings of `visualize` undone after it."""
 from __future__ import annotations
 
-import gc
+import json
+import subprocess
+import sys
 
 import numpy as np
 import pandas as pd
 import pytest
 
 from miles_profile.logdir.events_reader import EVENT_COLUMNS, _attr_columns, events_frame
-from miles_profile.logdir.gc_pause import RELAXED_THRESHOLDS, gc_relaxed, keep_loaded
+from miles_profile.logdir.gc_pause import RELAXED_THRESHOLDS
 from miles_profile.logdir.str_column import str_array
 from miles_profile.runmodel.phase_table import _sorted_codes
+from tests.conftest import REPO, python_env
 
 
 def _event(t, kind="begin", name="train", pid=7, host="h", phase_id=1, parent=None, attrs=None):
@@ -80,18 +83,48 @@ def test_sorted_codes_as_np_unique():
     assert codes.tolist() == expected_codes.tolist()
 
 
-def test_gc_relaxed_restores_the_callers_settings():
-    before = gc.get_threshold()
+# Each case in a fresh interpreter: a test worker has frozen its own objects (tests/conftest.py), and a
+# freeze made here to set the scene would keep this worker's later garbage cycles forever.
+GC_CASES = """
+import gc, json, sys
+from miles_profile.logdir.gc_pause import gc_relaxed, keep_loaded
+case, seen = sys.argv[1], {}
+if case == "caller froze its own":
+    gc.freeze()
+mine, before = gc.get_freeze_count(), gc.get_threshold()
+if case == "outside a command":
+    keep_loaded()
+else:
     with gc_relaxed():
-        assert gc.get_threshold() == RELAXED_THRESHOLDS
+        seen["inside"] = list(gc.get_threshold())
         keep_loaded()
-        assert gc.get_freeze_count() > 0
-    assert gc.get_threshold() == before
-    assert gc.get_freeze_count() == 0  # what the command froze is collectable again in a test's process
+        seen["frozen_inside"] = gc.get_freeze_count() - mine
+seen.update(after=gc.get_freeze_count() - mine, restored=gc.get_threshold() == before, mine=mine)
+print(json.dumps(seen))
+"""
+
+
+def _gc_case(case: str) -> dict:
+    proc = subprocess.run([sys.executable, "-c", GC_CASES, case], capture_output=True, text=True, timeout=60,
+                          env=python_env(), cwd=REPO)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return json.loads(proc.stdout)
+
+
+def test_gc_relaxed_restores_the_callers_settings():
+    seen = _gc_case("a command")
+    assert seen["inside"] == list(RELAXED_THRESHOLDS) and seen["restored"]
+    assert seen["frozen_inside"] > 0  # the runs read are left out of the command's collections ...
+    assert seen["after"] == 0  # ... and collectable again after it, in a process that lives on
 
 
 def test_keep_loaded_outside_a_command_freezes_nothing():
     # visualize() called as a library (the dashboard, a test's process) lives on: a cycle frozen there would
     # never be collected
-    keep_loaded()
-    assert gc.get_freeze_count() == 0
+    assert _gc_case("outside a command")["after"] == 0
+
+
+def test_a_command_leaves_what_its_caller_froze_frozen():
+    # a test worker or a server that froze its imports: gc.unfreeze at the command's end undid that
+    seen = _gc_case("caller froze its own")
+    assert seen["mine"] > 0 and seen["frozen_inside"] == 0 and seen["after"] == 0 and seen["restored"]
