@@ -8,7 +8,7 @@ were a 50,000 px page; folded, the comparison fits a few screens (tests/integrat
     FOLD_SCRIPT                 # opens the fold a link points into, drawing its figures first
 
 A closed fold's figures are drawn when it opens, at the width they will have: the nine H200 runs' report drew
-29 figures to show one, 5 s and 7.7 CPU-s of Chromium before its first screen answered; 1.4 s and 2.5 with
+29 figures to show one: 5.1-5.4 s and 7.6-8.0 machine CPU-s a page load in Chromium, 1.6 s and 2.7 with
 the folded ones waiting (docs/benchmarks.md, "A comparison draws its folded runs when opened").
 """
 from __future__ import annotations
@@ -25,7 +25,7 @@ def fold_close(single: bool) -> str:
     return "" if single else "</details>"
 
 
-# Plotly.newPlot of a figure inside a closed fold is kept, not run: `openFold` (a link into the fold) or the
+# Plotly.newPlot of a figure inside a closed fold is kept, not run: `mpOpenFold` (a link into the fold) or the
 # fold's own toggle (a click on its summary) runs it. A fold opened again after a window resize redraws what it
 # drew before at its new width (Plotly sizes a hidden figure at its 700 px default).
 DEFER_SCRIPT = """<script>(function(){
