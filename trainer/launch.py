@@ -4,7 +4,9 @@ What `record -- --nproc-per-node N ...` runs. Two things torchrun does not do:
 - its ranks die with it (PR_SET_PDEATHSIG, trainer/dist.py), as it dies with `record` (which starts
   it so) and each engine server with its rank: a `kill -9` of any leaves nothing behind;
 - Ctrl-C or SIGTERM ends with 130 / 143 and one line, not exit 1 and a traceback per process: the
-  ranks, told by a file this launcher creates that the stop was asked for, stop without a word.
+  ranks, told by a file this launcher creates that the stop was asked for, stop without a word;
+- a rank that fails ends the launch with exit 1 and one line naming it (torchrun raises its
+  ChildFailedError, a traceback and a block of its own, after the rank has said why).
 """
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ def main(argv: list[str] | None = None) -> int:
     from trainer import gc_startup
     gc_startup.defer_collections()  # torch's import: 175,000 lasting objects (trainer/gc_startup.py)
     from torch.distributed.elastic.multiprocessing import api as elastic_api
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import main as torchrun_main
     gc_startup.freeze_imports()
 
@@ -43,7 +46,20 @@ def main(argv: list[str] | None = None) -> int:
             print(f"trainer: stopped by {signal.Signals(signum).name}; every rank stopped", file=sys.stderr,
                   flush=True)
             return 128 + signum
+        except ChildFailedError as exc:  # the first to fail; the others were stopped because of it
+            print(f"trainer: {failed_rank(*exc.get_first_failure())}; every rank stopped", file=sys.stderr, flush=True)
+            return 1
     return 0
+
+
+def failed_rank(rank: int, failure) -> str:
+    """A torchrun failure (its global rank, its ProcessFailure) in words: "rank 1 exited with code 1"."""
+    if failure.exitcode >= 0:
+        return f"rank {rank} exited with code {failure.exitcode}"
+    try:
+        return f"rank {rank} was killed by {signal.Signals(-failure.exitcode).name}"
+    except ValueError:
+        return f"rank {rank} was killed by signal {-failure.exitcode}"
 
 
 def _quiet_elastic_warnings() -> None:

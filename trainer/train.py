@@ -210,6 +210,10 @@ def _loop(cfg: RunConfig, actor: Actor, engine: RolloutEngine) -> list[tuple[flo
 def _device(cfg: RunConfig, rank: dist.Rank) -> torch.device:
     """One GPU per rank: the local rank's."""
     if cfg.device == "cuda" and rank.distributed:
+        gpus = torch.cuda.device_count()
+        if rank.local_rank >= gpus:  # else CUDA's "invalid device ordinal" and a traceback
+            raise TrainerError(f"rank {rank.rank} needs GPU {rank.local_rank} (one GPU a rank), but this host has "
+                               f"{gpus}: run at most {gpus} ranks a host (--nproc-per-node)")
         torch.cuda.set_device(rank.local_rank)
         return torch.device("cuda", rank.local_rank)
     return torch.device(cfg.device)

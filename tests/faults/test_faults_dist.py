@@ -133,11 +133,13 @@ def test_recorded_run_with_a_killed_rank_loads_and_marks_it_dead(tmp_path):
             time.sleep(0.2)
         assert victim is not None, "rank 1 never trained"
         os.kill(victim, signal.SIGKILL)
-        rec.communicate(timeout=STOP_WITHIN_S)
+        out, _ = rec.communicate(timeout=STOP_WITHIN_S)
     finally:
         if rec.poll() is None:
             rec.kill()
     assert rec.returncode != 0
+    # the launcher's one line, not torchrun's ChildFailedError traceback and block (trainer/launch.py)
+    assert "trainer: rank 1 was killed by SIGKILL; every rank stopped" in out and "Traceback" not in out, out
     run = mp.load(next(logs.glob("run-*")))
     dead = {(p["role"], p.get("rank")) for p in run.processes if p.get("died")}
     assert ("actor", 1) in dead and ("actor", 0) not in dead, run.warnings

@@ -8,6 +8,7 @@ any failure.
 """
 from __future__ import annotations
 
+import subprocess
 import sys
 import tempfile
 import traceback
@@ -284,6 +285,23 @@ def test_tms_trainer_runs_both_orders_and_offload_drop_passes_on_nvml():
                 assert added.passes(0.02), (kind, added.worst)
             after = frame[(frame["device"] == "host") & (frame["phase"] == "train")]
             assert (after.loc[after["category"] == "pinned_buffers", "bytes"] > 0).all()
+
+
+def test_more_ranks_than_gpus_is_one_line_not_a_traceback():
+    """`record -- --nproc-per-node N+1 --device cuda` on a host of N GPUs: the rank without a GPU says so in
+    one line, the launcher names it in one more (trainer/train.py, trainer/launch.py); CUDA's "invalid device
+    ordinal" and torchrun's ChildFailedError were a traceback each."""
+    ranks = torch.cuda.device_count() + 1
+    with tempfile.TemporaryDirectory() as logs:
+        proc = subprocess.run([sys.executable, "-m", "miles_profile.record", "--log-dir", logs, "--",
+                               "--nproc-per-node", str(ranks), "--preset", "tiny", "--device", "cuda",
+                               "--num-rollout", "2", "--rollout-batch-size", str(8 * ranks)],
+                              capture_output=True, text=True, timeout=240, cwd=Path(__file__).resolve().parents[2])
+    out = proc.stdout + proc.stderr
+    print("  " + "\n  ".join(line for line in out.splitlines() if line.startswith("trainer: ")))
+    assert proc.returncode == 1 and "Traceback" not in out, out[-3000:]
+    assert f"trainer: error: rank {ranks - 1} needs GPU {ranks - 1}" in out, out[-3000:]
+    assert f"trainer: rank {ranks - 1} exited with code 1; every rank stopped" in out, out[-3000:]
 
 
 def test_gpu_preset_shapes():
