@@ -213,7 +213,7 @@ def _device(cfg: RunConfig, rank: dist.Rank) -> torch.device:
         gpus = torch.cuda.device_count()
         if rank.local_rank >= gpus:  # else CUDA's "invalid device ordinal" and a traceback
             raise TrainerError(f"rank {rank.rank} needs GPU {rank.local_rank} (one GPU a rank), but this host has "
-                               f"{gpus}: run at most {gpus} ranks a host (--nproc-per-node)")
+                               f"{gpus}: --nproc-per-node {gpus} at most")
         torch.cuda.set_device(rank.local_rank)
         return torch.device("cuda", rank.local_rank)
     return torch.device(cfg.device)
