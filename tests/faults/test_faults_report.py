@@ -2,7 +2,7 @@
 lacks, an offload that leaves half its state behind fails, one odd event costs only itself, Miles'
 GB are 10**9 bytes, and the small edges (format_version true, a failed export, a foreign Host).
 
-Logs come from the real recorder (a short program, or the trainer killed with SIGKILL); damage is
+Logs come from the real recorder (a short program; one killed with SIGKILL or read while it runs); damage is
 applied to the files as a user's code or a crash would leave them.
 """
 from __future__ import annotations
