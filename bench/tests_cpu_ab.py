@@ -44,6 +44,9 @@ def run_tests(clone: Path, tests: list[str]) -> tuple[str, float, float]:
     done = subprocess.run([str(clone / ".venv" / "bin" / "python"), "-m", "pytest", "-q", "-p", "no:cacheprovider",
                            "-n", "2", *tests], cwd=clone, env=env, capture_output=True, text=True, check=False)
     lines = done.stdout.strip().splitlines()
+    for line in lines:  # a failure is news: which test, not only how many
+        if line.startswith(("FAILED ", "ERROR ")):
+            print(f"    {line[:200]}", flush=True)
     return (lines[-1] if lines else done.stderr.strip()[-200:]), busy_s() - busy, time.monotonic() - started
 
 
