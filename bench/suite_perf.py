@@ -27,8 +27,12 @@ def is_gc(symbol: str, dso: str) -> bool:
 
 def samples(perf_data: Path):
     """(pid, symbol, dso) of every sample that is not the idle task."""
-    out = subprocess.run(["perf", "script", "-i", str(perf_data), "-F", "pid,comm,ip,sym,dso"],
-                         capture_output=True, text=True, check=True).stdout
+    done = subprocess.run(["perf", "script", "-i", str(perf_data), "-F", "pid,comm,ip,sym,dso"],
+                          capture_output=True, text=True, check=False)
+    if done.returncode != 0:  # e.g. `perf record` still writing it
+        lines = done.stderr.strip().splitlines()
+        raise SystemExit(f"suite_perf: perf script cannot read {perf_data}: {lines[-1] if lines else done.returncode}")
+    out = done.stdout
     for line in out.splitlines():
         parts = line.split()
         if len(parts) >= 4 and parts[0] != "swapper":
