@@ -1,6 +1,6 @@
 """python -m trainer.launch <torchrun arguments>: torchrun, dying with its parent and stopping in one line.
 
-What `record -- --nproc-per-node N ...` runs. Two things torchrun does not do:
+What `record -- --nproc-per-node N ...` runs. What torchrun does not do:
 - its ranks die with it (PR_SET_PDEATHSIG, trainer/dist.py), as it dies with `record` (which starts
   it so) and each engine server with its rank: a `kill -9` of any leaves nothing behind;
 - Ctrl-C or SIGTERM ends with 130 / 143 and one line, not exit 1 and a traceback per process: the

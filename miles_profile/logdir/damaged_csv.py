@@ -148,8 +148,8 @@ def _retry_bad_columns(source: pa.Buffer, header: list[str], error: str, name: s
         skipped.clear()
         try:
             table = read_csv(source, skipped, read_options=pacsv.ReadOptions(column_names=header, skip_rows=1),
-                             convert_options=pacsv.ConvertOptions(column_types=_types(header, raw), strings_can_be_null=False,
-                                                     null_values=[""]))
+                             convert_options=pacsv.ConvertOptions(column_types=_types(header, raw),
+                                                                  strings_can_be_null=False, null_values=[""]))
         except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
             error = str(exc)
             continue
