@@ -40,7 +40,8 @@ import atexit, json, os, resource, sys
 def _log_cpu():
     usage = resource.getrusage(resource.RUSAGE_SELF)
     line = json.dumps({{"pid": os.getpid(), "argv": list(getattr(sys, "orig_argv", sys.argv))[:4],
-                       "cpu_s": usage.ru_utime + usage.ru_stime, "torch": "torch" in sys.modules}})
+                       "cpu_s": usage.ru_utime + usage.ru_stime, "torch": "torch" in sys.modules,
+                       "test": os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" ", 1)[0]}})
     try:
         with open(os.environ["{LOG_ENV}"], "a") as log:
             log.write(line + "\\n")
