@@ -190,9 +190,16 @@ def run_trainer(args: argparse.Namespace, trainer_args: list[str]) -> int:
         # a Ray driver as our child: its actors join the run through the job's runtime env (docs/ray.md)
         return run_child(args, [sys.executable, "-m", "trainer.train", *trainer_args], auto_tag=False)
     ranks = split_nproc(trainer_args)
+    try:  # a flag error exits 2 here, before torch loads and before the run directory is made
+        from trainer.args import check_flags  # the trainer only when it runs: --exec needs neither it nor torch
+    except ImportError as exc:
+        raise MilesProfileError(f"the integrated trainer is not available ({exc}); use --exec") from None
+    if "--plan" not in trainer_args:
+        world_size, flags = ranks if ranks is not None else (None, trainer_args)
+        check_flags(flags, world_size=world_size)
     if ranks is not None:
-        from trainer.args import parse_args  # the trainer only when it runs: --exec needs neither it nor torch
-        parse_args(ranks[1], world_size=ranks[0])  # a flag error exits 2 here, before the run directory
+        from trainer.args import parse_args
+        parse_args(ranks[1], world_size=ranks[0])  # what needs the machine (a CUDA device, its memory)
         return run_child(args, torchrun_command(*ranks), auto_tag=False)  # the trainer tags its own phases
     try:
         from trainer import gc_startup  # likewise: record --exec runs where the trainer cannot import

@@ -166,12 +166,9 @@ def _add_offload_arguments(g) -> None:
                         "(default: %(default)s)")
 
 
-def validate(args: argparse.Namespace, cuda_available: bool, world_size: int = 1,
-             memory_bytes: int | None = None, check_environment: bool = True) -> str | None:
-    """Every rule on flag values and across flags; returns the first violation as one line, or None.
-    `memory_bytes`: total memory of the device the run uses (`device_memory`); None skips that bound.
-    `check_environment=False` (a --plan): skip what only this machine can answer (a CUDA device, an
-    importable torch_memory_saver, a writable disk dir), so any machine can plan any configuration."""
+def flag_problem(args: argparse.Namespace, world_size: int = 1) -> str | None:
+    """The rules on flag values and between flags that need neither torch nor the machine; the first
+    violation as one line, or None. `check_flags` answers them before torch loads."""
     preset = PRESETS[args.preset]
     batch = args.rollout_batch_size or preset.rollout_batch_size
     if batch >= 1 and batch % world_size:
@@ -188,11 +185,6 @@ def validate(args: argparse.Namespace, cuda_available: bool, world_size: int = 1
     group = preset.n_samples_per_prompt if args.n_samples_per_prompt is None else args.n_samples_per_prompt
     if group < (1 if args.use_critic else 2):
         return "--n-samples-per-prompt must be at least 2 for GRPO (1 is allowed with --use-critic)"
-    if args.device == "cuda" and not cuda_available and check_environment:
-        return "--device cuda: no CUDA device is available"
-    device = _device(args.device, cuda_available)
-    if args.cuda_graph and device != "cuda":
-        return "--cuda-graph needs --device cuda"
     if args.rollout_engine_url is not None:
         problem = _engine_url_problem(args, world_size)
         if problem:
@@ -209,19 +201,39 @@ def validate(args: argparse.Namespace, cuda_available: bool, world_size: int = 1
             return "--offload-train-target disk needs --offload-train"
         if args.offload_train_disk_dir is None:
             return "--offload-train-target disk needs --offload-train-disk-dir"
-        problem = _unwritable(args.offload_train_disk_dir) if check_environment else None
-        if problem:
-            return f"--offload-train-disk-dir {args.offload_train_disk_dir} is not writable: {problem}"
     elif args.offload_train_disk_dir is not None:
         return "--offload-train-disk-dir needs --offload-train-target disk"
-    problem = _backend_problem(args, device, check_environment)
-    if problem:
-        return problem
     if args.colocate_memory_peak_device == "gpu":
         if not (args.offload_train and args.offload_rollout):
             return "--colocate-memory-peak-device gpu needs --offload-train and --offload-rollout"
         if args.use_critic:
             return "--colocate-memory-peak-device gpu does not support --use-critic"
+    return None
+
+
+def validate(args: argparse.Namespace, cuda_available: bool, world_size: int = 1,
+             memory_bytes: int | None = None, check_environment: bool = True) -> str | None:
+    """Every rule on flag values and across flags; returns the first violation as one line, or None.
+    `memory_bytes`: total memory of the device the run uses (`device_memory`); None skips that bound.
+    `check_environment=False` (a --plan): skip what only this machine can answer (a CUDA device, an
+    importable torch_memory_saver, a writable disk dir), so any machine can plan any configuration."""
+    problem = flag_problem(args, world_size)
+    if problem:
+        return problem
+    if args.device == "cuda" and not cuda_available and check_environment:
+        return "--device cuda: no CUDA device is available"
+    device = _device(args.device, cuda_available)
+    if args.cuda_graph and device != "cuda":
+        return "--cuda-graph needs --device cuda"
+    if args.offload_train_target == "disk" and check_environment:
+        problem = _unwritable(args.offload_train_disk_dir)
+        if problem:
+            return f"--offload-train-disk-dir {args.offload_train_disk_dir} is not writable: {problem}"
+    problem = _backend_problem(args, device, check_environment)
+    if problem:
+        return problem
+    preset = PRESETS[args.preset]
+    group = preset.n_samples_per_prompt if args.n_samples_per_prompt is None else args.n_samples_per_prompt
     return _kv_problem(args, preset, device) or _memory_problem(args, preset, device, group, memory_bytes)
 
 
@@ -344,11 +356,21 @@ def resolve(args: argparse.Namespace, cuda_available: bool, world_size: int = 1,
         rollout_engine_url=args.rollout_engine_url)
 
 
-def check_flags(argv: list[str]) -> None:
-    """Exit 2 with one line on a flag argparse itself rejects (unknown, a bad value), and answer --help.
-    Cheap and torch-free, so `python -m trainer.train` calls it before importing torch (seconds): a typo
-    is answered at once. Checks that need the machine or several flags together come in `parse_args`."""
-    build_parser().parse_args(argv)
+def torchrun_world_size() -> int:
+    """torchrun's WORLD_SIZE in one of its ranks, else 1."""
+    return int(os.environ.get("WORLD_SIZE", 1)) if "WORLD_SIZE" in os.environ and "RANK" in os.environ else 1
+
+
+def check_flags(argv: list[str], world_size: int | None = None) -> None:
+    """Exit 2 with one line on a flag argparse rejects (unknown, a bad value) or a rule of `flag_problem`
+    breaks, and answer --help. Cheap and torch-free, so `python -m trainer.train` and `record` call it
+    before importing torch (1.5 CPU-s): `--lr nan` is answered at once. What needs the machine (a CUDA
+    device, the device's memory, a writable directory) comes in `parse_args`."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    problem = flag_problem(args, torchrun_world_size() if world_size is None else world_size)
+    if problem:
+        parser.error(problem)
 
 
 def parse_args(argv: list[str] | None, cuda_available: bool | None = None,
@@ -361,7 +383,7 @@ def parse_args(argv: list[str] | None, cuda_available: bool | None = None,
         cuda_available = torch.cuda.is_available()
     under_torchrun = "WORLD_SIZE" in os.environ and "RANK" in os.environ
     if world_size is None:
-        world_size = int(os.environ.get("WORLD_SIZE", 1)) if under_torchrun else 1
+        world_size = torchrun_world_size()
     parser = build_parser()
     args = parser.parse_args(argv)
     memory = device_memory(_device(args.device, cuda_available)) if check_environment else None

@@ -105,6 +105,37 @@ def test_issue_examples_exit_2_in_both_entry_points(tmp_path, argv):
     assert not logs.exists() or not any(logs.iterdir())
 
 
+# Run as `python -m`, then say whether torch was imported: a flag error should cost a user no torch import
+# (1.5 CPU-s on the suite's VM), also through `record`.
+BEFORE_TORCH = """
+import runpy, sys
+sys.argv = [sys.argv[1], *sys.argv[2:]]
+try:
+    runpy.run_module(sys.argv[0], run_name="__main__", alter_sys=True)
+except SystemExit as exit:
+    print(exit.code, "torch" in sys.modules)
+"""
+
+
+RECORD = ["miles_profile.record", "--log-dir", "LOGS", "--"]
+FLAG_ERRORS = [(["trainer.train"], ["--lr", "nan"], "--lr must be positive and finite"),
+               (["trainer.train"], ["--seed", "-1"], "--seed must be from 0"),
+               (RECORD, ["--lr", "nan"], "--lr must be positive and finite"),
+               (RECORD, ["--nproc-per-node", "2", "--preset", "tiny", "--rollout-batch-size", "3"],
+                "does not split evenly over 2 ranks")]
+
+
+@pytest.mark.parametrize("entry, argv, message", FLAG_ERRORS, ids=["train-lr", "train-seed", "record-lr", "record-nproc"])
+def test_a_flag_error_is_answered_before_torch_loads(tmp_path, entry, argv, message):
+    logs = tmp_path / "logs"
+    entry = [str(logs) if a == "LOGS" else a for a in entry]
+    preset = [] if "--nproc-per-node" in argv else ["--preset", "tiny"]
+    result = _run(["-c", BEFORE_TORCH, *entry, *preset, *argv])
+    assert result.stdout.split() == ["2", "False"], (result.stdout, result.stderr)  # exit 2, torch never loaded
+    assert result.stderr.count("\n") == 1 and message in result.stderr, result.stderr
+    assert not logs.exists() or not any(logs.iterdir())
+
+
 # --- Ctrl-C ---------------------------------------------------------------------------------------
 
 TRAIN = ["--preset", "tiny", "--num-rollout", "100000", "--offload-train", "--offload-rollout",
