@@ -193,13 +193,25 @@ def warn_phases_without_events(samples, without_events: dict[str, int], warnings
                         "those phases are not judged")
 
 
-def warn_planned_without_events(processes: list[dict], events, warnings: list[str]) -> None:
+def why_no_events(names_a_phase: bool | None) -> str:
+    """Why a process whose meta plans phases (a forecast) wrote no event, as far as its samples tell: a
+    rank that failed at start (no GPU for it) ended before its first phase, and no file is to blame."""
+    if names_a_phase is None:
+        return "it ended before its first phase, or its events file was emptied or lost its lines"
+    if names_a_phase:
+        return "its samples name phases: the events file was emptied or lost its lines"
+    return "its samples name no phase: it ended before its first"
+
+
+def warn_planned_without_events(processes: list[dict], events, warnings: list[str],
+                                names_a_phase=lambda pid: None) -> None:
     """A process whose meta plans phases (the trainer's `forecast` annotation) and wrote no event at all:
-    its events file was emptied or lost; a run judged without them would pass on nothing (issue 30)."""
+    it ended before its first phase, or its events file was emptied or lost; a run judged without them
+    would pass on nothing (issue 30). `names_a_phase(pid)`: whether its samples name a phase (None: unknown)."""
     have = set(events["pid"].unique().tolist()) if events is not None and len(events) and "pid" in events else set()
     for p in processes:
         annotations = p.get("annotations")
         plan = annotations.get("forecast") if isinstance(annotations, dict) else None
         if isinstance(plan, dict) and plan.get("phases") and p.get("pid") not in have:
             warnings.append(f"{p.get('stem', p.get('pid'))}: its meta plans phases (a forecast) but no event was read "
-                            "(the events file was emptied or lost its lines); its phases are not judged")
+                            f"({why_no_events(names_a_phase(p.get('pid')))}); its phases are not judged")

@@ -283,7 +283,7 @@ def load_run(*paths: str | Path, sample_pids=None) -> Run:
     completeness.warn_phases_without_events(
         store.phase_and_pid() if with_rows else None,
         {s: aliases.get(s, pid_of(Path(s + EVENTS_SUFFIX), EVENTS_SUFFIX)) for s in with_rows}, warnings)
-    completeness.warn_planned_without_events(processes, events, warnings)
+    completeness.warn_planned_without_events(processes, events, warnings, store.names_a_phase)
     phases = phases_from_events(events, _last_sample(store))
     samples = _fill_outside(store, events, processes)
     run = Run(run_dir, meta, processes, samples, events, phases, completeness.collapse_repeats(warnings),

@@ -107,6 +107,12 @@ def read_process_frames(run_dir: Path, warnings: list[str], finished: set | froz
     return frames
 
 
+def phase_named(phase: pd.Series) -> bool:
+    """Whether a `phase` column names a phase in any row (outside a phase it is empty)."""
+    named = phase.astype(str)
+    return bool(((named != "") & (named != "nan")).any())
+
+
 def empty_samples() -> pd.DataFrame:
     return pd.DataFrame({"t": pd.Series(dtype=float), "phase": pd.Series(dtype="category"),
                          "pid": pd.Series(dtype="int64")})
@@ -178,6 +184,11 @@ class ProcessSamples:
         if len(self.frames) == 1:
             return self.frames[0]
         return _concat_by_time(self.frames, release=False)
+
+    def names_a_phase(self, pid: int) -> bool | None:
+        """Whether any row of `pid` names a phase; None where it has no rows."""
+        frame = self.by_pid.get(pid)
+        return None if frame is None else phase_named(frame["phase"])
 
     def last_t(self) -> float | None:
         return max(float(f["t"].max()) for f in self.frames) if self.frames else None

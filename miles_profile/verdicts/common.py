@@ -7,7 +7,9 @@ import re
 import numpy as np
 
 from miles_profile import names
-from miles_profile.runmodel.series import DRIVER_KINDS, Track, device_track, host_track
+from miles_profile.logdir.completeness import why_no_events
+from miles_profile.logdir.samples_reader import phase_named
+from miles_profile.runmodel.series import DRIVER_KINDS, Track, device_track, host_track, process_samples
 from miles_profile.runmodel.stats import phase_instances
 from miles_profile.verdicts.resolution import resolution_of
 from miles_profile.verdicts.types import JUDGED, TOO_SMALL, WARN, CheckResult, Finding
@@ -189,8 +191,10 @@ def lost_phases(run) -> str | None:
         planned = plan.get("phases") if isinstance(plan, dict) else None
         if isinstance(planned, list) and planned and p.get("pid") not in have:
             kinds = sorted({str(e.get("phase")) for e in planned if isinstance(e, dict)})
+            rows = process_samples(run, p.get("pid"))
+            named = phase_named(rows["phase"]) if len(rows) and "phase" in rows else None
             return (f"pid {p.get('pid')}'s meta plans phases ({', '.join(kinds[:4])}: its forecast) but no phase of "
-                    "it was recorded: its events file was emptied or lost its lines")
+                    f"it was recorded: {why_no_events(named)}")
     samples = run.samples
     if len(samples) and "phase" in samples and "pid" in samples:
         named = samples["phase"].fillna("").astype(str)

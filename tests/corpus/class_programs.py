@@ -9,6 +9,7 @@ case; tests/integration/test_verdict_classes.py records each under a plain `reco
     python tests/corpus/class_programs.py own_free     # offload_train never frees; generate drops prefetched prompts
     python tests/corpus/class_programs.py own_free_after  # the same, generate always right after offload_train
     python tests/corpus/class_programs.py planned      # a loop whose meta holds a forecast of its phases
+    python tests/corpus/class_programs.py planned_then_failed  # the forecast written, then exit 1 before a phase
 """
 from __future__ import annotations
 
@@ -156,6 +157,15 @@ def planned(iters: int = 6) -> None:
             time.sleep(0.1)
 
 
+def planned_then_failed() -> None:
+    """A rank that wrote its forecast and failed before its first phase (the trainer's rank asked for a
+    GPU the host lacks): exit 1 after a second of samples."""
+    mp.annotate(forecast={"version": 1, "device": "cpu", "phases": [
+        {"phase": "offload_train", "device": "host", "peak": 64 * MiB, "allocator": 64 * MiB, "process": "trainer"}]})
+    time.sleep(1.0)
+    sys.exit("trainer: error: rank 1 needs GPU 1 (one GPU a rank), but this host has 1")
+
+
 if __name__ == "__main__":
     mode = sys.argv[1]
     if mode == "memmap":
@@ -170,6 +180,8 @@ if __name__ == "__main__":
         own_free_after()
     elif mode == "planned":
         planned()
+    elif mode == "planned_then_failed":
+        planned_then_failed()
     elif mode == "swap_kept":
         _loop(4, keep_batches=False, swap_kept=True)
     else:

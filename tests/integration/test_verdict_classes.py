@@ -19,14 +19,14 @@ PROGRAM = REPO / "tests" / "corpus" / "class_programs.py"
 pytestmark = pytest.mark.slow  # each records a real program: 5-15 s on 2 cores
 
 
-def _judged(tmp_path: Path, mode: str, damage=None):
+def _judged(tmp_path: Path, mode: str, damage=None, exit_code: int = 0):
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     env.pop("MILES_PROFILE_HEAP", None)  # the default: no flag
     logs = tmp_path / "logs"
     proc = subprocess.run([sys.executable, "-m", "miles_profile.record", "--log-dir", str(logs), "--exec", "--",
                            sys.executable, str(PROGRAM), mode, str(tmp_path)], env=env, capture_output=True,
                           text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.returncode == exit_code, proc.stderr[-2000:]
     run_dir = next(logs.glob("run-*"))
     if damage is not None:
         damage(run_dir)
@@ -99,4 +99,16 @@ def test_an_emptied_events_file_beside_a_forecast_is_a_warning_not_a_pass(tmp_pa
     assert verdict.status == "warn" and verdict.exit_code == 0, {c.name: c.status for c in verdict.checks}
     assert checks["leak"].status == "n/a" and "events file was emptied" in checks["leak"].summary
     run = load_run(next((tmp_path / "logs").glob("run-*")))
-    assert any("plans phases (a forecast)" in w for w in run.warnings), run.warnings
+    assert any("plans phases (a forecast)" in w and "samples name phases" in w for w in run.warnings), run.warnings
+
+
+def test_a_process_that_failed_before_its_first_phase_is_not_blamed_on_its_events_file(tmp_path):
+    # a trainer rank that asked for a GPU the host lacks wrote its forecast, then exited 1: the warning
+    # said its events file "was emptied or lost its lines", sending a reader after a file nothing damaged
+    verdict, checks = _judged(tmp_path, "planned_then_failed", exit_code=1)
+    assert verdict.status == "warn" and verdict.exit_code == 0, {c.name: c.status for c in verdict.checks}
+    assert checks["leak"].status == "n/a" and "it ended before its first" in checks["leak"].summary
+    assert "emptied" not in checks["leak"].summary, checks["leak"].summary
+    run = load_run(next((tmp_path / "logs").glob("run-*")))
+    planned = [w for w in run.warnings if "plans phases (a forecast)" in w]
+    assert planned and all("samples name no phase" in w and "emptied" not in w for w in planned), run.warnings
