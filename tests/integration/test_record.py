@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -98,22 +99,33 @@ while True:
     with mp.phase("generate"):
         blocks.append(bytearray(8 * 1024 * 1024))
         time.sleep(0.05)
+    print(time.time(), flush=True)  # when the program last ran: the loss is counted from there
     if len(blocks) > 20:
         blocks.clear()
 """
 
 
 def test_kill_9_loses_at_most_the_last_second(tmp_path):
+    """What a SIGKILL loses is what the writer had not flushed (0.5 s) of what the program did. Counted from
+    the program's last heartbeat, not from the kill: on a 2-core machine running the suite a process can
+    go unscheduled for a while (2 of 11 runs of a busy subset), and a row cannot be lost that was never taken."""
     proc = subprocess.Popen([sys.executable, "-c", KILLED_PROGRAM, str(tmp_path)], env=python_env(), cwd=REPO,
                             stdout=subprocess.PIPE, text=True)
     run_dir = Path(proc.stdout.readline().strip())
+    beats: list[float] = []
+    reader = threading.Thread(target=lambda: beats.extend(float(line) for line in proc.stdout), daemon=True)
+    reader.start()
     time.sleep(3)
-    killed_at = time.time()
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
+    reader.join(10)
     run = mp.load(run_dir)
-    assert killed_at - run.samples["t"].max() <= 1.0
-    assert (run.samples["t"].diff().dropna() < 0.5).all()  # nothing missing in the middle either
+    t = run.samples["t"]
+    assert len(beats) > 10 and max(beats) - t.max() <= 1.0, (max(beats), t.max())
+    # nothing missing in the middle either: a gap of half a second between rows only where the program
+    # itself did not run (no heartbeat inside it)
+    gaps = [(a, b) for a, b in zip(t.iloc[:-1], t.iloc[1:]) if b - a >= 0.5]
+    assert not [(a, b) for a, b in gaps if any(a + 0.1 < beat < b - 0.1 for beat in beats)], gaps
     assert run.phases["status"].iloc[-1] in ("ok", "open")
     meta = json.loads(next(run_dir.glob("*.meta.json")).read_text())
     assert "end_time" not in meta  # it never stopped cleanly, and the log still loads
