@@ -98,7 +98,9 @@ def ledger(run, processes: Iterable[tuple[str, int]] | None = None, *, peaks: bo
     cache = run.__dict__.setdefault("_report_cache", {})  # the report and the comparison both ask
     key = ("ledger", only, peaks, iterations)
     if key not in cache:
-        cache[key] = _ledger(run, only, peaks, iterations)
+        with_peaks = None if peaks else cache.get(("ledger", only, True, iterations))
+        # the report's ledger (with peaks) holds the comparison's (without) as its end rows: not made twice
+        cache[key] = _ledger(run, only, peaks, iterations) if with_peaks is None else ends(with_peaks)
     return cache[key]
 
 

@@ -3,6 +3,7 @@ measure, a negative residual is kept (never clipped) and counted by add_up, old 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -165,3 +166,23 @@ def test_a_loop_with_a_phase_per_step_shows_some_iterations_the_peaks_among_them
     assert {r["iteration"] for r in written["ledger"]} == chosen - {-1}
     small = make_run({"t": t, "rss": rss, "rss_peak": rss}, phases[:LEDGER_MAX_INSTANCES])
     assert sampled_iterations(small) is None and sampled_text(ledger(small)) is None
+
+
+def test_a_comparison_takes_each_runs_ledger_from_its_report_not_a_second_pass(tmp_path, monkeypatch, capsys):
+    """`visualize` of several runs: each run's section makes its ledger with peaks, the comparison asks for
+    the same without them, which is the end rows of the first (equal to a pass of its own): made once."""
+    from miles_profile.logdir import find_runs
+    from miles_profile.logdir.reader import load_run
+    from miles_profile.runmodel import ledger as ledger_module
+    from miles_profile.visualize import main
+    from tests.conftest import REPO
+    runs = find_runs(REPO / "sample_logs" / "h200")[:2]
+    made = []
+    real = ledger_module._ledger
+    monkeypatch.setattr(ledger_module, "_ledger", lambda run, *a: made.append(Path(run.path).name) or real(run, *a))
+    assert main([str(runs[0]), "--compare", str(runs[1]), "-o", str(tmp_path / "r.html")]) == 0, capsys.readouterr()
+    assert sorted(made) == sorted(r.name for r in runs), made  # one ledger a run
+    run = load_run(runs[1])
+    with_peaks = ledger(run, peaks=True)
+    pd.testing.assert_frame_equal(ledger(run).reset_index(drop=True), real(run, None, False, None).reset_index(drop=True))
+    assert len(with_peaks) > len(ledger(run))
