@@ -72,15 +72,22 @@ def expected(run_dir):
     return fleet_panel.compute(run)
 
 
-@pytest.fixture
-def page(browser, run_dir, tmp_path):
-    stderr_path = tmp_path / "stderr.txt"
+@pytest.fixture(scope="module")
+def server(run_dir, tmp_path_factory):
+    """One dashboard for the tests that read this run (a server costs ~2 CPU-s to start); each test its own page."""
+    stderr_path = tmp_path_factory.mktemp("fleet_dashboard") / "stderr.txt"
     with open(stderr_path, "w") as stderr, dashboard_process(run_dir.parent, stderr=stderr) as url:
-        context = browser.new_context(viewport={"width": 1400, "height": 1000})
-        page = context.new_page()
-        page.goto(url)
-        yield page
-        context.close()
+        yield url, stderr_path
+
+
+@pytest.fixture
+def page(browser, server):
+    url, stderr_path = server
+    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    page = context.new_page()
+    page.goto(url)
+    yield page
+    context.close()
     assert "Traceback" not in stderr_path.read_text()
 
 
