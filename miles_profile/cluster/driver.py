@@ -24,7 +24,7 @@ import ray
 from miles_profile.cluster import node_sampler
 from miles_profile import names
 from miles_profile.logdir.cluster import write_cluster
-from miles_profile.logdir.writer import EventWriter
+from miles_profile.logdir.writer import EventWriter, private_tmp
 from miles_profile.oom import RAY_OOM_KILL
 from miles_profile.logdir.layout import PROCESS_META_SUFFIX
 
@@ -191,7 +191,7 @@ class ClusterRecording:
     def _store(self, name: str, offset: int | None, data: bytes) -> None:
         path = self.run_dir / Path(name).name  # a bare file name: never a path out of the run
         if offset is None:
-            tmp = path.with_name(path.name + ".tmp")
+            tmp = private_tmp(path)
             tmp.write_bytes(data)
             os.replace(tmp, path)
             return

@@ -90,7 +90,7 @@ class NodeSampler:
         for meta in self._job_metas():
             path = Path(meta.pop("_path"))
             if not meta.get("end_time") and alive(meta["pid"]):
-                try:
+                try:  # the worker may be writing its own end right now: each write is whole, the last one stays
                     write_json(path, {**meta, "end_time": now, "end_time_source": "ray_job_end"})
                 except OSError:
                     continue

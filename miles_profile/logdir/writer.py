@@ -124,9 +124,16 @@ def _open_append(path: Path) -> int:
     return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
 
 
+def private_tmp(path: Path) -> Path:
+    """A temporary name beside `path` that no other process or thread writes: two writers of one meta (a
+    Ray worker ending and its node's sampler ending it) once shared `<name>.tmp`, and the shorter write
+    landed over the longer one: a meta of one JSON and the other's tail, unreadable, its process lost."""
+    return path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+
+
 def write_json(path: Path, obj: dict[str, Any]) -> None:
-    """Write atomically: a reader never sees half a meta file."""
-    tmp = path.with_name(path.name + ".tmp")
+    """Write atomically: a reader never sees half a meta file, whoever else writes it."""
+    tmp = private_tmp(path)
     try:
         tmp.write_text(json.dumps(obj, indent=1, default=str))
         os.replace(tmp, path)

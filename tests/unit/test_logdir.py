@@ -128,3 +128,37 @@ def test_runs_are_found_below_config_folders_but_not_inside_runs(tmp_path):
     make_run(outer, [(1.0, "", 1, 1)])  # a folder inside a run is that run's business
     found = find_runs(tmp_path)
     assert sorted(p.parent.name for p in found) == ["1-no-offload", "2-offload-train"]
+
+
+RACING_WRITER = """
+import sys
+from pathlib import Path
+from miles_profile.logdir.writer import write_process_meta
+run_dir, stem, size, n = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+for k in range(n):
+    write_process_meta(run_dir, stem, {"pid": 7, "k": k, "columns": ["x" * 20] * size})
+"""
+
+
+def test_two_processes_writing_one_meta_never_leave_it_unreadable(tmp_path):
+    """A Ray worker writing its end while its node's sampler ends it: two writers of one meta. They shared a
+    temporary file, and the shorter JSON landed over the longer one (one JSON and the other's tail, the
+    process lost to the run: seen in a full suite run). Each write is whole now, whoever else writes."""
+    import subprocess
+    import sys
+    from tests.conftest import REPO, python_env
+    writers = [subprocess.Popen([sys.executable, "-c", RACING_WRITER, str(tmp_path), "w-7", str(size), "400"],
+                                env=python_env(), cwd=REPO) for size in (120, 3)]
+    path, unreadable, reads = tmp_path / "w-7.meta.json", 0, 0
+    while any(w.poll() is None for w in writers):
+        try:
+            json.loads(path.read_text())
+            reads += 1
+        except FileNotFoundError:
+            continue
+        except ValueError:
+            unreadable += 1
+    assert all(w.wait() == 0 for w in writers)
+    assert reads > 10 and unreadable == 0, (reads, unreadable)
+    json.loads(path.read_text())
+    assert not list(tmp_path.glob("*.tmp")), "a temporary file left behind"
