@@ -139,7 +139,10 @@ def test_a_run_killed_with_sigkill_is_not_failed_on_its_unwritten_samples(tmp_pa
     results = {r.name: r for r in run_checks(run)}
     assert all(r.status != "fail" for r in results.values()), [r.summary for r in results.values()]
     earlier, tail = offload_verdicts(run)[:-1], offload_verdicts(run)[-1]
-    assert tail.status == "n/a" and "samples end before it does" in tail.message, tail.message
+    # RSS is not judged on samples that end before the offload does; the heap, read at the offload's boundaries,
+    # may still show the drop: a pass that names its evidence (seen in a full suite run on a slow VM hour)
+    assert "samples end before it does" in tail.message, tail.message
+    assert tail.status == "n/a" or (tail.status == "pass" and "(heap " in tail.message), tail.message
     assert any(f.status == "pass" for f in earlier), [f.message for f in earlier]  # judged, not only skipped
 
 
