@@ -191,8 +191,8 @@ def lost_phases(run) -> str | None:
         planned = plan.get("phases") if isinstance(plan, dict) else None
         if isinstance(planned, list) and planned and p.get("pid") not in have:
             kinds = sorted({str(e.get("phase")) for e in planned if isinstance(e, dict)})
-            rows = process_samples(run, p.get("pid"))
-            named = phase_named(rows["phase"]) if len(rows) and "phase" in rows else None
+            rows = process_samples(run, p["pid"]) if isinstance(p.get("pid"), int) else None
+            named = phase_named(rows["phase"]) if rows is not None and len(rows) and "phase" in rows else None
             return (f"pid {p.get('pid')}'s meta plans phases ({', '.join(kinds[:4])}: its forecast) but no phase of "
                     f"it was recorded: {why_no_events(named)}")
     samples = run.samples
