@@ -193,6 +193,9 @@ def warn_phases_without_events(samples, without_events: dict[str, int], warnings
                         "those phases are not judged")
 
 
+PLANNED = "its meta plans phases (a forecast) but no event was read"
+
+
 def why_no_events(names_a_phase: bool | None) -> str:
     """Why a process whose meta plans phases (a forecast) wrote no event, as far as its samples tell: a
     rank that failed at start (no GPU for it) ended before its first phase, and no file is to blame."""
@@ -213,5 +216,5 @@ def warn_planned_without_events(processes: list[dict], events, warnings: list[st
         annotations = p.get("annotations")
         plan = annotations.get("forecast") if isinstance(annotations, dict) else None
         if isinstance(plan, dict) and plan.get("phases") and p.get("pid") not in have:
-            warnings.append(f"{p.get('stem', p.get('pid'))}: its meta plans phases (a forecast) but no event was read "
-                            f"({why_no_events(names_a_phase(p.get('pid')))}); its phases are not judged")
+            warnings.append(f"{p.get('stem', p.get('pid'))}: {PLANNED} ({why_no_events(names_a_phase(p.get('pid')))}); "
+                            "its phases are not judged")

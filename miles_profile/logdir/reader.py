@@ -332,8 +332,14 @@ def with_samples(run: Run, pids=None) -> Run:
     without = {p["stem"]: p["pid"] for p in run.processes if isinstance(p.get("stem"), str) and p.get("pid") not in have}
     completeness.warn_phases_without_events(store.phase_and_pid() if without else None, without, found)
     warnings += [w for w in found if w not in run.warnings]
+    # a lazy load could not tell why a process that planned phases wrote no event: its samples now can
+    planned: list[str] = []
+    completeness.warn_planned_without_events(run.processes, run.events, planned, store.names_a_phase)
+    said = {w.split(": ", 1)[0] for w in planned}
+    kept = [w for w in run.warnings if not (w.split(": ", 1)[0] in said and completeness.PLANNED in w)]
     samples = _fill_outside(store, run.events, run.processes)
-    new = Run(run.path, run.meta, run.processes, samples, run.events, run.phases, run.warnings + warnings,
+    new = Run(run.path, run.meta, run.processes, samples, run.events, run.phases,
+              kept + [w for w in planned if w not in kept] + warnings,
               run.directories, None if pids is None else frozenset(pids))
     # _sample_summaries: summaries computed from the files (sample_summaries.py); *_side: read beside (load_run)
     for cached in ("_host_data", "_gpu_procs", "gpu_used", "_gpu_used_side", "hosts", "phase_summaries",

@@ -102,7 +102,7 @@ def test_an_emptied_events_file_beside_a_forecast_is_a_warning_not_a_pass(tmp_pa
     assert any("plans phases (a forecast)" in w and "samples name phases" in w for w in run.warnings), run.warnings
 
 
-def test_a_process_that_failed_before_its_first_phase_is_not_blamed_on_its_events_file(tmp_path):
+def test_a_process_that_failed_before_its_first_phase_is_not_blamed_on_its_events_file(tmp_path, capsys):
     # a trainer rank that asked for a GPU the host lacks wrote its forecast, then exited 1: the warning
     # said its events file "was emptied or lost its lines", sending a reader after a file nothing damaged
     verdict, checks = _judged(tmp_path, "planned_then_failed", exit_code=1)
@@ -112,3 +112,8 @@ def test_a_process_that_failed_before_its_first_phase_is_not_blamed_on_its_event
     run = load_run(next((tmp_path / "logs").glob("run-*")))
     planned = [w for w in run.warnings if "plans phases (a forecast)" in w]
     assert planned and all("samples name no phase" in w and "emptied" not in w for w in planned), run.warnings
+    # the report loads the run lazily, its samples after its warnings: it says the same
+    from miles_profile.visualize import main
+    assert main([str(tmp_path / "logs"), "-o", str(tmp_path / "r.html")]) == 0
+    said = "".join(capsys.readouterr())
+    assert "samples name no phase" in said and "emptied" not in said, said
