@@ -184,31 +184,36 @@ def refuse_a_command(trainer_args: list[str]) -> None:
                                 f"(record --exec -- {command})")
 
 
+@contextlib.contextmanager
+def trainer_importable():
+    """Imports of the integrated trainer: where it (or torch) is missing, one line pointing at --exec."""
+    try:
+        yield
+    except ImportError as exc:
+        raise MilesProfileError(f"the integrated trainer is not available ({exc}); use --exec") from None
+
+
 def run_trainer(args: argparse.Namespace, trainer_args: list[str]) -> int:
     refuse_a_command(trainer_args)
     if any(a == "--launcher" and b == "ray" for a, b in zip(trainer_args, trainer_args[1:])):
         # a Ray driver as our child: its actors join the run through the job's runtime env (docs/ray.md)
         return run_child(args, [sys.executable, "-m", "trainer.train", *trainer_args], auto_tag=False)
     ranks = split_nproc(trainer_args)
-    try:  # a flag error exits 2 here, before torch loads and before the run directory is made
-        from trainer.args import check_flags  # the trainer only when it runs: --exec needs neither it nor torch
-    except ImportError as exc:
-        raise MilesProfileError(f"the integrated trainer is not available ({exc}); use --exec") from None
-    if "--plan" not in trainer_args:
+    with trainer_importable():  # the trainer only when it runs: --exec needs neither it nor torch
+        from trainer.args import check_flags
+    if "--plan" not in trainer_args:  # a flag error exits 2 here, before torch loads and before the run directory
         world_size, flags = ranks if ranks is not None else (None, trainer_args)
         check_flags(flags, world_size=world_size)
     if ranks is not None:
         from trainer.args import parse_args
         parse_args(ranks[1], world_size=ranks[0])  # what needs the machine (a CUDA device, its memory)
         return run_child(args, torchrun_command(*ranks), auto_tag=False)  # the trainer tags its own phases
-    try:
-        from trainer import gc_startup  # likewise: record --exec runs where the trainer cannot import
+    with trainer_importable():
+        from trainer import gc_startup
         gc_startup.defer_collections()  # torch's import: 175,000 lasting objects (trainer/gc_startup.py)
         from trainer.args import parse_args
         from trainer.train import main as train_main  # imports torch first, so the allocator probe sees it
         gc_startup.freeze_imports()
-    except ImportError as exc:
-        raise MilesProfileError(f"the integrated trainer is not available ({exc}); use --exec") from None
     if "--plan" in trainer_args:  # a forecast allocates and records nothing: no run directory for it
         return train_main(trainer_args)
     parse_args(trainer_args)  # a flag error exits 2 here, before an empty run directory is made

@@ -179,14 +179,12 @@ def collapse_repeats(warnings: list[str]) -> list[str]:
     return out
 
 
-def warn_phases_without_events(samples, without_events: dict[str, int], warnings: list[str]) -> None:
+def warn_phases_without_events(without_events: dict[str, int], warnings: list[str],
+                               names_a_phase=lambda pid: None) -> None:
     """A process whose events file gave no event (emptied, cut before its first line) while its samples
     name phases: its phases, and every check of them, are missing from the report. `without_events`:
-    stem -> the pid its samples carry."""
-    if not without_events or samples is None or samples.empty or "phase" not in samples or "pid" not in samples:
-        return
-    labelled = set(samples.loc[samples["phase"].astype(str) != "", "pid"].unique().tolist())
-    lost = sorted(stem for stem, pid in without_events.items() if pid in labelled)
+    stem -> the pid its samples carry; `names_a_phase(pid)`: whether those samples name a phase."""
+    lost = sorted(stem for stem, pid in without_events.items() if names_a_phase(pid))
     if lost:
         warnings.append(f"{', '.join(s + '.events.jsonl' for s in lost[:5])}{', ...' if len(lost) > 5 else ''}: "
                         "no events, while the samples name phases (the file was emptied or lost its lines); "

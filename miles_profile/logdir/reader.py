@@ -281,8 +281,8 @@ def load_run(*paths: str | Path, sample_pids=None) -> Run:
     # only stems with samples of their own: a pid read from a name (e-7) may be another host's process 7
     with_rows = {s for s in without_events for folder, _ in dirs if _has_rows(folder / f"{s}{SAMPLES_SUFFIX}")}
     completeness.warn_phases_without_events(
-        store.phase_and_pid() if with_rows else None,
-        {s: aliases.get(s, pid_of(Path(s + EVENTS_SUFFIX), EVENTS_SUFFIX)) for s in with_rows}, warnings)
+        {s: aliases.get(s, pid_of(Path(s + EVENTS_SUFFIX), EVENTS_SUFFIX)) for s in with_rows}, warnings,
+        store.names_a_phase)
     completeness.warn_planned_without_events(processes, events, warnings, store.names_a_phase)
     phases = phases_from_events(events, _last_sample(store))
     samples = _fill_outside(store, events, processes)
@@ -330,7 +330,7 @@ def with_samples(run: Run, pids=None) -> Run:
     have = set(run.events["pid"].tolist()) if len(run.events) else set()
     found: list[str] = []
     without = {p["stem"]: p["pid"] for p in run.processes if isinstance(p.get("stem"), str) and p.get("pid") not in have}
-    completeness.warn_phases_without_events(store.phase_and_pid() if without else None, without, found)
+    completeness.warn_phases_without_events(without, found, store.names_a_phase)
     warnings += [w for w in found if w not in run.warnings]
     # a lazy load could not tell why a process that planned phases wrote no event: its samples now can
     planned: list[str] = []

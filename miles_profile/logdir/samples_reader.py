@@ -107,10 +107,15 @@ def read_process_frames(run_dir: Path, warnings: list[str], finished: set | froz
     return frames
 
 
-def phase_named(phase: pd.Series) -> bool:
-    """Whether a `phase` column names a phase in any row (outside a phase it is empty)."""
+def rows_naming_a_phase(phase: pd.Series) -> pd.Series:
+    """Which rows of a `phase` column name a phase (outside a phase it is empty, or NaN once read)."""
     named = phase.astype(str)
-    return bool(((named != "") & (named != "nan")).any())
+    return (named != "") & (named != "nan")
+
+
+def phase_named(phase: pd.Series) -> bool:
+    """Whether a `phase` column names a phase in any row."""
+    return bool(rows_naming_a_phase(phase).any())
 
 
 def empty_samples() -> pd.DataFrame:
@@ -192,13 +197,6 @@ class ProcessSamples:
 
     def last_t(self) -> float | None:
         return max(float(f["t"].max()) for f in self.frames) if self.frames else None
-
-    def phase_and_pid(self) -> pd.DataFrame:
-        """phase (as text) and pid of every row, for completeness.warn_phases_without_events."""
-        if not self.frames:
-            return empty_samples()
-        return pd.DataFrame({"phase": np.concatenate([f["phase"].astype(str).to_numpy(object) for f in self.frames]),
-                             "pid": np.concatenate([f["pid"].to_numpy() for f in self.frames])})
 
 
 def _concat_by_time(frames: list[pd.DataFrame], release: bool = True) -> pd.DataFrame:

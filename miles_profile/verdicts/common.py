@@ -8,7 +8,7 @@ import numpy as np
 
 from miles_profile import names
 from miles_profile.logdir.completeness import why_no_events
-from miles_profile.logdir.samples_reader import phase_named
+from miles_profile.logdir.samples_reader import phase_named, rows_naming_a_phase
 from miles_profile.runmodel.series import DRIVER_KINDS, Track, device_track, host_track, process_samples
 from miles_profile.runmodel.stats import phase_instances
 from miles_profile.verdicts.resolution import resolution_of
@@ -197,8 +197,7 @@ def lost_phases(run) -> str | None:
                     f"it was recorded: {why_no_events(named)}")
     samples = run.samples
     if len(samples) and "phase" in samples and "pid" in samples:
-        named = samples["phase"].fillna("").astype(str)
-        labelled = set(samples.loc[(named != "") & (named != "nan"), "pid"].unique().tolist()) - have
+        labelled = set(samples.loc[rows_naming_a_phase(samples["phase"]), "pid"].unique().tolist()) - have
         if labelled:
             return (f"the samples of pid {min(labelled)} name phases but no phase of it was recorded: its events "
                     "file was emptied or lost its lines")

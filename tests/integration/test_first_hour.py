@@ -3,6 +3,7 @@ says what to do."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -22,6 +23,24 @@ def test_record_without_exec_says_add_exec_and_makes_no_run(tmp_path):
     assert len(lines) == 1 and "add --exec" in lines[0], done.stderr
     assert "record --exec -- python my_script.py --lr 1e-4" in lines[0]
     assert "Traceback" not in done.stderr and "unrecognized arguments" not in done.stderr
+    assert not logs.exists() or not any(logs.iterdir())
+
+
+def test_record_where_torch_cannot_import_says_use_exec_and_makes_no_run(tmp_path):
+    """A machine without torch (the recorder needs none): trainer flags get one line naming --exec."""
+    no_torch = tmp_path / "no_torch"
+    no_torch.mkdir()
+    (no_torch / "sitecustomize.py").write_text('import sys\nsys.modules["torch"] = None  # `import torch` fails\n')
+    env = python_env()
+    env["PYTHONPATH"] = os.pathsep.join([str(no_torch), env["PYTHONPATH"]])
+    logs = tmp_path / "logs"
+    done = subprocess.run([sys.executable, "-m", "miles_profile.record", "--log-dir", str(logs), "--",
+                           "--num-rollout", "1"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "the integrated trainer is not available" in lines[0], done.stderr
+    assert lines[0].endswith("use --exec") and "torch" in lines[0]
     assert not logs.exists() or not any(logs.iterdir())
 
 
