@@ -173,6 +173,7 @@ def main() -> int:
         rows = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
         tests = [json.loads(line) for line in tests_log.read_text().splitlines()] if tests_log.exists() else []
         if os.environ.get(KEEP_ENV):  # the raw logs, for a breakdown this summary does not print
+            Path(os.environ[KEEP_ENV]).mkdir(parents=True, exist_ok=True)
             for kept in (log, tests_log):
                 if kept.exists():
                     shutil.copy(kept, Path(os.environ[KEEP_ENV], kept.name))
