@@ -79,6 +79,76 @@ def browser():
         chromium.close()
 
 
+class WorkerPages:
+    """Chromium pages that a test worker's browser tests take in turn, one per kind: a report read offline
+    (`open_report`) and a dashboard (`dashboard_page`). A new page costs a renderer process and compiling
+    plotly.js again: a report load used 2.4 to 2.7 CPU-s of the machine in a new context, 0.7 to 1.4 in a
+    page navigated again (V8's compilation cache lives in the renderer; `bench/page_open_cost.py --reuse`),
+    and the browser tests 281 -> 240 CPU-s (bench/tests_cpu_ab.py). A test that adds listeners or routes of
+    its own takes a page of its own; a module that keeps one page for its tests makes its own WorkerPages."""
+
+    def __init__(self, browser):
+        self.context = browser.new_context()
+        self.pages: dict[str, object] = {}
+        self.requests: list[str] = []  # the current report's attempts to reach the network (aborted)
+        self.errors: list[str] = []    # and its uncaught JavaScript errors
+
+    def page(self, kind: str, viewport: dict):
+        page = self.pages.get(kind)
+        if page is None or page.is_closed():
+            page = self.pages[kind] = self.context.new_page()
+            if kind == "report":  # a report must not need the network
+                page.route("http://*/**", self._block)
+                page.route("https://*/**", self._block)
+                page.on("pageerror", lambda exc: self.errors.append(str(exc)))
+        page.set_viewport_size(viewport)
+        return page
+
+    def open_report(self, html_path, width: int = 1400, height: int = 900):
+        """(page, requests, errors): the report drawn in the report page, offline; `requests` lists what it
+        tried to fetch (aborted), `errors` its uncaught JavaScript errors."""
+        page = self.page("report", {"width": width, "height": height})
+        self.requests.clear()
+        self.errors.clear()
+        page.goto(Path(html_path).as_uri())
+        page.wait_for_selector(".js-plotly-plot .main-svg", timeout=30_000)
+        return page, self.requests, self.errors
+
+    def _block(self, route):
+        self.requests.append(route.request.url)
+        route.abort()
+
+    def release(self, kind: str) -> None:
+        """After a test: its page blank (a dashboard stops polling; the renderer stays for the next test)."""
+        page = self.pages.get(kind)
+        if page is not None and not page.is_closed():
+            try:
+                page.goto("about:blank")
+            except Exception:  # a page the test broke: the next test gets a new one
+                page.close()
+
+
+@pytest.fixture(scope="session")
+def worker_pages(browser):
+    pages = WorkerPages(browser)
+    yield pages
+    pages.context.close()
+
+
+@pytest.fixture
+def open_report(worker_pages):
+    """open_report(html_path, width=1400, height=900) -> (page, requests, errors): WorkerPages.open_report."""
+    yield worker_pages.open_report
+    worker_pages.release("report")
+
+
+@pytest.fixture
+def dashboard_page(worker_pages):
+    """dashboard_page(viewport) -> this worker's dashboard page at that size (the test navigates it)."""
+    yield lambda viewport: worker_pages.page("dashboard", viewport)
+    worker_pages.release("dashboard")
+
+
 def pytest_configure(config):
     """Children of the tests get the signal dispositions of a terminal's foreground job. A suite started
     in the background (`nohup`, `cmd &` in a script) inherits SIGINT, SIGQUIT or SIGHUP ignored, and an

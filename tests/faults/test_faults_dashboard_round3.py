@@ -114,7 +114,7 @@ def test_the_timeline_points_to_the_fleet_view_only_where_the_fleet_panel_shows(
 
 @pytest.mark.browser
 @pytest.mark.slow
-def test_empty_processes_in_the_page_draw_the_timeline_and_name_no_hidden_view(browser, tmp_path):
+def test_empty_processes_in_the_page_draw_the_timeline_and_name_no_hidden_view(dashboard_page, tmp_path):
     """The issue's case in headless Chromium: with 5,000 empty processes the page said "5,001 processes: see
     the fleet view and its lanes above", and the ledger "open one in the fleet view", while the fleet panel
     was hidden (no phases, no GPU: no fleet). 300 processes take the same path past 16, in less time."""
@@ -124,19 +124,15 @@ def test_empty_processes_in_the_page_draw_the_timeline_and_name_no_hidden_view(b
     graph = "document.querySelector('#timeline-graph .js-plotly-plot')"
     with open(tmp_path / "stderr.txt", "w") as stderr, \
             dashboard_process(run.parent, stderr=stderr, timeout_s=120) as url:
-        context = browser.new_context(viewport={"width": 1400, "height": 1000})
+        page = dashboard_page({"width": 1400, "height": 1000})
+        page.goto(url)
+        drawn = f"{graph} && {graph}.data && {graph}.data.some(d => d.name === 'RSS')"
+        # the run-wide timeline of the process that recorded. (Not "drawn or a message": the page says
+        # "No run to show yet." until its run list arrives, and that once ended the wait.)
         try:
-            page = context.new_page()
-            page.goto(url)
-            drawn = f"{graph} && {graph}.data && {graph}.data.some(d => d.name === 'RSS')"
-            # the run-wide timeline of the process that recorded. (Not "drawn or a message": the page says
-            # "No run to show yet." until its run list arrives, and that once ended the wait.)
-            try:
-                page.wait_for_function(f"() => {drawn}", timeout=120_000)
-            except PlaywrightTimeout:
-                pytest.fail(f"no timeline; the page says: {page.locator('#timeline-message').inner_text()!r}")
-            assert not page.locator("#fleet-panel").is_visible()
-            assert "fleet view" not in page.locator("body").inner_text()  # the timeline's, the ledger's
-        finally:
-            context.close()
+            page.wait_for_function(f"() => {drawn}", timeout=120_000)
+        except PlaywrightTimeout:
+            pytest.fail(f"no timeline; the page says: {page.locator('#timeline-message').inner_text()!r}")
+        assert not page.locator("#fleet-panel").is_visible()
+        assert "fleet view" not in page.locator("body").inner_text()  # the timeline's, the ledger's
     assert "Traceback" not in (tmp_path / "stderr.txt").read_text()

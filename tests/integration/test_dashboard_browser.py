@@ -103,12 +103,10 @@ def server(logs, tmp_path_factory):
 
 
 @pytest.fixture
-def page(browser, server):
-    context = browser.new_context(viewport={"width": 1400, "height": 900})
-    page = context.new_page()
+def page(dashboard_page, server):
+    page = dashboard_page({"width": 1400, "height": 900})
     page.goto(server)
-    yield page
-    context.close()
+    return page
 
 
 def drawn(page, timeout_ms: int = 20_000) -> list:

@@ -81,13 +81,11 @@ def server(run_dir, tmp_path_factory):
 
 
 @pytest.fixture
-def page(browser, server):
+def page(dashboard_page, server):
     url, stderr_path = server
-    context = browser.new_context(viewport={"width": 1400, "height": 1000})
-    page = context.new_page()
+    page = dashboard_page({"width": 1400, "height": 1000})
     page.goto(url)
     yield page
-    context.close()
     assert "Traceback" not in stderr_path.read_text()
 
 
@@ -162,7 +160,7 @@ def test_a_heatmap_cell_click_opens_that_lane_at_that_phase(page, expected):
     assert page.evaluate(f"() => {GPU_GRAPH}.layout.title.text").startswith(first["label"])
 
 
-def test_the_fleet_view_follows_a_run_being_recorded(browser, tmp_path):
+def test_the_fleet_view_follows_a_run_being_recorded(dashboard_page, tmp_path):
     """Opened while two ranks record, the heatmap is redrawn as their phases land: it ends with every
     phase instance of the finished run (the polls ask for a redraw only when the run has new data)."""
     root = tmp_path / "logs"
@@ -175,8 +173,7 @@ def test_the_fleet_view_follows_a_run_being_recorded(browser, tmp_path):
         procs.append(subprocess.Popen([sys.executable, "-c", slow, "actor", str(MIB)], env=env, cwd=REPO))
     status = "document.querySelector('#fleet-status').innerText"
     with dashboard_process(root) as url:
-        context = browser.new_context(viewport={"width": 1400, "height": 1000})
-        page = context.new_page()
+        page = dashboard_page({"width": 1400, "height": 1000})
         page.goto(url)
         page.wait_for_function(f"() => {HEATMAP} && {HEATMAP}._fullData && {HEATMAP}._fullData.length",
                                timeout=30_000)
@@ -187,10 +184,9 @@ def test_the_fleet_view_follows_a_run_being_recorded(browser, tmp_path):
         wanted = f"{len(final.table):,} phase instances"
         assert wanted not in first, first  # drawn before the run ended ...
         page.wait_for_function(f"() => {status}.includes({wanted!r})", timeout=30_000)  # ... and redrawn after
-        context.close()
 
 
-def test_past_16_processes_the_ledger_follows_the_gpu_opened(browser, tmp_path):
+def test_past_16_processes_the_ledger_follows_the_gpu_opened(dashboard_page, tmp_path):
     """A 32-process GPU run in the real format (bench writer): the ledger panel asks for a GPU; once an
     outlier's GPU is open, its button draws that GPU's ledger, not the fleet's."""
     from bench.bench_fleet_visualize import write_run
@@ -200,8 +196,7 @@ def test_past_16_processes_the_ledger_follows_the_gpu_opened(browser, tmp_path):
     label = view.matrix.lanes.set_index("lane").loc[first["lane"], "label"]
     ledger_graph = "document.querySelector('#ledger-graph .js-plotly-plot')"
     with dashboard_process(run_dir.parent) as url:
-        context = browser.new_context(viewport={"width": 1400, "height": 1000})
-        page = context.new_page()
+        page = dashboard_page({"width": 1400, "height": 1000})
         page.goto(url)
         page.wait_for_selector("#ledger-section :text('open one in the fleet view')", timeout=60_000)
         page.wait_for_selector(".fleet-outlier", timeout=60_000)
@@ -215,4 +210,3 @@ def test_past_16_processes_the_ledger_follows_the_gpu_opened(browser, tmp_path):
         titles = page.evaluate(f"() => ({ledger_graph}.layout.annotations || []).map(a => a.text)")
         # one lane: the GPU opened, named as the fleet view names it (node0:gpu5), not by its UUID
         assert len(titles) == 1 and titles[0].startswith(f"{label}:"), (titles, label)
-        context.close()

@@ -34,7 +34,7 @@ def samples_shown(page) -> int:
 
 
 @contextlib.contextmanager
-def _recording(browser, tmp_path, finished_run: Path | None = None, rounds: int = 14):
+def _recording(dashboard_page, tmp_path, finished_run: Path | None = None, rounds: int = 14):
     """A dashboard on an empty log dir (or one holding a copy of `finished_run`), a page open on it,
     and then a real recorder writing a new run into that dir."""
     logs = tmp_path / "logs"
@@ -42,9 +42,8 @@ def _recording(browser, tmp_path, finished_run: Path | None = None, rounds: int 
     if finished_run is not None:
         shutil.copytree(finished_run, logs / finished_run.name)
     stderr_path = tmp_path / "dashboard-stderr.txt"
-    context = browser.new_context(viewport={"width": 1400, "height": 900})
     with open(stderr_path, "w") as stderr, dashboard_process(logs, stderr=stderr) as url:
-        page = context.new_page()
+        page = dashboard_page({"width": 1400, "height": 900})
         page.goto(url)
         page.wait_for_selector(".runs-empty" if finished_run is None else "#runs-list .runs-item")
         child = subprocess.Popen(
@@ -57,15 +56,14 @@ def _recording(browser, tmp_path, finished_run: Path | None = None, rounds: int 
             if child.poll() is None:
                 child.terminate()
             child.wait(timeout=30)
-            context.close()
     assert "Traceback" not in stderr_path.read_text()
 
 
 @pytest.fixture
-def recorder_and_page(browser, tmp_path):
+def recorder_and_page(dashboard_page, tmp_path):
     # 30 rounds: the run must still be recording when the zoomed view is checked for growth; with 14 it
     # ended first under a full suite's load (twice on 2026-12-04), and a finished run stops growing
-    with _recording(browser, tmp_path, rounds=30) as fixture:
+    with _recording(dashboard_page, tmp_path, rounds=30) as fixture:
         yield fixture
 
 
@@ -113,8 +111,8 @@ COMPARE_POINTS_JS = """() => { const g = document.querySelector('#compare-graph 
 
 
 @pytest.mark.slow
-def test_a_comparison_with_a_recording_run_grows_with_it(browser, tmp_path, artifacts):
-    with _recording(browser, tmp_path, REPO / "sample_logs" / "cpu", rounds=40) as (logs, page, child):
+def test_a_comparison_with_a_recording_run_grows_with_it(dashboard_page, tmp_path, artifacts):
+    with _recording(dashboard_page, tmp_path, REPO / "sample_logs" / "cpu", rounds=40) as (logs, page, child):
         page.wait_for_selector("#runs-list .badge-live", timeout=8_000)  # appears beside the finished run
         live = page.locator("#runs-list .runs-item:has(.badge-live) .runs-id").inner_text()
         page.click("#compare-runs")

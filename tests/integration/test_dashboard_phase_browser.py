@@ -16,12 +16,12 @@ PHASE_BANDS_JS = """() => { const g = document.querySelector('#timeline-graph .j
   return [...new Set(g._fullData.filter(d => d.legendgroup === 'phases' || (d.name || '').match(/^(on|off)load_|^train$|^generate$|^update_weights$/)).map(d => d.name))]; }"""
 
 
-def test_the_page_shows_and_judges_only_the_selected_phases(browser, tmp_path, artifacts):
+def test_the_page_shows_and_judges_only_the_selected_phases(dashboard_page, tmp_path, artifacts):
     shutil.copytree(REPO / "sample_logs/h200/4-both", tmp_path / "logs" / "4-both")
     stderr_path = tmp_path / "stderr.txt"
     with open(stderr_path, "w") as stderr, dashboard_process(tmp_path / "logs", stderr=stderr,
                                                              args=["--phase", "offload"]) as url:
-        page = browser.new_context(viewport={"width": 1400, "height": 900}).new_page()
+        page = dashboard_page({"width": 1400, "height": 900})
         page.goto(url)
         page.wait_for_selector("#checks-list .checks-item")
         checks = page.locator("#checks-list").inner_text()

@@ -11,13 +11,13 @@ from tests.conftest import REPO
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 
-def test_the_dashboard_fits_1440_px_with_every_verdict_visible(browser, tmp_path, artifacts):
+def test_the_dashboard_fits_1440_px_with_every_verdict_visible(dashboard_page, tmp_path, artifacts):
     """9-dist-engine-server: the peak's long detail line pushed the offload table, and its pass badges,
     to 1,494 px."""
     shutil.copytree(REPO / "sample_logs/h200/9-dist-engine-server", tmp_path / "logs" / "9-dist-engine-server")
     stderr_path = tmp_path / "stderr.txt"
     with open(stderr_path, "w") as stderr, dashboard_process(tmp_path / "logs", stderr=stderr) as url:
-        page = browser.new_context(viewport={"width": 1440, "height": 900}).new_page()
+        page = dashboard_page({"width": 1440, "height": 900})
         page.goto(url)
         page.wait_for_selector(".summary-offloads .badge")
         page.wait_for_selector("#fleet-status:not(:empty)", timeout=60_000)

@@ -112,16 +112,10 @@ def test_lanes_option_and_lazy_samples(fleet_run, tmp_path, monkeypatch, capsys)
 
 
 @pytest.mark.browser
-def test_outlier_link_zooms_its_lane_offline(fleet_run, tmp_path, browser):
+def test_outlier_link_zooms_its_lane_offline(fleet_run, tmp_path, open_report):
     out = tmp_path / "r.html"
     visualize.main([str(fleet_run), "-o", str(out)])
-    page = browser.new_page(viewport={"width": 1300, "height": 900})
-    requests = []
-    page.route("http://*/**", lambda route: (requests.append(route.request.url), route.abort()))
-    page.route("https://*/**", lambda route: (requests.append(route.request.url), route.abort()))
-    errors = []
-    page.on("pageerror", lambda exc: errors.append(str(exc)))
-    page.goto(out.as_uri())
+    page, requests, errors = open_report(out, width=1300)
     page.wait_for_selector("#lane-fig-0-1 .main-svg", timeout=30_000)
     link = page.locator("a.lane-link").first
     target, t0, t1 = (link.get_attribute(a) for a in ("data-target", "data-t0", "data-t1"))
@@ -131,7 +125,6 @@ def test_outlier_link_zooms_its_lane_offline(fleet_run, tmp_path, browser):
     assert shown[0] < float(t0) < float(t1) < shown[1] and shown[1] - shown[0] < 3 * (float(t1) - float(t0)) + 1.1
     assert page.evaluate("() => location.hash") == "#" + target.replace("lane-fig-", "lane-")
     assert not errors and not requests
-    page.close()
 
 
 def test_used_from_host_samples_and_proc_from_gpu_procs(tmp_path):

@@ -228,45 +228,39 @@ VIEWPORT = {"width": 1500, "height": 1000}
 
 @pytest.mark.browser
 def test_the_report_and_the_dashboard_show_the_death_first_and_its_link_zooms_to_the_seconds_before(
-        killed, browser, tmp_path):
+        killed, open_report, dashboard_page, tmp_path):
     import shutil
 
     from dashboards.serve import dashboard_process
     out, js = tmp_path / "r.html", tmp_path / "r.json"
     visualize([str(killed[1]), "-o", str(out), "--json", str(js)])
     death = json.loads(js.read_text())["runs"][0]["summary"]["killed"][0]
-    page = browser.new_page(viewport=VIEWPORT)
-    try:
-        page.goto(out.as_uri())
-        page.wait_for_selector("#timeline-0 .main-svg")
-        # the HTML header says what --json and the dashboard say: WARN, exit 0 (1 with --strict)
-        assert page.locator("#overall").get_attribute("data-status") == "warn"
-        assert "1 with --strict" in page.locator("#overall-exit").inner_text()
-        killed_box = page.locator("#run-killed").bounding_box()
-        verdict_box = page.locator("#run-summary .summary-verdict").bounding_box()
-        assert killed_box["y"] + killed_box["height"] <= verdict_box["y"] <= VIEWPORT["height"]
-        assert page.locator("#run-killed li[data-cause]").first.get_attribute("data-pid") == str(death["pid"])
-        page.locator("#run-killed a.zoom-link").first.click()
-        shown = page.evaluate("() => document.getElementById('timeline-0').layout.xaxis.range")
-        t0 = float(page.locator("#run-killed a.zoom-link").first.get_attribute("data-t0"))
-        t1 = float(page.locator("#run-killed a.zoom-link").first.get_attribute("data-t1"))
-        assert t1 - t0 == pytest.approx(death["window_s"]) and shown[0] < t0 < t1 < shown[1]
-    finally:
-        page.close()
+    page, requests, errors = open_report(out, **VIEWPORT)
+    assert not errors and not requests
+    page.wait_for_selector("#timeline-0 .main-svg")
+    # the HTML header says what --json and the dashboard say: WARN, exit 0 (1 with --strict)
+    assert page.locator("#overall").get_attribute("data-status") == "warn"
+    assert "1 with --strict" in page.locator("#overall-exit").inner_text()
+    killed_box = page.locator("#run-killed").bounding_box()
+    verdict_box = page.locator("#run-summary .summary-verdict").bounding_box()
+    assert killed_box["y"] + killed_box["height"] <= verdict_box["y"] <= VIEWPORT["height"]
+    assert page.locator("#run-killed li[data-cause]").first.get_attribute("data-pid") == str(death["pid"])
+    page.locator("#run-killed a.zoom-link").first.click()
+    shown = page.evaluate("() => document.getElementById('timeline-0').layout.xaxis.range")
+    t0 = float(page.locator("#run-killed a.zoom-link").first.get_attribute("data-t0"))
+    t1 = float(page.locator("#run-killed a.zoom-link").first.get_attribute("data-t1"))
+    assert t1 - t0 == pytest.approx(death["window_s"]) and shown[0] < t0 < t1 < shown[1]
     logs = tmp_path / "logs"
     shutil.copytree(killed[1], logs / killed[1].name)
     with dashboard_process(logs) as url:
-        page = browser.new_page(viewport=VIEWPORT)
-        try:
-            page.goto(url)
-            page.wait_for_selector("#summary-killed", timeout=60_000)
-            text = page.locator("#summary-killed").inner_text()
-            assert "killed by SIGKILL in train of iteration 2" in text
-            assert page.locator("#summary-killed").bounding_box()["y"] < page.locator("#summary-status").bounding_box()["y"]
-            assert page.locator("#summary-status").get_attribute("data-status") == "warn"  # as --json says
-            assert "badge-warn" in page.locator("#summary-status").get_attribute("class")
-        finally:
-            page.close()
+        page = dashboard_page(VIEWPORT)
+        page.goto(url)
+        page.wait_for_selector("#summary-killed", timeout=60_000)
+        text = page.locator("#summary-killed").inner_text()
+        assert "killed by SIGKILL in train of iteration 2" in text
+        assert page.locator("#summary-killed").bounding_box()["y"] < page.locator("#summary-status").bounding_box()["y"]
+        assert page.locator("#summary-status").get_attribute("data-status") == "warn"  # as --json says
+        assert "badge-warn" in page.locator("#summary-status").get_attribute("class")
 
 
 def test_a_kill_9_of_record_itself_cuts_the_run_and_warns(tmp_path):

@@ -12,31 +12,24 @@ from tests.conftest import REPO
 pytestmark = pytest.mark.slow
 
 
-def _drawn(browser, page_file):
-    context = browser.new_context(viewport={"width": 1440, "height": 900})
-    try:
-        page = context.new_page()
-        errors = []
-        page.on("pageerror", lambda error: errors.append(str(error)))
-        page.goto(page_file.as_uri())
-        for summary in page.locator("details.run-fold > summary").all():
-            summary.click()
-        figures = page.locator(".plotly-graph-div")
-        page.wait_for_function("n => document.querySelectorAll('.plotly-graph-div .main-svg').length >= n",
-                               arg=figures.count(), timeout=60_000)
-        # a trace type the build lacks still gets an svg, and plotly.js makes that trace an invisible scatter
-        drawn = page.evaluate("[...document.querySelectorAll('.plotly-graph-div')].filter(d => d.querySelector('.main-svg')"
-                              " && d._fullData && d._fullData.length === d.data.length"
-                              " && d._fullData.every(t => t.type === (d.data[t.index].type || 'scatter'))).length")
-        return figures.count(), drawn, page.evaluate("Plotly.version"), errors
-    finally:
-        context.close()
+def _drawn(open_report, page_file):
+    page, _, errors = open_report(page_file, width=1440)
+    for summary in page.locator("details.run-fold > summary").all():
+        summary.click()
+    figures = page.locator(".plotly-graph-div")
+    page.wait_for_function("n => document.querySelectorAll('.plotly-graph-div .main-svg').length >= n",
+                           arg=figures.count(), timeout=60_000)
+    # a trace type the build lacks still gets an svg, and plotly.js makes that trace an invisible scatter
+    drawn = page.evaluate("[...document.querySelectorAll('.plotly-graph-div')].filter(d => d.querySelector('.main-svg')"
+                          " && d._fullData && d._fullData.length === d.data.length"
+                          " && d._fullData.every(t => t.type === (d.data[t.index].type || 'scatter'))).length")
+    return figures.count(), drawn, page.evaluate("Plotly.version"), list(errors)
 
 
 @pytest.mark.parametrize("logs", ["h200", "h200-tms-dist", "cpu"])
-def test_every_figure_of_a_cartesian_report_is_drawn(browser, tmp_path, logs):
+def test_every_figure_of_a_cartesian_report_is_drawn(open_report, tmp_path, logs):
     out = tmp_path / "r.html"
     visualize(VisualizeOptions([str(REPO / "sample_logs" / logs)], output=str(out)), echo=lambda _: None)
     assert "plotly.js (cartesian - minified)" in out.read_text()[:20_000]
-    figures, drawn, version, errors = _drawn(browser, out)
+    figures, drawn, version, errors = _drawn(open_report, out)
     assert figures >= 3 and drawn == figures and version and errors == [], (figures, drawn, errors)

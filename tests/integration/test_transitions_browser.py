@@ -15,7 +15,6 @@ from miles_profile.report.transitions_html import METER_COLUMNS, meter_rows
 from miles_profile.runmodel.whatif import whatif
 from miles_profile.visualize import main
 from tests.conftest import REPO
-from test_visualize_browser import _open_offline
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -30,22 +29,19 @@ def report(tmp_path_factory) -> tuple[Path, dict]:
     return out / "report.html", json.loads((out / "report.json").read_text())["runs"][0]
 
 
-def test_report_shows_the_meter_and_the_whatif_below_the_timeline(browser, artifacts, report):
-    page, requests, errors = _open_offline(browser, report[0])
-    try:
-        assert not errors and not requests
-        summary, moving, timeline = (page.locator(s).bounding_box() for s in ("#run-summary", "#moving", "#timeline-0"))
-        # after the timeline and the checks: the first screen is the summary and where the peak is
-        assert summary["y"] < timeline["y"] < moving["y"]
-        expected = [[r[k] for k, _ in METER_COLUMNS] for r in meter_rows(transitions(load_run(LOG)))]
-        assert page.evaluate(ROWS, "#moving-table") == expected
-        assert "ceiling not measured" in page.locator("#moving-table").inner_text()  # this log has no calibration
-        assert page.locator(".share-bar span").count() >= 5
-        kv = page.locator('#whatif-table tr[data-offload="offload_kv"][data-category="kv_cache"]')
-        assert kv.get_attribute("data-fits") == "fits" and "onload_kv" in kv.inner_text()
-        page.locator("#moving").screenshot(path=str(artifacts / "transitions-report.png"))
-    finally:
-        page.close()
+def test_report_shows_the_meter_and_the_whatif_below_the_timeline(open_report, artifacts, report):
+    page, requests, errors = open_report(report[0])
+    assert not errors and not requests
+    summary, moving, timeline = (page.locator(s).bounding_box() for s in ("#run-summary", "#moving", "#timeline-0"))
+    # after the timeline and the checks: the first screen is the summary and where the peak is
+    assert summary["y"] < timeline["y"] < moving["y"]
+    expected = [[r[k] for k, _ in METER_COLUMNS] for r in meter_rows(transitions(load_run(LOG)))]
+    assert page.evaluate(ROWS, "#moving-table") == expected
+    assert "ceiling not measured" in page.locator("#moving-table").inner_text()  # this log has no calibration
+    assert page.locator(".share-bar span").count() >= 5
+    kv = page.locator('#whatif-table tr[data-offload="offload_kv"][data-category="kv_cache"]')
+    assert kv.get_attribute("data-fits") == "fits" and "onload_kv" in kv.inner_text()
+    page.locator("#moving").screenshot(path=str(artifacts / "transitions-report.png"))
 
 
 def test_json_carries_the_same_numbers(report):
@@ -61,23 +57,19 @@ def test_json_carries_the_same_numbers(report):
     assert data["whatif"]["total"] == 150754820096 and kv["fits"] == "fits"
 
 
-def test_dashboard_panel_shows_the_reports_rows(browser, artifacts, tmp_path):
+def test_dashboard_panel_shows_the_reports_rows(dashboard_page, artifacts, tmp_path):
     shutil.copytree(LOG, tmp_path / LOG.name)
     expected = [[r[k] for k, _ in METER_COLUMNS] for r in meter_rows(transitions(load_run(LOG)))]
     with dashboard_process(tmp_path) as url:
-        context = browser.new_context(viewport={"width": 1400, "height": 1000})
-        page = context.new_page()
-        try:
-            page.goto(url)
-            page.wait_for_selector("#moving-table td", timeout=60_000)
-            cells = page.evaluate("() => [...document.querySelectorAll('#moving-table tbody tr')]"
-                                  ".map(tr => [...tr.querySelectorAll('td')].map(c => c.innerText.trim()))"
-                                  ".filter(r => r.length)")
-            assert cells == expected
-            assert "ceiling not measured" in page.locator("#moving-ceilings").inner_text()
-            assert page.locator("#moving-whatif-table td").count() > 0
-            assert float(page.locator("#moving-share").get_attribute("data-share")) == pytest.approx(
-                transitions(load_run(LOG)).share, abs=1e-4)
-            page.locator("#moving-section").screenshot(path=str(artifacts / "transitions-dashboard.png"))
-        finally:
-            context.close()
+        page = dashboard_page({"width": 1400, "height": 1000})
+        page.goto(url)
+        page.wait_for_selector("#moving-table td", timeout=60_000)
+        cells = page.evaluate("() => [...document.querySelectorAll('#moving-table tbody tr')]"
+                              ".map(tr => [...tr.querySelectorAll('td')].map(c => c.innerText.trim()))"
+                              ".filter(r => r.length)")
+        assert cells == expected
+        assert "ceiling not measured" in page.locator("#moving-ceilings").inner_text()
+        assert page.locator("#moving-whatif-table td").count() > 0
+        assert float(page.locator("#moving-share").get_attribute("data-share")) == pytest.approx(
+            transitions(load_run(LOG)).share, abs=1e-4)
+        page.locator("#moving-section").screenshot(path=str(artifacts / "transitions-dashboard.png"))

@@ -87,13 +87,9 @@ def visualize(run: Path, out: Path, *args: str) -> tuple[int, dict, str]:
     return done.returncode, json.loads(json_path.read_text()), html_path.read_text()
 
 
-def header_status(browser, html_path: Path) -> str:
-    page = browser.new_page()
-    try:
-        page.goto(html_path.as_uri())
-        return page.locator("#overall").get_attribute("data-status")
-    finally:
-        page.close()
+def header_status(open_report, html_path: Path) -> str:
+    page, _, _ = open_report(html_path)
+    return page.locator("#overall").get_attribute("data-status")
 
 
 @pytest.fixture(scope="module")
@@ -121,7 +117,7 @@ def dashboard_checks(page, run_id: str, expected: list) -> list[tuple[str, str]]
 
 
 @pytest.mark.parametrize("which", ["single", "fleet"])
-def test_dashboard_checks_equal_visualize_json(page, runs, which, tmp_path, browser):
+def test_dashboard_checks_equal_visualize_json(page, runs, which, tmp_path, open_report):
     code, data, _ = visualize(runs[which], tmp_path / "report")
     (run,) = data["runs"]
     expected = [(c["name"], c["status"]) for c in run["checks"]]
@@ -132,13 +128,13 @@ def test_dashboard_checks_equal_visualize_json(page, runs, which, tmp_path, brow
     shown = dashboard_checks(page, runs[which].name, expected)
     assert sorted(shown) == sorted(expected)
     assert shown[0][1] == "fail"  # failures first
-    assert header_status(browser, tmp_path / "report.html") == "fail"
+    assert header_status(open_report, tmp_path / "report.html") == "fail"
 
 
-def test_html_header_is_the_exit_code_with_a_failing_gate(runs, tmp_path, browser):
+def test_html_header_is_the_exit_code_with_a_failing_gate(runs, tmp_path, open_report):
     code, data, _ = visualize(runs["big"], tmp_path / "alone")
     assert code == 0 and data["status"] != "fail"
-    assert header_status(browser, tmp_path / "alone.html") == data["status"]
+    assert header_status(open_report, tmp_path / "alone.html") == data["status"]
     # 128 MiB against 32 MiB: +300%, over 5% and 0 bytes; the checks themselves still pass
     code, data, _ = visualize(runs["big"], tmp_path / "gated", "--baseline", str(runs["small"]),
                               "--baseline-threshold", "5%,0")
@@ -146,4 +142,4 @@ def test_html_header_is_the_exit_code_with_a_failing_gate(runs, tmp_path, browse
     assert all(c["status"] != "fail" for c in run["checks"])
     assert code == 1 and data["exit_code"] == 1 and run["gates"][0]["status"] == "fail"
     assert run["baseline"]["status"] == "fail"  # the key CI scripts read is kept
-    assert header_status(browser, tmp_path / "gated.html") == "fail"
+    assert header_status(open_report, tmp_path / "gated.html") == "fail"

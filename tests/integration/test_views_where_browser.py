@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.conftest import REPO
-from test_visualize_browser import _open_offline
+from tests.conftest import REPO, WorkerPages
 
 pytestmark = pytest.mark.browser
 
@@ -24,9 +23,9 @@ BAR_WIDTHS = """(id) => { const g = document.getElementById(id); const xa = g._f
 def h200_page(browser, h200_report):
     """One page on the H200 report for the module's tests: loading it is most of their cost (~7 CPU-s of
     Chromium a load). Each test leaves it as it found it (the folds it opened closed, scrolled to the top)."""
-    page, requests, errors = _open_offline(browser, h200_report, width=1500)
-    yield page, requests, errors
-    page.close()
+    pages = WorkerPages(browser)  # the module's own page, kept on this report from test to test
+    yield pages.open_report(h200_report, width=1500)
+    pages.context.close()
 
 
 def _close_and_go_to_the_top(page, run: str) -> None:
