@@ -12,8 +12,9 @@ the same with another build (e.g. npm's plotly.js-cartesian-dist-min of the same
 `open_report` (tests/conftest.py WorkerPages) does: the renderer process and V8's compilation of plotly.js
 are kept from one report to the next.
 
-Why: the suite opens about 124 pages (tests/conftest.py `browser`), and most of a report page's cost is
-Plotly's JavaScript bundle (docs/benchmarks.md, Round 8): compare a report with a page holding only the
+Why: the suite's browser tests open reports and dashboards again and again (a full run started 135 Chromium
+renderer processes before they took their worker's page, 29 after: docs/benchmarks.md, Round 15), and most
+of a report page's cost is Plotly's JavaScript bundle (Round 8): compare a report with a page holding only the
 bundle and one small figure.
 """
 from __future__ import annotations
