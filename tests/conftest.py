@@ -128,6 +128,14 @@ class WorkerPages:
                 page.close()
 
 
+def table_cells(page, table: str, cells: str = "th, td") -> list[list[str]]:
+    """The text of the `cells` of every body row of the HTML table at CSS selector `table`, rows with none left
+    out (`cells="td"`: a Dash DataTable, whose header row sits in its body as `th`)."""
+    return page.evaluate("([sel, cells]) => [...document.querySelectorAll(sel + ' tbody tr')]"
+                         ".map(tr => [...tr.querySelectorAll(cells)].map(c => c.innerText.trim()))"
+                         ".filter(r => r.length)", [table, cells])
+
+
 @pytest.fixture(scope="session")
 def worker_pages(browser):
     pages = WorkerPages(browser)

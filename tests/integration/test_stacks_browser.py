@@ -10,9 +10,9 @@ from miles_profile.runmodel.stacks import MEMORY_VIZ_URL, stacks_of
 from miles_profile.report.stacks_html import SITE_COLUMNS, site_rows
 from miles_profile.visualize import main
 from test_stacks_record import record_run_with_snapshot
+from tests.conftest import table_cells
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
-ROWS = "(sel) => [...document.querySelectorAll(sel + ' tbody tr')].map(tr => [...tr.cells].map(c => c.innerText.trim()))"
 
 
 def test_report_and_dashboard_show_the_same_sites(open_report, dashboard_page, artifacts, tmp_path):
@@ -24,7 +24,7 @@ def test_report_and_dashboard_show_the_same_sites(open_report, dashboard_page, a
     assert main([str(run_dir), "-o", str(out)]) == 0
     page, requests, errors = open_report(out)
     assert not errors and not requests
-    assert page.evaluate(ROWS, "#stacks-table-0-0") == expected
+    assert table_cells(page, "#stacks-table-0-0") == expected
     section = page.locator("#stacks").inner_text()
     assert "Which code made the peak" in section and MEMORY_VIZ_URL in section and "train #1" in section
     page.locator("#stacks").screenshot(path=str(artifacts / "stacks-report.png"))
@@ -32,9 +32,7 @@ def test_report_and_dashboard_show_the_same_sites(open_report, dashboard_page, a
         dash_page = dashboard_page({"width": 1400, "height": 1000})
         dash_page.goto(url)
         dash_page.wait_for_selector("#stacks-table-0-0 td", timeout=60_000)
-        cells = dash_page.evaluate("() => [...document.querySelectorAll('#stacks-table-0-0 tbody tr')]"
-                                   ".map(tr => [...tr.querySelectorAll('td')].map(c => c.innerText.trim()))"
-                                   ".filter(r => r.length)")
+        cells = table_cells(dash_page, "#stacks-table-0-0", "td")
         assert cells == expected
         assert MEMORY_VIZ_URL in dash_page.locator("#stacks-section").inner_text()
         dash_page.locator("#stacks-section").screenshot(path=str(artifacts / "stacks-dashboard.png"))

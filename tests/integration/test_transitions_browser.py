@@ -14,12 +14,11 @@ from miles_profile.runmodel.transitions import transitions
 from miles_profile.report.transitions_html import METER_COLUMNS, meter_rows
 from miles_profile.runmodel.whatif import whatif
 from miles_profile.visualize import main
-from tests.conftest import REPO
+from tests.conftest import REPO, table_cells
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 LOG = REPO / "sample_logs" / "h200" / "5-both-gpu-peak"
-ROWS = "(sel) => [...document.querySelectorAll(sel + ' tbody tr')].map(tr => [...tr.cells].map(c => c.innerText.trim()))"
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +35,7 @@ def test_report_shows_the_meter_and_the_whatif_below_the_timeline(open_report, a
     # after the timeline and the checks: the first screen is the summary and where the peak is
     assert summary["y"] < timeline["y"] < moving["y"]
     expected = [[r[k] for k, _ in METER_COLUMNS] for r in meter_rows(transitions(load_run(LOG)))]
-    assert page.evaluate(ROWS, "#moving-table") == expected
+    assert table_cells(page, "#moving-table") == expected
     assert "ceiling not measured" in page.locator("#moving-table").inner_text()  # this log has no calibration
     assert page.locator(".share-bar span").count() >= 5
     kv = page.locator('#whatif-table tr[data-offload="offload_kv"][data-category="kv_cache"]')
@@ -64,9 +63,7 @@ def test_dashboard_panel_shows_the_reports_rows(dashboard_page, artifacts, tmp_p
         page = dashboard_page({"width": 1400, "height": 1000})
         page.goto(url)
         page.wait_for_selector("#moving-table td", timeout=60_000)
-        cells = page.evaluate("() => [...document.querySelectorAll('#moving-table tbody tr')]"
-                              ".map(tr => [...tr.querySelectorAll('td')].map(c => c.innerText.trim()))"
-                              ".filter(r => r.length)")
+        cells = table_cells(page, "#moving-table", "td")
         assert cells == expected
         assert "ceiling not measured" in page.locator("#moving-ceilings").inner_text()
         assert page.locator("#moving-whatif-table td").count() > 0
