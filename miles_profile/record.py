@@ -201,7 +201,7 @@ def run_trainer(args: argparse.Namespace, trainer_args: list[str]) -> int:
     ranks = split_nproc(trainer_args)
     with trainer_importable():  # the trainer only when it runs: --exec needs neither it nor torch
         from trainer.args import check_flags
-    if "--plan" not in trainer_args:  # a flag error exits 2 here, before torch loads and before the run directory
+    if "--plan" not in trainer_args:  # a flag error exits 2 here, before torch loads and a run directory is made
         world_size, flags = ranks if ranks is not None else (None, trainer_args)
         check_flags(flags, world_size=world_size)
     if ranks is not None:
