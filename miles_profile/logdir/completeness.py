@@ -179,8 +179,7 @@ def collapse_repeats(warnings: list[str]) -> list[str]:
     return out
 
 
-def warn_phases_without_events(without_events: dict[str, int], warnings: list[str],
-                               names_a_phase=lambda pid: None) -> None:
+def warn_phases_without_events(without_events: dict[str, int], warnings: list[str], names_a_phase) -> None:
     """A process whose events file gave no event (emptied, cut before its first line) while its samples
     name phases: its phases, and every check of them, are missing from the report. `without_events`:
     stem -> the pid its samples carry; `names_a_phase(pid)`: whether those samples name a phase."""
@@ -204,8 +203,7 @@ def why_no_events(names_a_phase: bool | None) -> str:
     return "its samples name no phase: it ended before its first"
 
 
-def warn_planned_without_events(processes: list[dict], events, warnings: list[str],
-                                names_a_phase=lambda pid: None) -> None:
+def warn_planned_without_events(processes: list[dict], events, warnings: list[str], names_a_phase) -> None:
     """A process whose meta plans phases (the trainer's `forecast` annotation) and wrote no event at all:
     it ended before its first phase, or its events file was emptied or lost; a run judged without them
     would pass on nothing (issue 30). `names_a_phase(pid)`: whether its samples name a phase (None: unknown)."""
