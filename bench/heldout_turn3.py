@@ -119,21 +119,22 @@ def record(name: str, folder: str, argv: list[str], mode: str, cases: Path, logs
     return out
 
 
-def judge(path: Path, extra: list[str] = ()) -> tuple[int, dict[str, str]]:
+def judge(path: Path, extra: list[str] = ()) -> tuple[int, dict[str, str], str]:
+    """visualize's exit code, each check's worst status over the runs, and the overall status."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     with tempfile.TemporaryDirectory() as tmp:
         js = Path(tmp) / "v.json"
         proc = subprocess.run([PY, "-m", "miles_profile.visualize", str(path), "-o", str(Path(tmp) / "r.html"),
                                "--json", str(js), *extra], env=env, capture_output=True, text=True, timeout=600)
         if not js.exists():
-            return proc.returncode, {"error": proc.stderr.strip().splitlines()[-1:] and proc.stderr.strip().splitlines()[-1]}
+            return proc.returncode, {"error": proc.stderr.strip().splitlines()[-1:] and proc.stderr.strip().splitlines()[-1]}, "error"
         data = json.loads(js.read_text())
     statuses: dict[str, str] = {}
     for run in data["runs"]:
         for c in run["checks"]:
             prev = statuses.get(c["name"])
             statuses[c["name"]] = c["status"] if prev is None or c["status"] == "fail" else prev
-    return proc.returncode, statuses
+    return proc.returncode, statuses, data["status"]
 
 
 # A defect's consequences another check rightly fails on too: an engine that keeps its KV cache holds both
@@ -176,13 +177,15 @@ def main(argv=None) -> int:
                 continue
         if not path.exists():
             continue
-        code, statuses = judge(path)
+        code, statuses, overall = judge(path)
         failed = {k for k, v in statuses.items() if v == "fail"}
         warned = sorted(k for k, v in statuses.items() if v == "warn")
+        judged = sum(v in ("pass", "warn", "fail") for v in statuses.values())
         ok = matches(expected, failed)
         wrong += not ok
         print(f"{name:24} {','.join(sorted(expected)) or 'exit 0':34} {','.join(sorted(failed)) or 'exit 0':40} "
-              f"{'yes' if ok else 'NO '} exit {code} warn={','.join(warned)} ({time.monotonic() - t0:.0f} s)",
+              f"{'yes' if ok else 'NO '} exit {code} {overall.upper()} ({judged} checks judged) warn={','.join(warned)} "
+              f"({time.monotonic() - t0:.0f} s)",
               flush=True)
     if not args.keep and not args.judge_only:
         shutil.rmtree(work, ignore_errors=True)
