@@ -58,12 +58,13 @@ import pytest
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
-    t0, w0 = os.times(), time.monotonic()
+    t0, w0, started = os.times(), time.monotonic(), time.time()
     yield
     t1, w1 = os.times(), time.monotonic()
     cpu = sum(getattr(t1, k) - getattr(t0, k) for k in ("user", "system", "children_user", "children_system"))
     with open(os.environ["{TESTS_ENV}"], "a") as log:
-        log.write(json.dumps({{"test": item.nodeid, "wall_s": w1 - w0, "cpu_s": cpu}}) + "\\n")
+        log.write(json.dumps({{"test": item.nodeid, "wall_s": w1 - w0, "cpu_s": cpu, "start": started,
+                              "worker": os.environ.get("PYTEST_XDIST_WORKER", "main")}}) + "\\n")
 """
 
 
@@ -92,9 +93,11 @@ class MachineWatch(threading.Thread):
         self.seen: dict[tuple[str, str], list] = {}  # (pid, start tick) -> [CPU-s at first sight, latest, kind]
         self.started_tick = float(Path("/proc/uptime").read_text().split()[0]) * self.TICKS
         self.busy_at_start = busy_s()
+        self.timeline: list[tuple[float, float]] = []  # (time, the machine's busy CPU-s so far) at each scan
 
     def run(self) -> None:
         while True:
+            self.timeline.append((time.time(), busy_s()))
             self.scan()
             if self.stopped.wait(1.0):
                 self.scan()
@@ -196,7 +199,26 @@ def main() -> int:
         print(f"{cpu:8.1f} {cpu / total:6.1%} {count[kind]:6d} {with_torch[kind]:6d}  {kind}")
     watch.report()
     print_test_files(tests, total)
+    print_idle_stretches(watch.timeline, tests)
     return code
+
+
+def print_idle_stretches(timeline: list[tuple[float, float]], tests: list[dict], window_s: float = 30.0) -> None:
+    """Windows of the run where the machine's cores were not all busy, and the tests running then: where
+    the suite waits (a cluster starting, a poll's sleep, one worker left with a long group) rather than works."""
+    cores = os.cpu_count() or 1
+    print(f"suite_cpu: {window_s:.0f} s windows with the machine under {cores - 0.5:.1f} of {cores} cores busy, "
+          "and the tests running in them")
+    print(f"{'from s':>7} {'cores':>6}  tests running")
+    begin = timeline[0][0] if timeline else 0.0
+    for i in range(0, len(timeline) - 1, int(window_s)):
+        (t0, b0), (t1, b1) = timeline[i], timeline[min(i + int(window_s), len(timeline) - 1)]
+        busy = (b1 - b0) / max(t1 - t0, 1e-9)
+        if busy >= cores - 0.5:
+            continue
+        running = sorted({t["test"].split("[")[0].split("@")[0].rsplit("/", 1)[-1]
+                          for t in tests if "start" in t and t["start"] < t1 and t["start"] + t["wall_s"] > t0})
+        print(f"{t0 - begin:7.0f} {busy:6.2f}  {'; '.join(running)[:220]}")
 
 
 def print_test_files(tests: list[dict], total: float) -> None:
