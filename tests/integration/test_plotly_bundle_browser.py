@@ -17,8 +17,9 @@ def _drawn(open_report, page_file):
     for summary in page.locator("details.run-fold > summary").all():
         summary.click()
     figures = page.locator(".plotly-graph-div")
-    page.wait_for_function("n => document.querySelectorAll('.plotly-graph-div .main-svg').length >= n",
-                           arg=figures.count(), timeout=60_000)
+    # every figure drawn (plotly.js makes two .main-svg per figure: a count of them is met at half the figures)
+    page.wait_for_function("[...document.querySelectorAll('.plotly-graph-div')]"
+                           ".every(d => d.querySelector('.main-svg') && d._fullData)", timeout=60_000)
     # a trace type the build lacks still gets an svg, and plotly.js makes that trace an invisible scatter
     drawn = page.evaluate("[...document.querySelectorAll('.plotly-graph-div')].filter(d => d.querySelector('.main-svg')"
                           " && d._fullData && d._fullData.length === d.data.length"
