@@ -17,7 +17,7 @@ def _drawn(open_report, page_file):
     for summary in page.locator("details.run-fold > summary").all():
         summary.click()
     figures = page.locator(".plotly-graph-div")
-    # every figure drawn (plotly.js makes two .main-svg per figure: a count of them is met at half the figures)
+    # every figure drawn (plotly.js makes three .main-svg per figure: a count of them is met at a third of the figures)
     page.wait_for_function("[...document.querySelectorAll('.plotly-graph-div')]"
                            ".every(d => d.querySelector('.main-svg') && d._fullData)", timeout=60_000)
     # a trace type the build lacks still gets an svg, and plotly.js makes that trace an invisible scatter
