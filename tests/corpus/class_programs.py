@@ -10,9 +10,12 @@ case; tests/integration/test_verdict_classes.py records each under a plain `reco
     python tests/corpus/class_programs.py own_free_after  # the same, generate always right after offload_train
     python tests/corpus/class_programs.py planned      # a loop whose meta holds a forecast of its phases
     python tests/corpus/class_programs.py planned_then_failed  # the forecast written, then exit 1 before a phase
+    python tests/corpus/class_programs.py kept_mapping  # 24 MiB of anonymous mmap kept per iteration: outside malloc
+    python tests/corpus/class_programs.py kept_objects  # a list of 700,000 Python ints kept per iteration
 """
 from __future__ import annotations
 
+import mmap
 import sys
 import threading
 import time
@@ -157,6 +160,25 @@ def planned(iters: int = 6) -> None:
             time.sleep(0.1)
 
 
+def kept_per_iteration(kind: str, iters: int = 8) -> None:
+    """Memory kept every iteration that glibc's heap does not hold in full: `mapping`, 24 MiB of anonymous
+    memory mapped by hand (a library's own buffer), all outside malloc; `objects`, a list of 700,000 Python
+    ints (~25 MiB: the ints in Python's own arenas, the list's 5.6 MiB item array malloc'd)."""
+    kept = []
+    for it in range(iters):
+        with mp.phase("train", rollout_id=it):
+            if kind == "mapping":
+                buffer = mmap.mmap(-1, 24 * MiB)
+                buffer.write(b"\1" * (24 * MiB))  # every page touched: resident
+                kept.append(buffer)
+            else:
+                kept.append(list(range(it * 10 ** 6, it * 10 ** 6 + 700_000)))
+            time.sleep(0.3)
+        with mp.phase("eval", rollout_id=it):
+            time.sleep(0.2)
+    print("kept", len(kept))
+
+
 def planned_then_failed() -> None:
     """A rank that wrote its forecast and failed before its first phase (the trainer's rank asked for a
     GPU the host lacks): exit 1 after a second of samples."""
@@ -182,6 +204,8 @@ if __name__ == "__main__":
         planned()
     elif mode == "planned_then_failed":
         planned_then_failed()
+    elif mode in ("kept_mapping", "kept_objects"):
+        kept_per_iteration(mode.removeprefix("kept_"))
     elif mode == "swap_kept":
         _loop(4, keep_batches=False, swap_kept=True)
     else:

@@ -64,6 +64,23 @@ def test_a_reference_swapped_each_iteration_fails_every_offload_without_a_heap_f
     assert kind.failed == 4 and kind.freed < 0.2 * kind.declared, kind.text()
 
 
+def test_resident_growth_the_heap_does_not_hold_is_a_warning_naming_both_series(tmp_path):
+    # 24 MiB mapped by hand and kept per iteration: anonymous memory grows, glibc's heap in use does not. Glibc
+    # keeping freed memory looks the same (a healthy actor's thread arenas, +24 MiB/iteration): no failure.
+    verdict, checks = _judged(tmp_path, "kept_mapping")
+    leak = checks["leak"]
+    assert leak.status == "warn" and leak.findings[0].cause == "heap_flat", leak.summary
+    assert "heap in use" in leak.findings[0].message and "+24.0 MiB/iteration" in leak.findings[0].message
+    assert verdict.exit_code == 0
+
+
+def test_kept_python_objects_still_fail_leak_though_most_of_them_lie_outside_the_heap(tmp_path):
+    verdict, checks = _judged(tmp_path, "kept_objects")
+    leak = checks["leak"]
+    assert leak.status == "fail" and leak.findings[0].cause == "sustained_growth", leak.summary
+    assert verdict.exit_code == 1
+
+
 def test_the_healthy_twin_passes_with_heap_accounting_at_phase_boundaries(tmp_path):
     verdict, checks = _judged(tmp_path, "healthy")
     assert checks["offload_drop"].status == "pass" and "heap" in checks["offload_drop"].findings[0].series
