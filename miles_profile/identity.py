@@ -7,6 +7,7 @@ creates a CUDA context (hundreds of MiB on the device) of its own.
 from __future__ import annotations
 
 import os
+import re
 import socket
 import sys
 from typing import Any
@@ -34,6 +35,42 @@ def process_identity(default_role: str) -> dict[str, Any]:
     return {"rank": _env_int("RANK", 0), "local_rank": _env_int("LOCAL_RANK", 0),
             "world_size": _env_int("WORLD_SIZE", 1),
             "role": os.environ.get(ROLE_ENV) or default_role, "host": host_name()}
+
+
+# multiprocessing's own names for a process its program did not name
+_UNNAMED = re.compile(r"(Spawn|Fork|Forkserver)?(Process|PoolWorker)-\d+(:\d+)*")
+
+
+def python_process_name() -> str | None:
+    """A multiprocessing child's name: the one its program gave it, else its target function's (an actor and a
+    reference model started with torch.multiprocessing are `actor` and `reference`); None in a main process,
+    and for a target of multiprocessing's or torch's own (a pool's worker, mp.spawn's wrapper)."""
+    mp = sys.modules.get("multiprocessing")
+    try:
+        if mp is None or mp.parent_process() is None:
+            return None
+        process = mp.current_process()
+        if not _UNNAMED.fullmatch(process.name):
+            return process.name
+        target = getattr(process, "_target", None)  # the Process's function: kept as it was given
+        name, module = getattr(target, "__qualname__", None), getattr(target, "__module__", None) or ""
+        if not isinstance(name, str) or name.startswith("_") or module.split(".")[0] in ("multiprocessing", "torch"):
+            return None
+        return name
+    except Exception:  # an odd multiprocessing: the process is still recorded, unnamed
+        return None
+
+
+def distributed_rank() -> tuple[int, int] | None:
+    """(rank, world size) of torch.distributed's default group once the program has initialised it (never
+    imported here), else None: ranks started by mp.spawn get no RANK variable, so each said rank 0."""
+    dist = sys.modules.get("torch.distributed")
+    try:
+        if dist is not None and dist.is_available() and dist.is_initialized():
+            return int(dist.get_rank()), int(dist.get_world_size())
+    except Exception:
+        pass
+    return None
 
 
 def _uuid_text(value: Any) -> str:

@@ -21,7 +21,8 @@ from typing import Any, Iterable
 from miles_profile import host_sampler, names, stacks as stack_history
 from miles_profile.cluster.identity import ray_identity
 from miles_profile.errors import MilesProfileError
-from miles_profile.identity import RUN_ID_ENV, cuda_identity, host_name, process_identity
+from miles_profile.identity import (RUN_ID_ENV, cuda_identity, distributed_rank, host_name, process_identity,
+                                    python_process_name)
 from miles_profile.logdir.layout import new_run_dir, process_stem
 from miles_profile.logdir.writer import (
     EventWriter, SampleWriter, WriteFaults, write_process_meta, write_run_meta,
@@ -187,6 +188,11 @@ class Recorder:
             self._identity["role"] = "exec_parent"
         else:  # a Ray worker says which node, job, actor and bundle it is (cluster/identity.py)
             self._identity.update(ray_identity() or {})
+            name = python_process_name()
+            if name:
+                self._identity["process_name"] = name
+        # torchrun's RANK says it; else torch.distributed once initialised (noted at a phase's begin)
+        self._rank_noted = child_pid is not None or "RANK" in os.environ
         self._run_id = run_id
         self._host_sampling = host_sampling  # take part in the election of the host sampler
         self._host: host_sampler.HostSampler | None = None
@@ -400,6 +406,7 @@ class Recorder:
         # Before the "before" row: a process without the host role reads NVML only for its own GPU, known
         # once CUDA is noted, and the first phase after CUDA init needs that reading before it.
         self._note_cuda()
+        self._note_rank()
         skip = self._boundary_skip(light)
         t = self._guarded("samples", sampler.sample, then=opened, skip=skip)  # the "before" row, in the enclosing phase
         if t is None:  # the row failed before `opened` ran
@@ -494,6 +501,17 @@ class Recorder:
         self._meta.update(found)
         if write:
             self._write_meta()
+
+    def _note_rank(self) -> None:
+        """Ranks started without RANK (mp.spawn) take theirs from torch.distributed once it is initialised."""
+        if self._rank_noted:
+            return
+        found = distributed_rank()
+        if found is None:
+            return
+        self._rank_noted = True
+        self._meta["rank"], self._meta["world_size"] = found
+        self._write_meta()
 
     def _own_gpu(self) -> tuple[int, ...]:
         """The CUDA index of this process's GPU once it has initialised CUDA (else none)."""

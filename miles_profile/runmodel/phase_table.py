@@ -89,6 +89,7 @@ def _process_info(run) -> dict[tuple[str, int], dict[str, Any]]:
             if uuid and uuid not in totals:
                 totals[uuid] = (float(g.get("total") or np.nan), int(g.get("index", -1)))
     info = {}
+    alone = _alone_in_a_world_of_one(run)
     for p in run.processes:
         host = str(p.get("host") or run.meta.get("host") or "")
         uuid = p.get("gpu_uuid") or _uuid_from_columns(p, run.devices)
@@ -98,10 +99,23 @@ def _process_info(run) -> dict[tuple[str, int], dict[str, Any]]:
             # a Ray actor outside any process group is "rank 0" of its own: two of them (a policy and a
             # reference) shared one host lane, their RSS summed (0.84 GiB) beside the report's 0.50 GiB peak
             rank = -1
+        if (host, int(p.get("pid", -1))) in alone:
+            rank = -1
         info[(host, int(p.get("pid", -1)))] = dict(
             rank=int(rank) if isinstance(rank, int) else -1, role=str(p.get("role") or ""), gpu_uuid=uuid,
             gpu_total=total, gpu_index=index)
     return info
+
+
+def _alone_in_a_world_of_one(run) -> set[tuple[str, int]]:
+    """Processes of a host that each say rank 0 of a world of one with no role of their own (an actor and
+    a reference model started by torch.multiprocessing, two programs under one `record --exec`), where
+    there are several: none is a rank, so each gets a lane of its own. They shared one, their RSS summed."""
+    by_host: dict[str, list[int]] = {}
+    for p in run.processes:
+        if p.get("role") in (None, "", "in_process") and p.get("world_size") in (None, 1):
+            by_host.setdefault(str(p.get("host") or run.meta.get("host") or ""), []).append(int(p.get("pid", -1)))
+    return {(host, pid) for host, pids in by_host.items() if len(pids) > 1 for pid in pids}
 
 
 def _uuid_from_columns(process: dict, devices: list[dict]) -> str:

@@ -32,16 +32,20 @@ _RATIOS = (("growth", "limit"), ("spike", "limit"), ("resident", "limit"), ("ris
 
 
 def _who(meta: dict) -> str:
-    """The role in words, or a Ray actor's class where the program named no role: a policy and a reference
-    actor of one job were both "trainer rank 0" (each Ray worker is rank 0 of its own)."""
-    actor = meta.get("ray_actor_class")
-    if isinstance(actor, str) and actor and meta.get("role") in (None, "", "in_process"):
-        return f"Ray actor {actor}"
+    """The role in words, or a Ray actor's class or a multiprocessing child's name where the program named no
+    role: a policy and a reference of one job were both "trainer rank 0" (each is rank 0 of its own)."""
+    if meta.get("role") in (None, "", "in_process"):
+        for field, word in (("ray_actor_class", "Ray actor"), ("process_name", "process")):
+            name = meta.get(field)
+            if isinstance(name, str) and name:
+                return f"{word} {name}"
     return role_text(meta.get("role"))
 
 
 def _label(meta: dict) -> str:
-    return f"{_who(meta)} rank {meta.get('rank', '?')} (pid {meta.get('pid')}, {meta.get('host')})"
+    # a multiprocessing child in no process group is no rank: its "rank 0" only repeated its parent's
+    rank = "" if meta.get("process_name") and meta.get("world_size") in (None, 1) else f" rank {meta.get('rank', '?')}"
+    return f"{_who(meta)}{rank} (pid {meta.get('pid')}, {meta.get('host')})"
 
 
 def per_process_checks(run, thresholds: checks_mod.Thresholds | None = None) -> list[checks_mod.CheckResult]:

@@ -12,6 +12,8 @@ case; tests/integration/test_verdict_classes.py records each under a plain `reco
     python tests/corpus/class_programs.py planned_then_failed  # the forecast written, then exit 1 before a phase
     python tests/corpus/class_programs.py kept_mapping  # 24 MiB of anonymous mmap kept per iteration: outside malloc
     python tests/corpus/class_programs.py kept_objects  # a list of 700,000 Python ints kept per iteration
+    python tests/corpus/class_programs.py two_processes  # an actor and a reference, multiprocessing's spawn
+    python tests/corpus/class_programs.py spawn_ranks   # two gloo ranks started by torch.multiprocessing.spawn
 """
 from __future__ import annotations
 
@@ -179,6 +181,55 @@ def kept_per_iteration(kind: str, iters: int = 8) -> None:
     print("kept", len(kept))
 
 
+def two_processes(iters: int = 6) -> None:
+    """An actor and a reference model in two processes (multiprocessing, spawn), each ~64 MiB, passing
+    batches over queues, as a loop without Ray does; neither sets a rank or a role."""
+    import multiprocessing
+    ctx = multiprocessing.get_context("spawn")
+    inbox, outbox = ctx.Queue(), ctx.Queue()
+    child = ctx.Process(target=reference, args=(inbox, outbox))
+    child.start()
+    weights = np.ones(64 * MiB, dtype=np.uint8)
+    for it in range(iters):
+        with mp.phase("train", rollout_id=it):
+            inbox.put(it)
+            outbox.get()
+            time.sleep(0.2)
+    inbox.put(None)
+    child.join()
+    print("actor done", int(weights[0]))
+
+
+def reference(inbox, outbox) -> None:
+    weights = np.ones(64 * MiB, dtype=np.uint8)
+    while (it := inbox.get()) is not None:
+        with mp.phase("ref_logprobs", rollout_id=it):
+            time.sleep(0.1)
+        outbox.put(int(weights[it]))
+
+
+def spawn_ranks() -> None:
+    """Two data-parallel ranks started by torch.multiprocessing.spawn, which sets no RANK: each says its
+    rank through torch.distributed (gloo) only."""
+    import socket
+
+    import torch.multiprocessing
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    torch.multiprocessing.spawn(spawned_rank, args=(2, port), nprocs=2)
+
+
+def spawned_rank(rank: int, world: int, port: int) -> None:
+    import torch
+    import torch.distributed as dist
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    for it in range(3):
+        with mp.phase("train", rollout_id=it):
+            dist.all_reduce(torch.ones(4))
+    dist.destroy_process_group()
+
+
 def planned_then_failed() -> None:
     """A rank that wrote its forecast and failed before its first phase (the trainer's rank asked for a
     GPU the host lacks): exit 1 after a second of samples."""
@@ -206,6 +257,10 @@ if __name__ == "__main__":
         planned_then_failed()
     elif mode in ("kept_mapping", "kept_objects"):
         kept_per_iteration(mode.removeprefix("kept_"))
+    elif mode == "two_processes":
+        two_processes()
+    elif mode == "spawn_ranks":
+        spawn_ranks()
     elif mode == "swap_kept":
         _loop(4, keep_batches=False, swap_kept=True)
     else:
