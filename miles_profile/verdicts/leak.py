@@ -86,8 +86,8 @@ def _judge_track(run, track: Track, spans, instances, th: Thresholds) -> Finding
         if heap:
             judged.status, judged.cause = "warn", "heap_flat"
             text = (f"the floor rose, glibc's heap in use did not: {text.removeprefix('sustained growth: ')}; "
-                    f"{heap}: memory glibc keeps after frees, or memory outside malloc (Python objects, a "
-                    "library's own mapping), which these series cannot tell apart: a warning")
+                    f"{heap}: memory glibc keeps after frees, or memory outside malloc (a library's own "
+                    "mapping, Python's small-object arenas), which these series cannot tell apart: a warning")
     if judged.cause == "one_time_step" and track.name == "host":
         text += _declared_host_state(run, track.pid, judged.numbers["step"])
     if judged.cause == "few_iterations" and track.name == "host":

@@ -115,7 +115,8 @@ def _swapped_references(offloads, findings: list[Finding]) -> list[Finding]:
             # what it freed is what its level ends below the one that kept them, not the old copy's drop: the
             # first screen's "freed X of Y declared" read 77 of 77 MiB beside "6 FAILED" (a peft LoRA loop)
             freed = max(0.0, level - after)
-            out[k] = replace(f, status="fail", cause="still_referenced", numbers={**f.numbers, "freed": freed}, message=(
+            numbers = {**f.numbers, "freed": freed}
+            out[k] = replace(f, status="fail", cause="still_referenced", numbers=numbers, message=(
                 f"{label}: the declared bytes stayed resident: it dropped {gib(f.numbers.get('dropped_alloc', 0.0))}, "
                 f"but its allocated level ends at {gib(after)}, no lower than {first}'s {gib(level)}, which kept "
                 f"them: the previous copy was freed and the new one kept (a reference swapped each iteration)"))

@@ -113,7 +113,7 @@ CAUSES = {
     "growth_stopped": "the floor rose, then levelled off before the run ended: bounded, not a leak",
     "few_iterations": "the floor rose in every iteration, but over too few iterations for a trend: a warning",
     "heap_flat": "the resident floor kept rising, glibc's heap in use did not: memory glibc keeps, or memory "
-                 "outside malloc (Python objects), which the series cannot tell apart: a warning",
+                 "outside malloc (a library's own mapping), which the series cannot tell apart: a warning",
     # serialized_peaks
     "both_footprints": "the training and rollout footprints were resident at once",
     "residual": "more than one footprint is resident, but less than the other footprint: a residual",
