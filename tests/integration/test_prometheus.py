@@ -96,9 +96,11 @@ def scraped(tmp_path_factory):
     threading.Thread(target=dcgm.serve_forever, daemon=True).start()
     env = python_env()
     env["PYTHONPATH"] = f"{HERE / 'metrics_fakes'}{os.pathsep}{env['PYTHONPATH']}"
+    # 30 rollouts: 12 trained in 2 s on a fast VM (2026-12-07) and the run ended 1.5 s after the second rank's
+    # first offload, before the endpoint's follower (a pass a second) had judged it: "exited with 0 while waiting"
     record = subprocess.Popen(
         [sys.executable, "-m", "miles_profile.record", "--log-dir", str(logs), "--metrics-port", str(port), "--",
-         "--nproc-per-node", "2", "--preset", "tiny", "--num-rollout", "12", "--offload-train", "--offload-rollout"],
+         "--nproc-per-node", "2", "--preset", "tiny", "--num-rollout", "30", "--offload-train", "--offload-rollout"],
         cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=open(tmp / "record.err", "w"))
     procs, prom, rank = [record], None, None
     try:
