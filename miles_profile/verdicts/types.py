@@ -147,7 +147,8 @@ class CheckResult:
 
 
 def gib(n: float) -> str:
-    return "?" if n is None or not np.isfinite(n) else f"{n / GiB:.3f} GiB"
+    # + 0.0: a few KiB below zero prints 0.000, not -0.000 (the first screen said "dropped -0.000 GiB")
+    return "?" if n is None or not np.isfinite(n) else f"{round(n / GiB, 3) + 0.0:.3f} GiB"
 
 
 def worst_status(statuses) -> Status:

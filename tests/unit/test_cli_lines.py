@@ -5,7 +5,7 @@ from types import SimpleNamespace
 
 from miles_profile.report.build import _verdict_lines
 from miles_profile.verdicts.engine import RunVerdict
-from miles_profile.verdicts.types import CheckResult, Finding
+from miles_profile.verdicts.types import CheckResult, Finding, gib
 
 
 def _check(name: str, status: str) -> CheckResult:
@@ -39,3 +39,8 @@ def test_a_failing_reports_first_screen_names_the_run_and_the_check():
     assert html == ('<p class="verdict small" id="overall-failing">failed: '
                     '<a href="#checks-1">9-dist-engine-server</a>: leak, headroom</p>')
     assert _failing_html(reports[:1], single=True) == ""
+
+
+def test_a_few_kib_below_zero_reads_as_zero_not_minus_zero():
+    # an offload that dropped -11,216 bytes said "dropped -0.000 GiB" on the first screen
+    assert gib(-11216) == "0.000 GiB" and gib(-0.5 * 1024 ** 3) == "-0.500 GiB" and gib(float("nan")) == "?"
