@@ -123,11 +123,11 @@ def _heap_stayed_flat(run, pid: int, spans, th: Thresholds, allowed: float, grow
     t, heap = t[read], heap[read]
     if not len(t):
         return ""
-    floors = np.full(len(spans), np.nan)
-    for k, (s, e) in enumerate(zip(spans["start"].to_numpy(), spans["end"].to_numpy())):
-        inside = (t >= s - BEGIN_ROW_S) & (t <= e)  # a boundary's row is written just before its begin event
-        if inside.sum() >= 2:
-            floors[k] = float(heap[inside].min())
+    # the reads in [start - BEGIN_ROW_S, end] by bisection (a boundary's row is written just before its begin
+    # event), as iteration_floors takes them; too few for its leak_min_reads: the heap is read at boundaries
+    first = np.searchsorted(t, spans["start"].to_numpy() - BEGIN_ROW_S, "left")
+    last = np.searchsorted(t, spans["end"].to_numpy(), "right")
+    floors = np.array([heap[a:b].min() if b - a >= 2 else np.nan for a, b in zip(first, last)], dtype=float)
     judged = judge_floors(spans.index.to_numpy(), floors, resolution=resolution_of("heap_used"), allowed=allowed,
                           min_iterations=th.leak_min_iterations)
     n = judged.numbers
